@@ -1,0 +1,156 @@
+"""sentencepiece subwords: training, loading, encoding, decoding.
+
+This is the one place where the special ids are defined. Every sentencepiece
+model `nmt` trains uses them, so source and target vocabularies agree on them
+and a joint vocabulary can be shared by both embeddings.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt.config import TokenizerConfig
+from nmt.errors import DataError
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+class Tokenizer:
+    """Source and target sentencepiece models (the same one when the vocabulary is joint).
+
+    The serialized models travel inside checkpoints (`to_state`/`from_state`), so a
+    checkpoint alone is enough to translate.
+    """
+
+    def __init__(self, *, src_model: bytes, tgt_model: bytes | None = None) -> None:
+        self._src_bytes = src_model
+        self._tgt_bytes = tgt_model
+        self.src = spm.SentencePieceProcessor(model_proto=src_model)
+        self.tgt = self.src if tgt_model is None else spm.SentencePieceProcessor(model_proto=tgt_model)
+
+    @property
+    def joint(self) -> bool:
+        return self._tgt_bytes is None
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt.get_piece_size()
+
+    def encode_src(self, lines: Sequence[str]) -> list[list[int]]:
+        """Source ids, without special symbols."""
+        return self.src.encode(list(lines))
+
+    def encode_tgt(self, lines: Sequence[str]) -> list[list[int]]:
+        """Target ids, without special symbols."""
+        return self.tgt.encode(list(lines))
+
+    def src_pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.src.id_to_piece(i) for i in ids]
+
+    def tgt_pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.tgt.id_to_piece(i) for i in ids]
+
+    def decode_tgt(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Detokenized target text; special ids are dropped."""
+        return self.tgt.decode([[i for i in seq if i > EOS_ID] for seq in ids])
+
+    def to_state(self) -> dict[str, bytes | None]:
+        return {"src_model": self._src_bytes, "tgt_model": self._tgt_bytes}
+
+    @classmethod
+    def from_state(cls, state: dict[str, bytes | None]) -> Tokenizer:
+        return cls(src_model=state["src_model"], tgt_model=state.get("tgt_model"))  # type: ignore[arg-type]
+
+    def save(self, directory: str | Path) -> None:
+        """Write `spm.model` (joint) or `spm.src.model` and `spm.tgt.model`."""
+        directory = Path(directory)
+        if self.joint:
+            (directory / "spm.model").write_bytes(self._src_bytes)
+        else:
+            (directory / "spm.src.model").write_bytes(self._src_bytes)
+            (directory / "spm.tgt.model").write_bytes(self._tgt_bytes)  # type: ignore[arg-type]
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer | None:
+        """The tokenizer saved in `directory`, or None when there is none."""
+        directory = Path(directory)
+        if (directory / "spm.model").is_file():
+            return cls(src_model=(directory / "spm.model").read_bytes())
+        if (directory / "spm.src.model").is_file() and (directory / "spm.tgt.model").is_file():
+            return cls(
+                src_model=(directory / "spm.src.model").read_bytes(),
+                tgt_model=(directory / "spm.tgt.model").read_bytes(),
+            )
+        return None
+
+
+def train_tokenizer(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str], *, seed: int = 0) -> Tokenizer:
+    """Train sentencepiece on the training text (a seeded sample of `cfg.max_sentences` per side).
+
+    Raises:
+        DataError: the corpus is too small for `cfg.vocab_size`.
+    """
+    src_sample = _sample(src_lines, cfg.max_sentences, seed)
+    tgt_sample = _sample(tgt_lines, cfg.max_sentences, seed + 1)
+    if cfg.joint:
+        return Tokenizer(src_model=_train_one(cfg, src_sample + tgt_sample, "joint"))
+    return Tokenizer(src_model=_train_one(cfg, src_sample, "source"), tgt_model=_train_one(cfg, tgt_sample, "target"))
+
+
+def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:
+    """Reservoir sample of k non-empty lines, in corpus order, reproducible from the seed."""
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, str]] = []
+    for i, line in enumerate(line for line in lines if line):
+        if len(reservoir) < k:
+            reservoir.append((i, line))
+        else:
+            j = rng.randint(0, i)
+            if j < k:
+                reservoir[j] = (i, line)
+    return [line for _, line in sorted(reservoir)]
+
+
+def _train_one(cfg: TokenizerConfig, sentences: list[str], which: str) -> bytes:
+    if not sentences:
+        raise DataError(f"tokenizer: no {which} training text (the training split is empty after cleaning)")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type=cfg.type,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            input_sentence_size=len(sentences),
+            shuffle_input_sentence=False,
+            num_threads=2,
+            minloglevel=2,
+            max_sentence_length=1 << 16,
+        )
+    except RuntimeError as err:
+        found = re.search(r"<= (\d+)", str(err))
+        if "Vocabulary size is too large" in str(err) or found:
+            limit = f" (at most {found.group(1)} for this text)" if found else ""
+            raise DataError(
+                f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} training text{limit}: lower it"
+            ) from None
+        raise DataError(f"tokenizer: sentencepiece failed on the {which} text: {err}") from None
+    return model.getvalue()

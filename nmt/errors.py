@@ -1,0 +1,26 @@
+"""Errors that reach the user as one line, never as a traceback.
+
+`UserError` covers everything the user can fix: a bad config, a missing or
+malformed data file, an incompatible checkpoint. The CLI prints its message and
+exits with status 2. Anything else is a bug or a runtime failure (exit 1).
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input: config, data files, checkpoints, arguments."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """An invalid configuration file or override; the message names the key path."""
+
+
+class DataError(UserError):
+    """A missing, malformed or unusable corpus; the message names the file (and line)."""
+
+
+class CheckpointError(UserError):
+    """A missing, truncated or incompatible checkpoint."""

@@ -1,0 +1,106 @@
+"""The contract between models and everything that drives them (training, search).
+
+Shape notation used across `nmt.models` and `nmt.decode`:
+    B batch, S source length, T target length, D model width, H heads,
+    Dh head width (D / H), V vocabulary size, K beam size.
+
+A model never knows about search, losses or optimisers. Training calls
+`forward`; search calls `encode` once, `init_state` once, then `decode_step`
+once per output token, reordering `Memory` and `State` with `index_select`
+when hypotheses are pruned or expanded. Every tensor carried in `Memory` and in
+a model's `State` is batch-first, so one generic `index_select` serves all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import torch
+from torch import Tensor
+
+T = TypeVar("T")
+
+
+def index_select_batch(obj: T, order: Tensor) -> T:
+    """Select batch rows `order` of every tensor inside `obj`.
+
+    Works on tensors (dim 0), dataclasses, lists, tuples and dicts, recursively;
+    anything else (ints, None) is returned as it is.
+    """
+    if isinstance(obj, Tensor):
+        return obj.index_select(0, order)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: index_select_batch(getattr(obj, f.name), order) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **changes)  # type: ignore[return-value]
+    if isinstance(obj, list):
+        return [index_select_batch(x, order) for x in obj]  # type: ignore[return-value]
+    if isinstance(obj, tuple):
+        return tuple(index_select_batch(x, order) for x in obj)  # type: ignore[return-value]
+    if isinstance(obj, dict):
+        return {k: index_select_batch(v, order) for k, v in obj.items()}  # type: ignore[return-value]
+    return obj
+
+
+@dataclass
+class Memory:
+    """What the encoder hands to the decoder.
+
+    Attributes:
+        states: encoder outputs, (B, S, D).
+        pad_mask: True at source padding, (B, S).
+        extra: model-specific batch-first tensors computed once per sentence
+            (e.g. an RNN encoder's final state, cross-attention keys and values).
+    """
+
+    states: Tensor
+    pad_mask: Tensor
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def index_select(self, order: Tensor) -> Memory:
+        return index_select_batch(self, order)
+
+
+@runtime_checkable
+class State(Protocol):
+    """A decoder's incremental state: caches or recurrent hidden states, batch-first."""
+
+    def index_select(self, order: Tensor) -> State: ...
+
+
+@runtime_checkable
+class Seq2Seq(Protocol):
+    """What every `nmt` model provides.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+
+    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits: src (B, S), src_pad_mask (B, S), tgt_in (B, T) -> (B, T, V)."""
+        ...
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
+        """Encode a padded source batch once."""
+        ...
+
+    def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
+        """Logits for a whole target prefix without caches: tgt_in (B, T) -> (B, T, V)."""
+        ...
+
+    def init_state(self, memory: Memory) -> State:
+        """The decoder state before the first target token."""
+        ...
+
+    def decode_step(self, tokens: Tensor, memory: Memory, state: State) -> tuple[Tensor, State, Tensor | None]:
+        """One step: tokens (B,) -> log-probabilities (B, V), new state, attention (B, S) or None."""
+        ...
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of trainable parameters (shared ones counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
