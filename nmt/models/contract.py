@@ -96,8 +96,14 @@ class Seq2Seq(Protocol):
         """The decoder state before the first target token."""
         ...
 
-    def decode_step(self, tokens: Tensor, memory: Memory, state: State) -> tuple[Tensor, State, Tensor | None]:
-        """One step: tokens (B,) -> log-probabilities (B, V), new state, attention (B, S) or None."""
+    def decode_step(
+        self, tokens: Tensor, memory: Memory, state: State, *, need_attn: bool = False
+    ) -> tuple[Tensor, State, Tensor | None]:
+        """One step: tokens (B,) -> log-probabilities (B, V), new state, attention (B, S).
+
+        The attention over source positions is returned when `need_attn` is true
+        (models whose attention is free may always return it; otherwise None).
+        """
         ...
 
 
