@@ -1,0 +1,146 @@
+"""Where the code runs: device, precision, seeding, random-state capture, torch.distributed.
+
+Everything hardware-specific lives here, once, so that the training loop,
+translation and benchmarks share one obvious switch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nmt.errors import UserError
+
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto`: CUDA, then MPS, then CPU. A named device that is absent is a user error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank() if torch.cuda.device_count() > 1 else 0)
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError("train.device is 'mps' but MPS is not available; use 'auto' or 'cpu'")
+    if name == "cuda":
+        return torch.device("cuda", local_rank())
+    return torch.device(name)
+
+
+def enable_fast_math(device: torch.device) -> None:
+    """TF32 matrix products on GPUs that have them (a no-op elsewhere)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for `precision` in fp32 | bf16 | fp16 (fp32: no autocast)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_AMP_DTYPES[precision])
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """A gradient scaler, active only for fp16 (bf16 and fp32 need none)."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random generator's state, for exact resumption."""
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a (possibly single-process) job."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init_distributed(device_name: str = "auto") -> Dist:
+    """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return Dist()
+    if not dist.is_initialized():
+        use_nccl = device_name in ("auto", "cuda") and torch.cuda.is_available()
+        if use_nccl:
+            torch.cuda.set_device(local_rank())
+        dist.init_process_group(backend="nccl" if use_nccl else "gloo")
+    return Dist(rank=dist.get_rank(), world_size=dist.get_world_size())
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float], device: torch.device, ctx: Dist) -> list[float]:
+    """Sum floats over ranks (identity in a single process)."""
+    if not ctx.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+@contextlib.contextmanager
+def inference(model: torch.nn.Module) -> Iterator[None]:
+    """Evaluation mode and no autograd, restoring the previous mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)

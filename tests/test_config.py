@@ -1,0 +1,100 @@
+"""Strict config loading: good files, unknown keys, wrong types, invariants, overrides."""
+
+from pathlib import Path
+
+import pytest
+
+from nmt.config import (
+    ExperimentConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    reference_markdown,
+    save_config,
+)
+from nmt.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_good_file_loads_with_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, "run_dir: r\nmodel:\n  transformer:\n    d_model: 64\n    heads: 4\n"))
+    assert cfg.run_dir == "r"
+    assert cfg.model.transformer.d_model == 64
+    assert cfg.model.transformer.ff_dim == 2048  # default kept
+    assert cfg.train.betas == (0.9, 0.98)
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "train:\n  lerning_rate: 1\n  max_step: 3\n"))
+    assert "exp.yaml" in str(err.value)
+    assert "train.max_step" in str(err.value) or "train.lerning_rate" in str(err.value)
+    with pytest.raises(ConfigError, match=r"unknown key 'train.max_step'; did you mean 'max_steps'\?"):
+        load_config(write(tmp_path, "train:\n  max_step: 3\n"))
+
+
+def test_wrong_type_names_key_file_and_expected_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"exp.yaml: train.max_steps: expected int, got str 'many'"):
+        load_config(write(tmp_path, "train:\n  max_steps: many\n"))
+    with pytest.raises(ConfigError, match=r"model.type: 'transfomer' is not one of .*did you mean 'transformer'"):
+        load_config(write(tmp_path, "model:\n  type: transfomer\n"))
+    with pytest.raises(ConfigError, match=r"train.valid_bleu: expected bool"):
+        load_config(write(tmp_path, "train:\n  valid_bleu: 1\n"))
+
+
+def test_ints_are_accepted_for_floats_and_exponent_strings_parse(tmp_path):
+    cfg = load_config(write(tmp_path, "train:\n  lr: 1e-3\n  label_smoothing: 0\n"))
+    assert cfg.train.lr == pytest.approx(1e-3)
+    assert isinstance(cfg.train.label_smoothing, float)
+
+
+def test_invariants_raise_with_values_and_key_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.transformer: d_model \(100\) must be divisible by heads \(3\)"):
+        load_config(write(tmp_path, "model:\n  transformer:\n    d_model: 100\n    heads: 3\n"))
+    with pytest.raises(ConfigError, match=r"dropout \(-0.1\) must be in \[0, 1\)"):
+        load_config(write(tmp_path, "model:\n  rnn:\n    dropout: -0.1\n"))
+    with pytest.raises(ConfigError, match="tokenizer.joint"):
+        load_config(write(tmp_path, "tokenizer:\n  joint: false\nmodel:\n  tie_embeddings: all\n"))
+
+
+def test_overrides_set_nested_keys_and_are_validated(tmp_path):
+    path = write(tmp_path, "train:\n  lr: 0.1\n")
+    cfg = load_config(path, ["train.lr=0.5", "model.type=rnn", "model.rnn.cell=lstm", "data.test.x.path=a/b"])
+    assert cfg.train.lr == 0.5
+    assert cfg.model.type == "rnn" and cfg.model.rnn.cell == "lstm"
+    assert cfg.data.test["x"].path == "a/b"
+    with pytest.raises(ConfigError, match="unknown key 'train.lrr'"):
+        load_config(path, ["train.lrr=1"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(path, ["train.lr"])
+
+
+def test_missing_file_and_yaml_syntax_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"exp.yaml: line 3, column 6: YAML syntax error"):
+        load_config(write(tmp_path, "train:\n  lr: [1, 2\nmodel: {}\n"))
+
+
+def test_round_trip_through_dict_and_yaml(tmp_path):
+    cfg = load_config(write(tmp_path, "data:\n  train: {kind: text, path: a}\n  test:\n    t1: {path: b}\n"))
+    again = config_from_dict(config_to_dict(cfg))
+    assert again == cfg
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == cfg
+
+
+def test_defaults_are_valid():
+    assert config_from_dict({}) == ExperimentConfig()
+
+
+def test_readme_config_reference_is_in_sync():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert reference_markdown() in readme, "regenerate the README table with `nmt config-reference`"

@@ -1,0 +1,89 @@
+"""Atomic, self-describing checkpoints."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nmt.errors import CheckpointError
+from nmt.train.checkpoint import (
+    average_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+
+
+def test_round_trip_and_format_tag(tmp_path):
+    path = tmp_path / "a.pt"
+    save_checkpoint({"model": {"w": torch.ones(3)}, "step": 7}, path)
+    payload = load_checkpoint(path)
+    assert payload["step"] == 7 and torch.equal(payload["model"]["w"], torch.ones(3))
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_missing_truncated_and_foreign_files_are_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "none.pt")
+    good = tmp_path / "good.pt"
+    save_checkpoint({"model": {"w": torch.randn(1000)}}, good)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:500])
+    with pytest.raises(CheckpointError, match="cut.pt: cannot read checkpoint"):
+        load_checkpoint(cut)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(CheckpointError, match="not an nmt checkpoint"):
+        load_checkpoint(foreign)
+
+
+def test_prune_keeps_newest_and_latest_is_by_step(tmp_path):
+    for step in (5, 100, 20):
+        save_checkpoint({"step": step}, tmp_path / f"ckpt_{step}.pt")
+    assert latest_checkpoint(tmp_path).name == "ckpt_100.pt"
+    prune_checkpoints(tmp_path, keep_last=2)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_100.pt", "ckpt_20.pt"]
+
+
+def test_average_is_elementwise_mean(tmp_path):
+    paths = []
+    for i, v in enumerate([1.0, 2.0, 6.0]):
+        p = tmp_path / f"c{i}.pt"
+        save_checkpoint({"model": {"w": torch.full((2,), v), "n": torch.tensor(3)}, "config": {}, "tokenizer": {}}, p)
+        paths.append(p)
+    avg = average_checkpoints(paths)
+    assert torch.allclose(avg["model"]["w"], torch.full((2,), 3.0))
+    assert avg["model"]["n"].item() == 3
+
+
+WRITER = """
+import sys, torch
+from nmt.train.checkpoint import save_checkpoint
+big = torch.randn(8_000_000)
+i = 0
+while True:
+    i += 1
+    save_checkpoint({"model": {"w": big}, "step": i}, sys.argv[1])
+    print(i, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_kill_during_writes_never_leaves_a_broken_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"model": {"w": torch.zeros(1)}, "step": 0}, path)
+    for delay in (0.3, 0.7, 1.1):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE)
+        time.sleep(delay + 1.0)  # interpreter start, then some writes
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        payload = load_checkpoint(path)  # always a complete checkpoint
+        assert "step" in payload
+    remove_stale_temporaries(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
