@@ -8,9 +8,9 @@ BLEU), best/last checkpoints and early stopping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +29,6 @@ from nmt.evaluate import score
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     Dist,
-    all_reduce_sum,
     autocast,
     enable_fast_math,
     grad_scaler,
@@ -120,6 +119,40 @@ def _is_better(metric: float, best: float | None, kind: str) -> bool:
 
 
 # --------------------------------------------------------------------------- training
+
+
+def train_step(model, group: list[Batch], optimizer, scheduler, scaler, tc, device: torch.device,
+               *, distributed: bool = False) -> tuple[float, float, int]:
+    """One optimizer update over the micro-batches in `group` (gradient accumulation).
+
+    The loss is normalised by the target tokens of the whole group, so accumulating
+    k batches equals one batch k times larger. Under DDP, gradients are synchronised
+    only on the last micro-batch.
+
+    Returns:
+        Summed smoothed loss, summed NLL, and target tokens of the group.
+    """
+    total_tokens = sum(b.ntokens for b in group)
+    loss_sum = nll_sum = 0.0
+    for i, b in enumerate(group):
+        last = i == len(group) - 1
+        sync = model.no_sync() if distributed and not last else contextlib.nullcontext()
+        with sync, autocast(device, tc.precision):
+            logits = model(b.src, b.src_pad_mask, b.tgt_in)
+            out = label_smoothed_loss(logits, b.tgt_out, pad_id=PAD_ID, smoothing=tc.label_smoothing)
+        scaler.scale(out.loss / max(total_tokens, 1)).backward()
+        loss_sum += float(out.loss.detach())
+        nll_sum += float(out.nll)
+    scaler.unscale_(optimizer)
+    if tc.clip_norm > 0:
+        params = model.module.parameters() if distributed else model.parameters()
+        torch.nn.utils.clip_grad_norm_(params, tc.clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return loss_sum, nll_sum, total_tokens
+
 
 
 def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
@@ -260,28 +293,8 @@ class _Trainer:
         return summary
 
     def _update(self, group: list[Batch]) -> tuple[float, float, int]:
-        """One optimizer step over `group` micro-batches; returns summed loss, nll and target tokens."""
-        tc = self.tc
-        total_tokens = sum(b.ntokens for b in group)
-        loss_sum = nll_sum = 0.0
-        for i, b in enumerate(group):
-            sync = i == len(group) - 1 or not self.ctx.enabled
-            ctx_mgr = self.ddp_model.no_sync() if not sync else _null()
-            with ctx_mgr, autocast(self.device, tc.precision):
-                logits = self.ddp_model(b.src, b.src_pad_mask, b.tgt_in)
-                out = label_smoothed_loss(logits, b.tgt_out, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-            # Normalise by the tokens of the whole update so accumulation equals one large batch.
-            self.scaler.scale(out.loss / max(total_tokens, 1)).backward()
-            loss_sum += float(out.loss.detach())
-            nll_sum += float(out.nll)
-        self.scaler.unscale_(self.optimizer)
-        if tc.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return loss_sum, nll_sum, total_tokens
+        return train_step(self.ddp_model, group, self.optimizer, self.scheduler, self.scaler,
+                          self.tc, self.device, distributed=self.ctx.enabled)
 
     def _log_train(self, window: dict, bar) -> None:
         seconds = max(time.perf_counter() - window["t0"], 1e-9)
@@ -379,13 +392,6 @@ class _Trainer:
             with open(self.metrics_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _prepare_run_dir(run_dir: Path, restart: bool, ctx: Dist) -> None:

@@ -19,7 +19,7 @@ from nmt.config import TrainConfig
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """Adam or AdamW; biases and norm weights get no weight decay; fused kernels on CUDA."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 else decay).append(p)
     groups = [
