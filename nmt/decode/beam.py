@@ -1,0 +1,74 @@
+"""Beam search's choice of hypotheses, and the GNMT scores of finished ones.
+
+`beam_step` is the whole of beam search's decision at one step (fairseq's
+`BeamSearch.step`); the loop around it lives in `nmt.decode.search`. The
+penalties follow GNMT (Wu et al., 2016, "Google's Neural Machine Translation
+System", section 7):
+
+    s(Y, X) = log P(Y | X) / lp(Y) + cp(X; Y)
+    lp(Y) = ((5 + |Y|) / 6) ** alpha
+    cp(X; Y) = beta * sum_i log(min(sum_j a_ij, 1.0))
+
+where a_ij is the attention of target step j on source position i. `nmt` counts
+the final EOS in |Y| and in the sum over j, as it counts EOS's log-probability
+in log P(Y | X).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_MIN_COVERAGE = 1e-10
+"""Floor on a source position's total attention, so an ignored position costs a large, finite penalty."""
+
+
+def beam_step(log_probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Keep the K best one-token extensions of K hypotheses, per sentence.
+
+    At the first step every row holds the same prefix; the search starts rows
+    1..K-1 at -inf so that only row 0 expands (fairseq expands `beam 0` only).
+    Rows at -inf (finished, or never filled) are thereby never extended.
+
+    Args:
+        log_probs: next-token log-probabilities, (B, K, V).
+        scores: cumulative log-probabilities of the K hypotheses, (B, K).
+
+    Returns:
+        scores: cumulative log-probabilities of the K best extensions, best first, (B, K).
+        tokens: the token each extension appends, (B, K).
+        origins: the row in 0..K-1 each extension extends, (B, K).
+    """
+    batch, beam, vocab = log_probs.shape
+    candidates = (scores.unsqueeze(-1) + log_probs).view(batch, beam * vocab)  # (B, K*V)
+    top_scores, top = candidates.topk(beam, dim=1)  # (B, K), sorted
+    tokens = top % vocab
+    origins = torch.div(top, vocab, rounding_mode="floor")
+    return top_scores, tokens, origins
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT length penalty ((5 + |Y|) / 6) ** alpha; 1 when alpha is 0.
+
+    Args:
+        length: hypothesis length |Y|, counting its final EOS; any shape.
+        alpha: exponent; 0 ranks by raw log-probability, larger values favour
+            longer outputs.
+    """
+    return ((5 + length) / 6) ** alpha
+
+
+def coverage_penalty(attention: Tensor, src_pad_mask: Tensor, beta: float) -> Tensor:
+    """GNMT coverage penalty beta * sum_i log(min(sum_j a_ij, 1)), over real source positions.
+
+    Args:
+        attention: attention of each target step (EOS included), (N, T, S).
+        src_pad_mask: True at source padding, (N, S); padded positions add nothing.
+        beta: weight; 0 disables.
+
+    Returns:
+        The (non-positive for beta >= 0) penalty of each hypothesis, (N,).
+    """
+    coverage = attention.sum(dim=1).clamp(_MIN_COVERAGE, 1.0)  # (N, S)
+    log_coverage = coverage.log().masked_fill(src_pad_mask, 0.0)  # (N, S)
+    return beta * log_coverage.sum(dim=1)

@@ -1,0 +1,106 @@
+"""Sampling's choice: draw the next token (for back-translation and diverse outputs).
+
+Temperature, then top-k (Fan et al., 2018), then nucleus top-p filtering
+(Holtzman et al., 2020) shape the distribution that is sampled from; the
+hypothesis keeps the model's own log-probability of what was drawn, so
+`Hypothesis.log_prob` means the same under every strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample.
+
+    Attributes:
+        temperature: divides the log-probabilities; < 1 sharpens, > 1 flattens.
+        top_k: sample among the k most probable tokens only; 0 disables.
+        top_p: sample among the smallest set of most probable tokens whose
+            probability reaches p (the nucleus); 1 disables.
+        seed: seeds a private `torch.Generator`, so equal seeds give equal
+            samples for the same batch; None uses torch's global generator.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature ({self.temperature}) must be > 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k ({self.top_k}) must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
+
+
+def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set to -inf the tokens outside the top k and outside the nucleus.
+
+    Args:
+        logits: unnormalised log-probabilities, (..., V).
+        top_k: keep the k largest (ties with the k-th are kept too); 0 keeps all.
+        top_p: keep the most probable tokens until their probability reaches
+            top_p (the most probable token is always kept); 1 keeps all.
+
+    Returns:
+        The filtered logits, (..., V).
+    """
+    if 0 < top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (..., V)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # (..., V) mass of strictly better tokens
+        outside_sorted = mass_before >= top_p  # (..., V), in sorted order
+        outside = torch.zeros_like(outside_sorted).scatter(-1, order, outside_sorted)
+        logits = logits.masked_fill(outside, float("-inf"))
+    return logits
+
+
+def sample_step(
+    log_probs: Tensor,
+    scores: Tensor,
+    *,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw each hypothesis's next token from the filtered distribution.
+
+    Args:
+        log_probs: next-token log-probabilities, (B, 1, V).
+        scores: cumulative log-probabilities, (B, 1).
+        sampling: temperature and filters.
+        generator: source of randomness (None: torch's global one).
+
+    Returns:
+        scores: cumulative model log-probabilities including the drawn token, (B, 1).
+        tokens: the drawn tokens, (B, 1).
+        origins: zeros (each hypothesis extends itself), (B, 1).
+    """
+    batch, beam, vocab = log_probs.shape
+    logits = filter_logits(log_probs / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    probs = logits.softmax(dim=-1).view(batch * beam, vocab)  # (B*K, V)
+    tokens = torch.multinomial(probs, 1, generator=generator).view(batch, beam)  # (B, K)
+    picked = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
+    return scores + picked, tokens, torch.zeros_like(tokens)
+
+
+def make_sample_step(
+    sampling: Sampling, device: torch.device
+) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """`sample_step` bound to `sampling` and a generator seeded from `sampling.seed` on `device`."""
+    generator = None
+    if sampling.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    return partial(sample_step, sampling=sampling, generator=generator)
