@@ -1,0 +1,436 @@
+"""Transformer encoder-decoder written out (Vaswani et al., 2017, "Attention Is All You Need").
+
+Read top to bottom: scaled dot-product attention and multi-head attention, the
+residual block (post-norm as in the paper, or pre-norm after Xiong et al., 2020,
+"On Layer Normalization in the Transformer Architecture"), the encoder and
+decoder layers and stacks, then the model with its incremental decoding state.
+
+Shapes: B batch, S source length, T target length, D model width, H heads,
+Dh = D / H, V vocabulary size. Masks are boolean with True = ignore
+(`nmt.models.masks`), broadcastable to the scores (B, H, Tq, Tk).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.models.contract import Memory, index_select_batch
+from nmt.models.layers import Embedding, FeedForward, LearnedPositions, SinusoidalPositions
+from nmt.models.masks import causal_mask
+
+KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(Dh)) V (Vaswani et al., 2017, eq. 1).
+
+    Args:
+        q: queries (B, H, Tq, Dh).
+        k, v: keys and values (B, H, Tk, Dh).
+        mask: True where a key must be ignored, broadcastable to (B, H, Tq, Tk).
+        dropout_p: dropout on the attention weights (pass 0 in eval mode).
+
+    Returns:
+        The context (B, H, Tq, Dh) and the weights before dropout (B, H, Tq, Tk).
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al., 2017, §3.2.2) over pre-projected keys and values.
+
+    Keys and values are projected by `project_kv` and passed to `forward`, so a
+    decoder can cache them: self-attention appends one step at a time, and
+    cross-attention projects the encoder output once per sentence.
+
+    Args:
+        d_model: D.
+        heads: H, must divide D.
+        attention_dropout: dropout on the attention weights.
+        impl: "manual" (`attention` above) or "sdpa" (torch's fused kernel, same maths).
+
+    Raises:
+        ValueError: D not divisible by H, unknown `impl`, dropout out of range.
+    """
+
+    def __init__(self, *, d_model: int, heads: int, impl: str, attention_dropout: float = 0.0) -> None:
+        super().__init__()
+        if heads < 1 or d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        if impl not in ("manual", "sdpa"):
+            raise ValueError(f"attention impl ({impl!r}) must be 'manual' or 'sdpa'")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"attention_dropout ({attention_dropout}) must be in [0, 1)")
+        self.d_model, self.heads, self.head_dim = d_model, heads, d_model // heads
+        self.attention_dropout, self.impl = attention_dropout, impl
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model) for _ in range(4))
+        for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> (B, H, L, Dh)."""
+        B, L, _ = x.shape
+        return x.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_kv(self, x: Tensor) -> KV:
+        """Keys and values of x (B, L, D), each (B, H, L, Dh)."""
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def forward(
+        self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
+        average_heads: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from query (B, Tq, D) to keys and values from `project_kv`.
+
+        Args:
+            query: (B, Tq, D), not yet projected.
+            k, v: (B, H, Tk, Dh), from `project_kv`.
+            mask: True = ignore, broadcastable to (B, H, Tq, Tk).
+            need_weights: also return the attention weights (computed by the
+                manual path, whatever `impl` is).
+            average_heads: weights averaged over heads (B, Tq, Tk), else (B, H, Tq, Tk).
+
+        Returns:
+            The output (B, Tq, D) and the weights or None.
+        """
+        B, Tq, _ = query.shape
+        q = self.split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
+        p = self.attention_dropout if self.training else 0.0
+        weights = None
+        if self.impl == "manual" or need_weights:
+            context, weights = attention(q, k, v, mask, p)
+        else:
+            # sdpa's boolean mask means True = attend: the one place our polarity is inverted.
+            keep = None if mask is None else ~mask
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+        context = context.transpose(1, 2).reshape(B, Tq, self.d_model)  # (B, Tq, D)
+        if weights is not None and average_heads:
+            weights = weights.mean(dim=1)  # (B, Tq, Tk)
+        return self.out_proj(context), weights if need_weights else None
+
+
+class Residual(nn.Module):
+    """Residual connection around a sub-layer, with its LayerNorm and output dropout.
+
+        post-norm (Vaswani et al., 2017, §5.4): x <- LN(x + Dropout(f(x)))
+        pre-norm (Xiong et al., 2020):          x <- x + Dropout(f(LN(x)))
+
+    Used as `x = res.add(x, f(res.normed(x)))`, so f may also return extras.
+    """
+
+    def __init__(self, *, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def normed(self, x: Tensor) -> Tensor:
+        """The sub-layer's input: LN(x) with pre-norm, x with post-norm."""
+        return self.norm(x) if self.pre_norm else x
+
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        """Add the sub-layer output y to the residual stream x, both (B, L, D)."""
+        x = x + self.dropout(y)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each in a `Residual` (Vaswani et al., 2017, §3.1)."""
+
+    def __init__(
+        self, *, self_attn: MultiHeadAttention, feed_forward: FeedForward, dropout: float, pre_norm: bool
+    ) -> None:
+        super().__init__()
+        self.self_attn, self.feed_forward = self_attn, feed_forward
+        d = self_attn.d_model
+        self.attn_res, self.ff_res = (Residual(d_model=d, dropout=dropout, pre_norm=pre_norm) for _ in range(2))
+
+    def forward(self, x: Tensor, pad_mask: Tensor) -> Tensor:
+        """x (B, S, D), pad_mask (B, 1, 1, S) -> (B, S, D)."""
+        h = self.attn_res.normed(x)
+        y, _ = self.self_attn(h, *self.self_attn.project_kv(h), pad_mask)
+        x = self.attn_res.add(x, y)
+        return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the source, feed-forward (Vaswani et al., 2017, §3.1)."""
+
+    def __init__(
+        self, *, self_attn: MultiHeadAttention, cross_attn: MultiHeadAttention, feed_forward: FeedForward,
+        dropout: float, pre_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.self_attn, self.cross_attn, self.feed_forward = self_attn, cross_attn, feed_forward
+        d = self_attn.d_model
+        self.self_res, self.cross_res, self.ff_res = (
+            Residual(d_model=d, dropout=dropout, pre_norm=pre_norm) for _ in range(3)
+        )
+
+    def forward(
+        self, x: Tensor, self_mask: Tensor, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
+        need_attn: bool = False,
+    ) -> tuple[Tensor, KV, Tensor | None]:
+        """Run T new target positions that follow the `past` ones.
+
+        Args:
+            x: (B, T, D).
+            self_mask: causal mask (T, t + T), True = future.
+            past: cached self-attention keys and values (B, H, t, Dh), or None (t = 0).
+            memory_kv: cross-attention keys and values of the source (B, H, S, Dh).
+            memory_mask: source padding (B, 1, 1, S).
+            need_attn: return cross-attention weights per head (B, H, T, S).
+
+        Returns:
+            x (B, T, D), self-attention keys and values (B, H, t + T, Dh), weights or None.
+        """
+        h = self.self_res.normed(x)
+        k, v = self.self_attn.project_kv(h)  # (B, H, T, Dh)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, t + T, Dh)
+        y, _ = self.self_attn(h, k, v, self_mask)
+        x = self.self_res.add(x, y)
+        h = self.cross_res.normed(x)
+        y, attn = self.cross_attn(h, *memory_kv, memory_mask, need_weights=need_attn, average_heads=False)
+        x = self.cross_res.add(x, y)
+        return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x))), (k, v), attn
+
+
+class Encoder(nn.Module):
+    """Embeddings plus positions, a stack of `EncoderLayer`s, and a final LayerNorm with pre-norm."""
+
+    def __init__(
+        self, *, embed: Embedding, positions: nn.Module, layers: list[EncoderLayer], dropout: float, pre_norm: bool
+    ) -> None:
+        super().__init__()
+        self.embed, self.positions, self.layers = embed, positions, nn.ModuleList(layers)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
+
+    def forward(self, src: Tensor, pad_mask: Tensor) -> Tensor:
+        """src (B, S), pad_mask (B, S) -> states (B, S, D)."""
+        x = self.dropout(self.embed(src) + self.positions(src.size(1)))  # (B, S, D)
+        mask = pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """Embeddings plus positions, a stack of `DecoderLayer`s, and a final LayerNorm with pre-norm.
+
+    Target padding needs no mask of its own: targets are right-padded, so the
+    causal mask already hides every pad from the real positions before it.
+    """
+
+    def __init__(
+        self, *, embed: Embedding, positions: nn.Module, layers: list[DecoderLayer], dropout: float, pre_norm: bool
+    ) -> None:
+        super().__init__()
+        self.embed, self.positions, self.layers = embed, positions, nn.ModuleList(layers)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
+
+    def project_memory(self, states: Tensor) -> list[KV]:
+        """Cross-attention keys and values of every layer: states (B, S, D) -> [(B, H, S, Dh)] * layers."""
+        return [layer.cross_attn.project_kv(states) for layer in self.layers]
+
+    def forward(
+        self, tokens: Tensor, memory_kv: list[KV], memory_pad_mask: Tensor, *, past: list[KV] | None = None,
+        start: int = 0, attn_layer: int | None = None,
+    ) -> tuple[Tensor, list[KV], Tensor | None]:
+        """Decode tokens (B, T) at positions start .. start + T - 1.
+
+        Args:
+            tokens: (B, T).
+            memory_kv: from `project_memory`.
+            memory_pad_mask: source padding (B, S).
+            past: per-layer cached keys and values of the `start` earlier positions, or None.
+            start: position of the first token.
+            attn_layer: index of the layer whose cross-attention weights to return.
+
+        Returns:
+            States (B, T, D), per-layer keys and values (B, H, start + T, Dh),
+            cross-attention weights (B, H, T, S) of `attn_layer` or None.
+        """
+        T = tokens.size(1)
+        x = self.dropout(self.embed(tokens) + self.positions(T, offset=start))  # (B, T, D)
+        self_mask = causal_mask(start + T, device=tokens.device)[start:]  # (T, start + T)
+        memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
+        present, attn = [], None
+        for i, layer in enumerate(self.layers):
+            layer_past = None if past is None else past[i]
+            x, kv, weights = layer(x, self_mask, layer_past, memory_kv[i], memory_mask, need_attn=i == wanted)
+            present.append(kv)
+            attn = weights if i == wanted else attn
+        return self.norm(x), present, attn
+
+
+@dataclass
+class TransformerState:
+    """Incremental decoding state, every tensor batch-first.
+
+    Attributes:
+        self_kv: per decoder layer, self-attention keys and values so far (B, H, t, Dh).
+        memory_kv: per decoder layer, cross-attention keys and values (B, H, S, Dh),
+            computed once in `init_state` and never per step.
+        step: t, the number of tokens decoded so far (the next token's position).
+    """
+
+    self_kv: list[KV]
+    memory_kv: list[KV]
+    step: int
+
+    def index_select(self, order: Tensor) -> TransformerState:
+        """Keep (and repeat) hypotheses `order` (B',): caches are reordered, not recomputed."""
+        return index_select_batch(self, order)
+
+
+class Transformer(nn.Module):
+    """Transformer encoder-decoder (Vaswani et al., 2017) implementing `nmt.models.contract.Seq2Seq`.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        pad_id: padding id (its embedding row is zero).
+        d_model, heads, encoder_layers, decoder_layers, ff_dim: sizes.
+        dropout: on embeddings plus positions and on each sub-layer output.
+        attention_dropout: on attention weights.
+        activation_dropout: inside the feed-forward block.
+        activation: "relu" or "gelu".
+        norm: "post" (the paper's) or "pre" (Xiong et al., 2020; adds a final LayerNorm to each stack).
+        positions: "sinusoidal" or "learned".
+        max_positions: longest source or target sequence.
+        attention_impl: "manual" or "sdpa".
+        tie_embeddings: "none"; "decoder" shares the target embedding with the
+            output projection (Press & Wolf, 2017); "all" also shares it with the
+            source embedding (one Parameter; needs one vocabulary).
+
+    Attributes:
+        attn_layer, attn_head: whose cross-attention `decode_step` returns: a
+            decoder layer index (default -1, the last) and a head (None: the mean over heads).
+
+    Raises:
+        ValueError: an invalid size, option or combination; the message shows the values.
+    """
+
+    def __init__(
+        self,
+        *,
+        src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
+        d_model: int, heads: int, encoder_layers: int, decoder_layers: int, ff_dim: int,
+        dropout: float, attention_dropout: float, activation_dropout: float,
+        activation: str, norm: str, positions: str, max_positions: int,
+        attention_impl: str, tie_embeddings: str,
+    ) -> None:
+        super().__init__()
+        for name, value, choices in (
+            ("norm", norm, ("pre", "post")),
+            ("positions", positions, ("sinusoidal", "learned")),
+            ("tie_embeddings", tie_embeddings, ("none", "decoder", "all")),
+        ):
+            if value not in choices:
+                raise ValueError(f"{name} ({value!r}) must be one of {choices}")
+        if tie_embeddings == "all" and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f"tie_embeddings 'all' needs one vocabulary: src_vocab_size ({src_vocab_size}) "
+                f"!= tgt_vocab_size ({tgt_vocab_size})"
+            )
+        if encoder_layers < 1 or decoder_layers < 1:
+            raise ValueError(f"encoder_layers ({encoder_layers}), decoder_layers ({decoder_layers}) must be >= 1")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout ({dropout}) must be in [0, 1)")
+        self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
+        self.attn_layer: int = -1
+        self.attn_head: int | None = None
+        pre_norm = norm == "pre"
+        Positions = SinusoidalPositions if positions == "sinusoidal" else LearnedPositions
+
+        def mha() -> MultiHeadAttention:
+            return MultiHeadAttention(d_model=d_model, heads=heads, impl=attention_impl, attention_dropout=attention_dropout)
+
+        def ffn() -> FeedForward:
+            return FeedForward(d_model=d_model, ff_dim=ff_dim, activation=activation, activation_dropout=activation_dropout)
+
+        common = {"dropout": dropout, "pre_norm": pre_norm}
+        src_embed = Embedding(vocab_size=src_vocab_size, d_model=d_model, pad_id=pad_id)
+        tgt_embed = Embedding(vocab_size=tgt_vocab_size, d_model=d_model, pad_id=pad_id)
+        self.encoder = Encoder(
+            embed=src_embed,
+            positions=Positions(d_model=d_model, max_positions=max_positions),
+            layers=[EncoderLayer(self_attn=mha(), feed_forward=ffn(), **common) for _ in range(encoder_layers)],
+            **common,
+        )
+        self.decoder = Decoder(
+            embed=tgt_embed,
+            positions=Positions(d_model=d_model, max_positions=max_positions),
+            layers=[
+                DecoderLayer(self_attn=mha(), cross_attn=mha(), feed_forward=ffn(), **common)
+                for _ in range(decoder_layers)
+            ],
+            **common,
+        )
+        self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        # Untied, the output matrix is initialised like an embedding (as in fairseq).
+        nn.init.normal_(self.output.weight, mean=0.0, std=d_model**-0.5)
+        if tie_embeddings in ("decoder", "all"):
+            self.output.weight = tgt_embed.weight
+        if tie_embeddings == "all":
+            src_embed.weight = tgt_embed.weight
+
+    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits: src (B, S), src_pad_mask (B, S), tgt_in (B, T) -> (B, T, V)."""
+        return self.decode(tgt_in, self.encode(src, src_pad_mask))
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
+        """src (B, S), src_pad_mask (B, S) True at padding -> Memory with states (B, S, D)."""
+        return Memory(states=self.encoder(src, src_pad_mask), pad_mask=src_pad_mask)
+
+    def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
+        """Logits of a whole target prefix, causally masked, no cache: tgt_in (B, T) -> (B, T, V)."""
+        states, _, _ = self.decoder(tgt_in, self.decoder.project_memory(memory.states), memory.pad_mask)
+        return self.output(states)
+
+    def init_state(self, memory: Memory) -> TransformerState:
+        """Empty self-attention caches and the cross-attention keys and values of every layer."""
+        memory_kv = self.decoder.project_memory(memory.states)
+        B, H, _, Dh = memory_kv[0][0].shape
+        empty = memory_kv[0][0].new_zeros(B, H, 0, Dh)  # (B, H, 0, Dh), dtype of the projections under autocast
+        return TransformerState(self_kv=[(empty, empty) for _ in memory_kv], memory_kv=memory_kv, step=0)
+
+    def decode_step(
+        self, tokens: Tensor, memory: Memory, state: TransformerState, *, need_attn: bool = False
+    ) -> tuple[Tensor, TransformerState, Tensor | None]:
+        """One new token per hypothesis at position `state.step`.
+
+        Args:
+            tokens: the previous output token of each hypothesis (B,).
+            memory: from `encode`, reordered like `state`.
+            state: from `init_state` or the previous step; not modified.
+            need_attn: also return cross-attention weights (see `attn_layer`, `attn_head`).
+
+        Returns:
+            Log-probabilities (B, V) in float32, the new state, and the weights (B, S) or None.
+        """
+        attn_layer = self.attn_layer if need_attn else None
+        states, self_kv, attn = self.decoder(  # states (B, 1, D)
+            tokens[:, None], state.memory_kv, memory.pad_mask, past=state.self_kv, start=state.step, attn_layer=attn_layer
+        )
+        log_probs = self.output(states[:, -1]).float().log_softmax(dim=-1)  # (B, V)
+        if attn is not None:
+            attn = attn[:, :, -1]  # (B, H, S)
+            attn = attn.mean(dim=1) if self.attn_head is None else attn[:, self.attn_head]  # (B, S)
+        new_state = TransformerState(self_kv=self_kv, memory_kv=state.memory_kv, step=state.step + 1)
+        return log_probs, new_state, attn

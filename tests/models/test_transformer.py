@@ -1,0 +1,302 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.models.contract import Memory, Seq2Seq
+from nmt.models.masks import causal_mask, pad_mask_from_tokens
+from nmt.models.transformer import MultiHeadAttention, Transformer, TransformerState
+
+PAD, BOS, V = 0, 1, 13
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops run fastest on one thread, and far slower when two threads share busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_model(seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    kwargs = dict(
+        src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, d_model=16, heads=4, encoder_layers=2, decoder_layers=2,
+        ff_dim=32, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, activation="relu", norm="pre",
+        positions="sinusoidal", max_positions=32, attention_impl="manual", tie_embeddings="decoder",
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return Transformer(**kwargs).eval()
+
+
+def batch(seed: int = 1):
+    """Source (3, 7) with padding in two rows, target prefix (3, 6) starting with BOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(2, V, (3, 7), generator=g)
+    src[0, 5:] = PAD
+    src[2, 3:] = PAD
+    tgt = torch.randint(2, V, (3, 6), generator=g)
+    tgt[:, 0] = BOS
+    return src, pad_mask_from_tokens(src, PAD), tgt
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def test_manual_attention_matches_torch_sdpa_on_the_same_projections():
+    torch.manual_seed(0)
+    manual = MultiHeadAttention(d_model=16, heads=4, impl="manual").eval()
+    fused = MultiHeadAttention(d_model=16, heads=4, impl="sdpa").eval()
+    fused.load_state_dict(manual.state_dict())
+    x, mem = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
+    pad = torch.tensor([[False] * 6, [False] * 3 + [True] * 3])[:, None, None, :]  # (B, 1, 1, S)
+    for query, source, mask in [(mem, mem, pad), (x, mem, pad), (x, x, causal_mask(5))]:
+        q = manual.split_heads(manual.q_proj(query))  # (B, H, Tq, Dh)
+        k, v = manual.project_kv(source)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask)  # True = attend in sdpa
+        ref = manual.out_proj(ref.transpose(1, 2).reshape(query.shape))
+        out, weights = manual(query, k, v, mask, need_weights=True)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(fused(query, k, v, mask)[0], ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+        assert torch.all(weights.masked_select(mask.squeeze(1)) == 0)  # heads averaged: (B, Tq, Tk)
+
+
+def test_per_head_weights_average_to_the_mean_weights():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=16, heads=4, impl="sdpa")
+    x = torch.randn(2, 5, 16)
+    k, v = attn.project_kv(x)
+    _, heads = attn(x, k, v, need_weights=True, average_heads=False)
+    _, mean = attn(x, k, v, need_weights=True)
+    assert heads.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(heads.mean(1), mean)
+    assert attn(x, k, v)[1] is None
+
+
+def test_attention_rejects_bad_sizes():
+    with pytest.raises(ValueError, match=r"d_model \(10\).*heads \(4\)"):
+        MultiHeadAttention(d_model=10, heads=4, impl="sdpa")
+    with pytest.raises(ValueError, match="'flash'"):
+        MultiHeadAttention(d_model=8, heads=4, impl="flash")
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_manual_and_sdpa_models_agree(norm):
+    src, src_mask, tgt = batch()
+    manual = make_model(norm=norm, attention_impl="manual")
+    fused = make_model(norm=norm, attention_impl="sdpa")
+    fused.load_state_dict(manual.state_dict())
+    torch.testing.assert_close(fused(src, src_mask, tgt), manual(src, src_mask, tgt), atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def test_future_target_tokens_never_change_earlier_logits():
+    src, src_mask, tgt = batch()
+    model = make_model()
+    memory = model.encode(src, src_mask)
+    logits = model.decode(tgt, memory)
+    changed = tgt.clone()
+    changed[:, 4:] = (changed[:, 4:] + 5) % (V - 2) + 2
+    logits2 = model.decode(changed, memory)
+    torch.testing.assert_close(logits2[:, :4], logits[:, :4], atol=1e-6, rtol=0)
+    assert not torch.allclose(logits2[:, 4:], logits[:, 4:])
+
+
+def test_extra_source_padding_changes_nothing_and_gets_zero_attention():
+    src, src_mask, tgt = batch()
+    model = make_model(attention_impl="sdpa")
+    padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
+    padded_mask = pad_mask_from_tokens(padded, PAD)
+    torch.testing.assert_close(
+        model(padded, padded_mask, tgt), model(src, src_mask, tgt), atol=1e-5, rtol=0
+    )
+    memory = model.encode(padded, padded_mask)
+    _, _, attn = model.decode_step(tgt[:, 0], memory, model.init_state(memory), need_attn=True)
+    assert attn.shape == (3, 11)
+    assert torch.all(attn[padded_mask] == 0)
+    assert torch.all(attn[~padded_mask] > 0)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3))
+
+
+# --------------------------------------------------------------------------- incremental decoding
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_decode_step_matches_full_decode_also_after_reordering(norm, positions, impl):
+    src, src_mask, tgt = batch()
+    model = make_model(norm=norm, positions=positions, attention_impl=impl)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory).log_softmax(-1)  # (B, T, V)
+        state = model.init_state(memory)
+        for t in range(3):
+            log_probs, state, attn = model.decode_step(tgt[:, t], memory, state)
+            assert log_probs.dtype == torch.float32 and attn is None
+            torch.testing.assert_close(log_probs, full[:, t], atol=1e-5, rtol=0)
+        assert state.step == 3 and state.self_kv[0][0].shape == (3, 4, 3, 4)  # (B, H, t, Dh)
+
+        order = torch.tensor([2, 0, 0, 1])  # permute and duplicate hypotheses
+        state, memory = state.index_select(order), memory.index_select(order)
+        reordered = model.decode(tgt[order], model.encode(src[order], src_mask[order])).log_softmax(-1)
+        for t in range(3, 6):
+            log_probs, state, _ = model.decode_step(tgt[order, t], memory, state)
+            torch.testing.assert_close(log_probs, reordered[:, t], atol=1e-5, rtol=0)
+
+
+def test_cross_attention_keys_and_values_are_computed_once():
+    src, src_mask, tgt = batch()
+    model = make_model()
+    calls = []
+    for layer in model.decoder.layers:
+        layer.cross_attn.k_proj.register_forward_hook(lambda *_: calls.append(1))
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    assert isinstance(state, TransformerState) and len(calls) == 2
+    for t in range(4):
+        _, state, _ = model.decode_step(tgt[:, t], memory, state, need_attn=True)
+    assert len(calls) == 2
+
+
+def test_decode_step_does_not_modify_the_state_it_is_given():
+    src, src_mask, tgt = batch()
+    model = make_model()
+    memory = model.encode(src, src_mask)
+    state0 = model.init_state(memory)
+    _, state1, _ = model.decode_step(tgt[:, 0], memory, state0)
+    assert state0.step == 0 and state0.self_kv[0][0].shape[2] == 0
+    assert state1.step == 1 and state1.self_kv[0][0].shape[2] == 1
+
+
+def test_attention_layer_and_head_can_be_chosen():
+    src, src_mask, tgt = batch()
+    model = make_model()
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory)
+    mean = model.decode_step(tgt[:, 0], memory, state, need_attn=True)[2]
+    model.attn_head = 2
+    head = model.decode_step(tgt[:, 0], memory, state, need_attn=True)[2]
+    model.attn_layer, model.attn_head = 0, None
+    first = model.decode_step(tgt[:, 0], memory, state, need_attn=True)[2]
+    for a in (head, first):
+        torch.testing.assert_close(a.sum(-1), torch.ones(3))
+        assert not torch.allclose(a, mean)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def test_model_satisfies_the_contract():
+    model = make_model()
+    assert isinstance(model, Seq2Seq)
+    assert (model.src_vocab_size, model.tgt_vocab_size, model.pad_id) == (V, V, PAD)
+    src, src_mask, tgt = batch()
+    memory = model.encode(src, src_mask)
+    assert isinstance(memory, Memory) and memory.states.shape == (3, 7, 16)
+    assert model(src, src_mask, tgt).shape == (3, 6, V)
+
+
+def test_tie_embeddings():
+    none = make_model(tie_embeddings="none")
+    src_w, tgt_w, out_w = none.encoder.embed.weight, none.decoder.embed.weight, none.output.weight
+    assert len({src_w.data_ptr(), tgt_w.data_ptr(), out_w.data_ptr()}) == 3
+
+    dec = make_model(tie_embeddings="decoder", src_vocab_size=17)
+    assert dec.output.weight is dec.decoder.embed.weight
+    assert dec.encoder.embed.weight is not dec.decoder.embed.weight
+
+    every = make_model(tie_embeddings="all")
+    assert every.encoder.embed.weight is every.decoder.embed.weight is every.output.weight
+    shared = sum(p.numel() for p in every.parameters())
+    assert sum(p.numel() for p in none.parameters()) - shared == 2 * V * 16
+
+    with pytest.raises(ValueError, match=r"src_vocab_size \(17\) != tgt_vocab_size \(13\)"):
+        make_model(tie_embeddings="all", src_vocab_size=17)
+
+
+def test_tied_model_state_dict_round_trip():
+    src, src_mask, tgt = batch()
+    a, b = make_model(seed=0, tie_embeddings="all"), make_model(seed=1, tie_embeddings="all")
+    b.load_state_dict(a.state_dict())
+    assert b.output.weight is b.encoder.embed.weight
+    torch.testing.assert_close(b(src, src_mask, tgt), a(src, src_mask, tgt), rtol=0, atol=0)
+
+
+def test_invalid_options_raise_with_values():
+    with pytest.raises(ValueError, match=r"d_model \(18\).*heads \(4\)"):
+        make_model(d_model=18)
+    with pytest.raises(ValueError, match=r"norm \('mid'\)"):
+        make_model(norm="mid")
+    with pytest.raises(ValueError, match=r"positions \('rope'\)"):
+        make_model(positions="rope")
+
+
+def test_initialisation():
+    model = make_model(tie_embeddings="none", d_model=64, heads=4)
+    assert torch.equal(model.encoder.embed.weight[PAD], torch.zeros(64))
+    assert model.decoder.embed.weight[1:].std().item() == pytest.approx(64**-0.5, rel=0.15)
+    q = model.encoder.layers[0].self_attn.q_proj
+    bound = (6 / (64 + 64)) ** 0.5  # xavier-uniform
+    assert q.weight.abs().max() <= bound and q.weight.abs().max() > 0.9 * bound
+    assert torch.equal(q.bias, torch.zeros(64))
+
+
+def test_dropout_is_active_only_in_training():
+    src, src_mask, tgt = batch()
+    for impl in ("manual", "sdpa"):
+        model = make_model(attention_impl=impl, dropout=0.3, attention_dropout=0.3)
+        ref = model(src, src_mask, tgt)
+        torch.testing.assert_close(model(src, src_mask, tgt), ref, rtol=0, atol=0)
+        model.train()
+        noisy = model(src, src_mask, tgt)
+        assert torch.isfinite(noisy).all() and not torch.allclose(noisy, ref)
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def test_overfits_a_reversal_batch():
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(2, V, (8, 6), generator=g)
+    src = seqs
+    tgt_out = seqs.flip(1)
+    tgt_in = torch.cat([torch.full((8, 1), BOS), tgt_out[:, :-1]], dim=1)
+    model = make_model(d_model=32, heads=4, encoder_layers=1, decoder_layers=1, ff_dim=64, dropout=0.0,
+                       attention_dropout=0.0, activation_dropout=0.0, attention_impl="sdpa")  # fmt: skip
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    src_mask = pad_mask_from_tokens(src, PAD)
+    for _ in range(100):
+        loss = F.cross_entropy(model(src, src_mask, tgt_in).reshape(-1, V), tgt_out.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    assert loss.item() < 0.05
+    assert torch.equal(model(src, src_mask, tgt_in).argmax(-1), tgt_out)
+    # Greedy decoding through the incremental contract reproduces the targets too.
+    memory = model.encode(src, src_mask)
+    state, tokens, out = model.init_state(memory), torch.full((8,), BOS), []
+    for _ in range(6):
+        log_probs, state, _ = model.decode_step(tokens, memory, state)
+        tokens = log_probs.argmax(-1)
+        out.append(tokens)
+    assert torch.equal(torch.stack(out, 1), tgt_out)
+
+
+def test_decode_step_under_bf16_autocast():
+    src, src_mask, tgt = batch()
+    model = make_model(attention_impl="sdpa")
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory).float().log_softmax(-1)
+        state = model.init_state(memory)
+        for t in range(3):
+            log_probs, state, _ = model.decode_step(tgt[:, t], memory, state)
+            assert log_probs.dtype == torch.float32
+            assert state.self_kv[0][0].dtype == state.memory_kv[0][0].dtype == torch.bfloat16
+            torch.testing.assert_close(log_probs, full[:, t], atol=0.05, rtol=0)
