@@ -1,0 +1,362 @@
+"""Raw parallel text: every corpus source becomes one Arrow `Dataset` with columns `src`, `tgt`.
+
+Sources (`CorpusConfig.kind`):
+    text     PATH.SRC and PATH.TGT, one sentence per line (either may be `.gz`).
+    tsv      one tab-separated file with a header row (no quoting: tabs split fields).
+    jsonl    one JSON object per line, flat or with a nested `translation` object.
+    parquet  one parquet file (or glob).
+    disk     a `Dataset` or `DatasetDict` written with `save_to_disk`.
+    hf       a Hugging Face hub dataset (or a local folder `load_dataset` understands).
+
+Line-based files are read by a generator into Arrow files under `cache_dir`, so a
+corpus larger than memory works and a second run reuses the cache; the cache key
+includes each file's size and modification time, so an edited file is read again.
+Column-based sources share one rule to find the two text columns (`resolve_fields`).
+Rows stay in corpus order; nothing is dropped here except by `clean_pairs`, which
+drops whole pairs only, so a sentence never moves next to another one's translation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import itertools
+import json
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+from datasets import Dataset, DatasetDict, Features, Value
+from datasets.exceptions import DatasetGenerationError
+
+from nmt.config import CorpusConfig
+from nmt.errors import DataError
+
+PAIR_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
+_TEXT_TYPES = ("string", "large_string")
+
+
+def load_pairs(
+    spec: CorpusConfig, *, src_lang: str, tgt_lang: str, cache_dir: str | Path | None = None
+) -> Dataset:
+    """Read one split of a parallel corpus.
+
+    Args:
+        spec: where the split comes from.
+        src_lang, tgt_lang: language codes: text-file suffixes and default column names.
+        cache_dir: where Arrow files of line-based sources and hub downloads go
+            (None: the `datasets` default cache).
+
+    Returns:
+        A `Dataset` with exactly the string columns `src` and `tgt`, in corpus order.
+        Text is as read, without its line ending; nothing is stripped or dropped.
+
+    Raises:
+        DataError: a missing or unreadable file, invalid UTF-8 (file and line),
+            text files of different lengths, a missing column (with the columns
+            found), or a hub dataset that cannot be loaded.
+    """
+    path = os.path.expanduser(os.path.expandvars(spec.path))
+    cache = None if cache_dir is None else str(cache_dir)
+    match spec.kind:
+        case "text":
+            src_path, tgt_path = _text_files(path, (src_lang, tgt_lang))
+            stamp = (_stamp(src_path), _stamp(tgt_path))
+            return _from_generator(_read_text, dict(src_path=src_path, tgt_path=tgt_path, stamp=stamp), cache)
+        case "tsv":
+            _require_file(path)
+            with contextlib.closing(_lines(path)) as lines:
+                header = next(lines, "").split("\t")
+            fields = resolve_fields(header, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+            # a tuple: `from_generator` would shard a list over processes
+            kwargs = dict(path=path, columns=tuple(header.index(f) for f in fields), stamp=_stamp(path))
+            return _from_generator(_read_tsv, kwargs, cache)
+        case "jsonl":
+            _require_file(path)
+            with contextlib.closing(_json_objects(path)) as objects:
+                first = next(objects, None)
+            if first is None:
+                return _empty_pairs()
+            fields = resolve_fields(list(first[1]), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+            return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=_stamp(path)), cache)
+        case "parquet":
+            if not any(c in path for c in "*?[") and not Path(path).is_file():
+                raise DataError(f"{path}: parquet file not found{_unset_var_hint(path)}")
+            try:
+                ds = datasets.load_dataset("parquet", data_files=path, split="train", cache_dir=cache)
+            except Exception as err:  # pyarrow and datasets raise many kinds
+                raise DataError(f"{path}: cannot read as parquet: {_short(err)}") from None
+            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+        case "disk":
+            ds = select_fields(_load_disk(path, spec.split), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+            return _writable_copy(ds, path, cache)
+        case "hf":
+            ds = _load_hub(path, spec, cache)
+            where = f"hub dataset {path!r}"
+            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
+    raise DataError(f"{spec.path}: unknown corpus kind {spec.kind!r}")
+
+
+def clean_pairs(ds: Dataset) -> tuple[Dataset, dict[str, int]]:
+    """Strip surrounding whitespace and drop pairs with an empty side.
+
+    A pair is kept or dropped as a whole, so later pairs stay aligned.
+
+    Args:
+        ds: a `Dataset` with `src` and `tgt` (nulls count as empty).
+
+    Returns:
+        The cleaned `Dataset` (columns `src`, `tgt`) and the counts `{"empty": n}`.
+    """
+    cleaned = ds.map(
+        _strip_and_drop_empty,
+        batched=True,
+        remove_columns=ds.column_names,
+        features=PAIR_FEATURES,
+        desc="Cleaning pairs",
+    )
+    return cleaned, {"empty": len(ds) - len(cleaned)}
+
+
+def _strip_and_drop_empty(batch: dict[str, list[str | None]]) -> dict[str, list[str]]:
+    src, tgt = [], []
+    for s, t in zip(batch["src"], batch["tgt"]):
+        s, t = (s or "").strip(), (t or "").strip()
+        if s and t:
+            src.append(s)
+            tgt.append(t)
+    return {"src": src, "tgt": tgt}
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def resolve_fields(
+    columns: Sequence[str], spec: CorpusConfig, *, src_lang: str, tgt_lang: str, where: str
+) -> tuple[str, str]:
+    """Pick the source and target columns among `columns` (nested names flattened as `a.b`).
+
+    An explicit `src_field`/`tgt_field` is used as given (`translation.de` names a
+    nested field); otherwise the language code, then `translation.<lang>` (the
+    layout of wmt and many hub datasets).
+
+    Raises:
+        DataError: a column is missing; the message lists the columns found.
+    """
+    chosen = []
+    for side, field, lang in (("src", spec.src_field, src_lang), ("tgt", spec.tgt_field, tgt_lang)):
+        candidates = [field] if field is not None else [lang, f"translation.{lang}"]
+        found = next((c for c in candidates if c in columns), None)
+        if found is None:
+            tried = " or ".join(repr(c) for c in candidates)
+            listed = ", ".join(repr(c) for c in columns) or "none"
+            hint = "" if field is not None else f" (set {side}_field to choose one)"
+            raise DataError(f"{where}: no {side} column {tried}; columns found: {listed}{hint}")
+        chosen.append(found)
+    if chosen[0] == chosen[1]:
+        raise DataError(f"{where}: source and target both read column {chosen[0]!r}")
+    return chosen[0], chosen[1]
+
+
+def select_fields(ds: Dataset, spec: CorpusConfig, *, src_lang: str, tgt_lang: str, where: str) -> Dataset:
+    """Reduce a column-based `Dataset` to string columns `src`, `tgt` (see `resolve_fields`).
+
+    Raises:
+        DataError: a missing column (columns found listed) or one that does not hold text.
+    """
+    if any(not isinstance(f, Value) for f in ds.features.values()):
+        ds = ds.flatten()  # struct columns become `translation.de`, `translation.en`
+    src_col, tgt_col = resolve_fields(ds.column_names, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
+    for col in (src_col, tgt_col):
+        feature = ds.features[col]
+        if not isinstance(feature, Value) or feature.dtype not in _TEXT_TYPES:
+            raise DataError(f"{where}: column {col!r} holds {feature}, not text")
+    ds = ds.select_columns([src_col, tgt_col]).rename_columns({src_col: "src", tgt_col: "tgt"})
+    return ds.cast(PAIR_FEATURES) if ds.features != PAIR_FEATURES else ds
+
+
+# --------------------------------------------------------------------------- line-based files
+
+
+def _from_generator(generator: Any, gen_kwargs: dict[str, Any], cache_dir: str | None) -> Dataset:
+    """Write the generator's pairs to Arrow under `cache_dir` (reused when `gen_kwargs` match)."""
+    try:
+        return Dataset.from_generator(generator, features=PAIR_FEATURES, gen_kwargs=gen_kwargs, cache_dir=cache_dir)
+    except DatasetGenerationError as err:
+        if isinstance(err.__cause__, DataError):
+            raise err.__cause__ from None
+        raise
+    except ValueError as err:
+        if "corresponds to no data" not in str(err):
+            raise
+        return _empty_pairs()  # an empty file
+
+
+def _empty_pairs() -> Dataset:
+    return Dataset.from_dict({"src": [], "tgt": []}, features=PAIR_FEATURES)
+
+
+# The generators' `stamp` argument is unused: it only makes the Arrow cache key depend on the files.
+
+
+def _read_text(src_path: str, tgt_path: str, stamp: object) -> Iterator[dict[str, str]]:
+    src_lines, tgt_lines = _lines(src_path), _lines(tgt_path)
+    n = 0
+    for s, t in itertools.zip_longest(src_lines, tgt_lines):
+        if s is None or t is None:
+            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
+            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
+            raise DataError(
+                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
+                "a parallel corpus needs the same number of lines on both sides"
+            )
+        n += 1
+        yield {"src": s, "tgt": t}
+
+
+def _read_tsv(path: str, columns: tuple[int, int], stamp: object) -> Iterator[dict[str, str]]:
+    lines = _lines(path)
+    width = len(next(lines).split("\t"))
+    reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)  # no quote characters at all
+    for row in reader:
+        if len(row) != width:
+            raise DataError(f"{path}:{reader.line_num + 1}: {len(row)} tab-separated fields, the header has {width}")
+        yield {"src": row[columns[0]], "tgt": row[columns[1]]}
+
+
+def _read_jsonl(path: str, fields: tuple[str, str], stamp: object) -> Iterator[dict[str, str | None]]:
+    for lineno, obj in _json_objects(path):
+        pair = {}
+        for side, field in zip(("src", "tgt"), fields):
+            if field not in obj:
+                raise DataError(f"{path}:{lineno}: no field {field!r}; fields found: {', '.join(obj)}")
+            value = obj[field]
+            if value is not None and not isinstance(value, str):
+                raise DataError(f"{path}:{lineno}: field {field!r} holds {value!r}, not text")
+            pair[side] = value
+        yield pair
+
+
+def _json_objects(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object with nested keys flattened to `a.b`) for each non-blank line."""
+    for lineno, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{lineno}: invalid JSON: {err.msg} (column {err.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, _flatten(obj)
+
+
+def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _lines(path: str) -> Iterator[str]:
+    """Decoded lines without '\\n' or '\\r\\n' (a leading UTF-8 byte-order mark is dropped).
+
+    Only '\\n' ends a line: other Unicode line separators are text.
+    """
+    lineno = 0
+    try:
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {err.start} of the line") from None
+                if line.endswith("\n"):
+                    line = line[:-2] if line.endswith("\r\n") else line[:-1]
+                yield line.removeprefix("\ufeff") if lineno == 1 else line
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataError(f"{path}: cannot read after line {lineno}: {err}") from None
+
+
+def _text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:
+    found, tried = [], []
+    for lang in langs:
+        candidates = [f"{prefix}.{lang}", f"{prefix}.{lang}.gz"]
+        hit = next((c for c in candidates if Path(c).is_file()), None)
+        found.append(hit)
+        tried += [] if hit else candidates
+    if tried:
+        raise DataError(f"text corpus not found: tried {', '.join(tried)}{_unset_var_hint(prefix)}")
+    return found[0], found[1]
+
+
+def _require_file(path: str) -> None:
+    if not Path(path).is_file():
+        raise DataError(f"{path}: file not found{_unset_var_hint(path)}")
+
+
+def _stamp(path: str) -> tuple[str, int, int]:
+    """What the Arrow cache key knows of a file: an edited file gets a new cache."""
+    st = os.stat(path)
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+def _unset_var_hint(path: str) -> str:
+    return " (an environment variable in it is not set)" if "$" in path else ""
+
+
+# --------------------------------------------------------------------------- Arrow datasets
+
+
+def _load_disk(path: str, split: str | None) -> Dataset:
+    if not Path(path).is_dir():
+        raise DataError(f"{path}: no such folder (kind: disk wants a folder written by save_to_disk){_unset_var_hint(path)}")
+    try:
+        loaded = datasets.load_from_disk(path)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: not a dataset written by save_to_disk: {_short(err)}") from None
+    if isinstance(loaded, DatasetDict):
+        name = split or "train"
+        if name not in loaded:
+            raise DataError(f"{path}: no split {name!r}; splits found: {', '.join(loaded)} (set split)")
+        return loaded[name]
+    return loaded
+
+
+def _writable_copy(ds: Dataset, path: str, cache_dir: str | None) -> Dataset:
+    """`ds` itself, or when its folder is read-only, a copy of its two columns under
+    `cache_dir` (or the `datasets` cache): later maps write their cache files next to
+    their source's."""
+    if os.access(path, os.W_OK):
+        return ds
+    folder = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"pairs-{ds._fingerprint}.arrow"  # the fingerprint names its content
+    return ds.flatten_indices(cache_file_name=str(folder / name))
+
+
+def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
+    split = spec.split or "train"
+    try:
+        return datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir)
+    except Exception as err:  # network, auth, format and split errors all end here
+        config = f", config {spec.hf_config!r}" if spec.hf_config else ""
+        raise DataError(
+            f"hub dataset {path!r}{config}, split {split!r} could not be loaded: {_short(err)}. "
+            "Without access to the hub, download it on another machine "
+            "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
+            "and use kind: disk (or parquet, jsonl) with path: DIR"
+        ) from None
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(err).__name__}: {first[:200]}"

@@ -1,0 +1,192 @@
+"""Tokenized splits: subword ids and lengths next to the text, with length and ratio filters.
+
+A split is an Arrow `Dataset` with the columns
+    src, tgt          the cleaned text (targets are the BLEU references),
+    src_ids           source ids followed by EOS (int32),
+    tgt_ids           target ids without specials: `collate` adds BOS and EOS,
+    src_len, tgt_len  len(src_ids) and len(tgt_ids) + 1: the lengths the model sees
+                      (decoder input BOS + ids, output ids + EOS).
+
+Tokenizing is a `datasets` map, cached next to the source's Arrow files (in memory
+for in-memory datasets) and keyed by the sentencepiece models, so a second run with
+the same corpus and tokenizer reads the ids back instead of encoding again.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from datasets import Dataset, Features, List, Value
+
+from nmt.config import CorpusConfig, DataConfig
+from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.data.tokenizer import EOS_ID, Tokenizer
+from nmt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+ID_FEATURES = {
+    "src_ids": List(Value("int32")),
+    "tgt_ids": List(Value("int32")),
+    "src_len": Value("int32"),
+    "tgt_len": Value("int32"),
+}
+
+
+def tokenize_pairs(
+    ds: Dataset, tokenizer: Tokenizer, *, max_len: int | None, max_ratio: float, num_proc: int = 1
+) -> tuple[Dataset, dict[str, int]]:
+    """Encode `src` and `tgt`, then drop pairs that are too long or too unbalanced.
+
+    Lengths are those of the sequences the model sees (see the module docstring),
+    so `max_len` bounds every position the model needs.
+
+    Args:
+        ds: a `Dataset` with string columns `src` and `tgt`.
+        tokenizer: the sentencepiece models.
+        max_len: drop pairs with `src_len` or `tgt_len` above it (None: keep all).
+        max_ratio: drop pairs with max(src_len, tgt_len) / min(src_len, tgt_len)
+            above it (0: keep all). Pairs already too long count only as too long.
+        num_proc: processes for encoding.
+
+    Returns:
+        The tokenized `Dataset` (columns of the module docstring, text kept) and
+        the counts `{"too_long": n, "ratio": n}` of dropped pairs.
+    """
+    features = Features({**ds.features, **ID_FEATURES})
+    if len(ds) == 0:  # `map` leaves an empty dataset as it is, without the new columns
+        return Dataset.from_dict({name: [] for name in features}, features=features), {"too_long": 0, "ratio": 0}
+    encoded = ds.map(
+        _Encoder(tokenizer),
+        batched=True,
+        features=features,
+        num_proc=num_proc if num_proc > 1 else None,
+        desc="Tokenizing",
+    )
+    lens = encoded.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
+    too_long, ratio = _filter_masks(lens["src_len"], lens["tgt_len"], max_len=max_len, max_ratio=max_ratio)
+    report = {"too_long": int(too_long.sum()), "ratio": int(ratio.sum())}
+    if report["too_long"] or report["ratio"]:
+        encoded = encoded.filter(
+            _keep,
+            batched=True,
+            batch_size=10_000,
+            input_columns=["src_len", "tgt_len"],
+            fn_kwargs={"max_len": max_len, "max_ratio": max_ratio},
+            desc="Filtering by length",
+        )
+    return encoded, report
+
+
+def prepare_split(
+    spec: CorpusConfig,
+    data_cfg: DataConfig,
+    tokenizer: Tokenizer,
+    *,
+    cache_dir: str | Path | None,
+    train: bool,
+    num_proc: int = 1,
+) -> tuple[Dataset, dict[str, int]]:
+    """Load, clean and tokenize one split; training splits are also length-filtered.
+
+    Validation and test splits keep every cleaned pair, so their scores compare
+    across runs whatever `max_len` and `max_ratio` are.
+
+    Args:
+        spec: the split's corpus (one of `data_cfg.train`, `valid` or `test` values).
+        data_cfg: languages and filter settings.
+        tokenizer: the sentencepiece models.
+        cache_dir: Arrow cache of line-based corpora (see `load_pairs`).
+        train: apply `data_cfg.max_len` and `data_cfg.max_ratio`.
+        num_proc: processes for encoding.
+
+    Returns:
+        The tokenized split and the report `{"pairs", "empty", "too_long", "ratio",
+        "kept"}` (pairs read, dropped by each step, kept).
+
+    Raises:
+        DataError: as `load_pairs`, or no pair is left; the message names the split,
+            its path and what each step dropped.
+    """
+    name = _split_name(spec, data_cfg)
+    raw = load_pairs(spec, src_lang=data_cfg.src_lang, tgt_lang=data_cfg.tgt_lang, cache_dir=cache_dir)
+    cleaned, clean_report = clean_pairs(raw)
+    tokenized, filter_report = tokenize_pairs(
+        cleaned,
+        tokenizer,
+        max_len=data_cfg.max_len if train else None,
+        max_ratio=data_cfg.max_ratio if train else 0.0,
+        num_proc=num_proc,
+    )
+    report = {"pairs": len(raw), **clean_report, **filter_report, "kept": len(tokenized)}
+    dropped = f"{report['empty']} with an empty side"
+    if train:
+        dropped += (
+            f", {report['too_long']} longer than data.max_len={data_cfg.max_len} tokens"
+            f", {report['ratio']} with a length ratio above data.max_ratio={data_cfg.max_ratio}"
+        )
+    where = f"{name} ({spec.path})"
+    if report["kept"] == 0:
+        raise DataError(f"{where}: no pairs left of {report['pairs']} read: dropped {dropped}")
+    log.info("%s: %d pairs read, %d kept; dropped %s", where, report["pairs"], report["kept"], dropped)
+    return tokenized, report
+
+
+class _Encoder:
+    """The batched map function. It pickles as the sentencepiece model bytes, so the
+    `datasets` cache key depends on the models and worker processes rebuild it cheaply.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.state = tokenizer.to_state()
+        self.tokenizer: Tokenizer | None = tokenizer
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"state": self.state}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.state, self.tokenizer = d["state"], None
+
+    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+        if self.tokenizer is None:
+            self.tokenizer = Tokenizer.from_state(self.state)
+        src_ids = [ids + [EOS_ID] for ids in self.tokenizer.encode_src(batch["src"])]
+        tgt_ids = self.tokenizer.encode_tgt(batch["tgt"])
+        return {
+            "src_ids": src_ids,
+            "tgt_ids": tgt_ids,
+            "src_len": [len(ids) for ids in src_ids],
+            "tgt_len": [len(ids) + 1 for ids in tgt_ids],
+        }
+
+
+def _filter_masks(
+    src_len: np.ndarray, tgt_len: np.ndarray, *, max_len: int | None, max_ratio: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (N,): too long, and (only among the rest) too unbalanced."""
+    too_long = np.zeros(len(src_len), dtype=bool)
+    if max_len is not None:
+        too_long = (src_len > max_len) | (tgt_len > max_len)
+    ratio = np.zeros_like(too_long)
+    if max_ratio > 0:
+        longer, shorter = np.maximum(src_len, tgt_len), np.maximum(np.minimum(src_len, tgt_len), 1)
+        ratio = ~too_long & (longer > max_ratio * shorter)
+    return too_long, ratio
+
+
+def _keep(src_len: list[int], tgt_len: list[int], *, max_len: int | None, max_ratio: float) -> list[bool]:
+    too_long, ratio = _filter_masks(np.asarray(src_len), np.asarray(tgt_len), max_len=max_len, max_ratio=max_ratio)
+    return (~(too_long | ratio)).tolist()
+
+
+def _split_name(spec: CorpusConfig, data_cfg: DataConfig) -> str:
+    """`data.train`, `data.valid` or `data.test.NAME`: how the config names this split."""
+    named = {"data.train": data_cfg.train, "data.valid": data_cfg.valid}
+    named.update({f"data.test.{k}": v for k, v in data_cfg.test.items()})
+    for name, candidate in named.items():
+        if candidate is spec:
+            return name
+    return next((name for name, candidate in named.items() if candidate == spec), "data")

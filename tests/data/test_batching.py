@@ -1,0 +1,166 @@
+"""Token-budget batching: budgets, coverage, determinism, sharding, collate and inference batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+
+from nmt.data.batching import Batch, TokenBatchSampler, collate, inference_batches
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+MAX_TOKENS = 400
+
+
+@pytest.fixture(scope="module")
+def lengths() -> tuple[np.ndarray, np.ndarray]:
+    """3000 pairs of lengths 1..60, plus one pair longer than the budget."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(1, 61, size=3000)
+    tgt = np.clip(src + rng.integers(-5, 6, size=3000), 1, None)
+    src[17] = MAX_TOKENS + 50
+    return src, tgt
+
+
+def sampler(lengths: tuple[np.ndarray, np.ndarray], **kwargs) -> TokenBatchSampler:
+    return TokenBatchSampler(src_lens=lengths[0], tgt_lens=lengths[1], max_tokens=MAX_TOKENS, **kwargs)
+
+
+def cost(batch: list[int], lengths: tuple[np.ndarray, np.ndarray]) -> int:
+    src, tgt = lengths
+    return len(batch) * int(max(src[batch].max(), tgt[batch].max()))
+
+
+def test_budget_counts_padding_and_long_sentences_stand_alone(lengths) -> None:
+    batches = sampler(lengths).batch_list(0)
+    for batch in batches:
+        assert cost(batch, lengths) <= MAX_TOKENS or len(batch) == 1
+    assert [17] in batches
+    # Bucketing: little of the budget goes to padding.
+    real = sum(int(np.maximum(*lengths)[b].sum()) for b in batches)
+    assert sum(cost(b, lengths) for b in batches) < 1.1 * real
+
+
+def test_every_pair_once_per_epoch(lengths) -> None:
+    s = sampler(lengths)
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        seen = sorted(i for batch in s for i in batch)
+        assert seen == list(range(len(lengths[0])))
+        assert len(s) == len(s.batch_list(epoch))
+
+
+def test_same_seed_and_epoch_same_batches_otherwise_different(lengths) -> None:
+    a, b = sampler(lengths, seed=3), sampler(lengths, seed=3)
+    assert a.batch_list(0) == b.batch_list(0)
+    assert a.batch_list(1) == b.batch_list(1)
+    assert a.batch_list(0) != a.batch_list(1)
+    assert sampler(lengths, seed=4).batch_list(1) != a.batch_list(1)
+    b.set_epoch(1)
+    assert list(b) == a.batch_list(1)
+
+
+def test_without_shuffle_batches_go_longest_first(lengths) -> None:
+    batches = sampler(lengths, shuffle=False).batch_list(5)
+    longest = np.maximum(*lengths)
+    flat = [i for batch in batches for i in batch]
+    assert list(longest[flat]) == sorted(longest, reverse=True)
+    assert batches == sampler(lengths, shuffle=False).batch_list(0)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_rank_shards_are_disjoint_equal_and_cover_everything(lengths, world_size: int) -> None:
+    n_single = len(sampler(lengths).batch_list(0))
+    shards = [sampler(lengths, rank=r, world_size=world_size).batch_list(2) for r in range(world_size)]
+    assert len({len(shard) for shard in shards}) == 1  # every rank steps the same number of times
+    assert len(shards[0]) * world_size >= n_single
+    seen = [i for shard in shards for batch in shard for i in batch]
+    assert sorted(seen) == list(range(len(lengths[0])))  # disjoint and complete
+    assert all(cost(b, lengths) <= MAX_TOKENS or len(b) == 1 for shard in shards for b in shard)
+
+
+def test_split_to_divide_by_ranks_happens(lengths) -> None:
+    """The fixture's batch count is not a multiple of 3, so the test above exercises splitting."""
+    assert len(sampler(lengths).batch_list(2)) % 3 != 0
+
+
+def test_fewer_pairs_than_ranks_repeat_batches() -> None:
+    shards = [
+        TokenBatchSampler(src_lens=[3, 4], tgt_lens=[3, 4], max_tokens=100, rank=r, world_size=3).batch_list(0)
+        for r in range(3)
+    ]
+    assert [len(shard) for shard in shards] == [1, 1, 1]
+    assert {i for shard in shards for batch in shard for i in batch} == {0, 1}
+
+
+def test_empty_dataset_and_bad_arguments() -> None:
+    assert TokenBatchSampler(src_lens=[], tgt_lens=[], max_tokens=10).batch_list(0) == []
+    with pytest.raises(ValueError, match=r"max_tokens \(0\)"):
+        TokenBatchSampler(src_lens=[1], tgt_lens=[1], max_tokens=0)
+    with pytest.raises(ValueError, match=r"rank \(2\)"):
+        TokenBatchSampler(src_lens=[1], tgt_lens=[1], max_tokens=10, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="same length"):
+        TokenBatchSampler(src_lens=[1, 2], tgt_lens=[1], max_tokens=10)
+
+
+def test_lengths_straight_from_a_dataset_column() -> None:
+    ds = Dataset.from_dict({"src_len": [3, 5, 2], "tgt_len": [4, 1, 2]}).with_format("numpy")
+    s = TokenBatchSampler(src_lens=ds["src_len"], tgt_lens=ds["tgt_len"], max_tokens=10, shuffle=False)
+    assert s.batch_list(0) == [[1, 0], [2]]  # 2 * 5 and 1 * 2 tokens
+
+
+# --------------------------------------------------------------------------- collate
+
+
+def test_collate_places_bos_eos_and_padding() -> None:
+    rows = [
+        {"index": 7, "src_ids": [10, 11, EOS_ID], "tgt_ids": [20]},
+        {"index": 2, "src_ids": [12, EOS_ID], "tgt_ids": [21, 22, 23]},
+    ]
+    b = collate(rows)
+    assert b.src.tolist() == [[10, 11, EOS_ID], [12, EOS_ID, PAD_ID]]
+    assert b.src_pad_mask.tolist() == [[False, False, False], [False, False, True]]  # True = pad
+    assert b.tgt_in.tolist() == [[BOS_ID, 20, PAD_ID, PAD_ID], [BOS_ID, 21, 22, 23]]
+    assert b.tgt_out.tolist() == [[20, EOS_ID, PAD_ID, PAD_ID], [21, 22, 23, EOS_ID]]
+    assert b.indices.tolist() == [7, 2]
+    assert b.src.dtype == b.tgt_in.dtype == b.indices.dtype == torch.long
+    assert b.src_pad_mask.dtype == torch.bool
+    assert (b.size, b.ntokens) == (2, 6)
+
+
+def test_collate_takes_dataset_columns_with_indices() -> None:
+    ds = Dataset.from_dict({"src_ids": [[5, EOS_ID], [6, 7, EOS_ID]], "tgt_ids": [[8, 9], []], "src": ["a", "b"]})
+    b = collate(ds[[1, 0]], [1, 0])
+    assert b.src.tolist() == [[6, 7, EOS_ID], [5, EOS_ID, PAD_ID]]
+    assert b.tgt_in.tolist() == [[BOS_ID, PAD_ID, PAD_ID], [BOS_ID, 8, 9]]
+    assert b.tgt_out.tolist() == [[EOS_ID, PAD_ID, PAD_ID], [8, 9, EOS_ID]]
+    assert b.indices.tolist() == [1, 0] and b.ntokens == 4
+    moved = b.to("cpu")
+    assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, b.tgt_out) and moved.ntokens == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_memory_and_transfer() -> None:
+    b = collate([{"index": 0, "src_ids": [5, EOS_ID], "tgt_ids": [6]}]).pin_memory()
+    assert b.src.is_pinned() and b.src_pad_mask.is_pinned() and b.indices.is_pinned()
+    on_gpu = b.to("cuda", non_blocking=True)
+    assert on_gpu.tgt_in.is_cuda and on_gpu.tgt_in.cpu().tolist() == [[BOS_ID, 6]]
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def test_inference_batches_cover_all_indices_once_under_budget() -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 80, size=1000).tolist()
+    lengths[5] = 500
+    batches = inference_batches(lengths, 300)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert batches[0] == [5]
+    for b in batches:
+        assert len(b) * max(lengths[i] for i in b) <= 300 or len(b) == 1
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths, reverse=True)
+    assert inference_batches([], 100) == []

@@ -1,0 +1,232 @@
+"""Every corpus source read from real files, its errors, and pair safety when cleaning."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import datasets
+import huggingface_hub.constants
+import pytest
+from datasets import Dataset, DatasetDict
+
+from nmt.config import CorpusConfig
+from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.errors import DataError
+
+DE = ["ein hund", "eine katze", "das haus", "der baum"]
+EN = ["a dog", "a cat", "the house", "the tree"]
+PAIRS = list(zip(DE, EN))
+
+
+def load(tmp_path: Path, kind: str, path: Path | str, **fields) -> Dataset:
+    spec = CorpusConfig(kind=kind, path=str(path), **fields)
+    return load_pairs(spec, src_lang="de", tgt_lang="en", cache_dir=tmp_path / "cache")
+
+
+def pairs(ds: Dataset) -> list[tuple[str, str]]:
+    assert ds.column_names == ["src", "tgt"]
+    return list(zip(ds["src"], ds["tgt"]))
+
+
+def write_lines(path: Path, lines: list[str], *, gz: bool = False, ending: str = "\n") -> None:
+    data = "".join(line + ending for line in lines).encode("utf-8")
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+# --------------------------------------------------------------------------- text
+
+
+def test_text_reads_pairs_in_order_stripping_only_line_endings(tmp_path: Path) -> None:
+    write_lines(tmp_path / "train.de", [" ein hund ", *DE[1:]], ending="\r\n")
+    write_lines(tmp_path / "train.en", EN)
+    ds = load(tmp_path, "text", tmp_path / "train")
+    assert pairs(ds) == [(" ein hund ", "a dog"), *PAIRS[1:]]
+    assert ds.features["src"].dtype == "string" and ds.cache_files  # Arrow on disk
+
+
+def test_text_keeps_unicode_line_separators_inside_a_line(tmp_path: Path) -> None:
+    write_lines(tmp_path / "t.de", ["a\u2028b", "c\x0bd"])
+    write_lines(tmp_path / "t.en", ["x", "y"])
+    assert pairs(load(tmp_path, "text", tmp_path / "t")) == [("a\u2028b", "x"), ("c\x0bd", "y")]
+
+
+def test_text_gz_is_used_when_the_plain_file_is_absent(tmp_path: Path) -> None:
+    write_lines(tmp_path / "train.de.gz", DE, gz=True)
+    write_lines(tmp_path / "train.en", EN)
+    assert pairs(load(tmp_path, "text", tmp_path / "train")) == PAIRS
+
+
+def test_text_expands_variables_and_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "train.en", EN)
+    monkeypatch.setenv("CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert pairs(load(tmp_path, "text", "$CORPUS_DIR/train")) == PAIRS
+    assert pairs(load(tmp_path, "text", "~/train")) == PAIRS
+
+
+def test_text_cache_is_reused_and_invalidated_by_edits(tmp_path: Path) -> None:
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "train.en", EN)
+    first = load(tmp_path, "text", tmp_path / "train")
+    assert load(tmp_path, "text", tmp_path / "train").cache_files == first.cache_files
+    write_lines(tmp_path / "train.en", ["changed"] * 4)
+    assert load(tmp_path, "text", tmp_path / "train")["tgt"] == ["changed"] * 4
+
+
+def test_text_different_line_counts_name_both_files_and_counts(tmp_path: Path) -> None:
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "train.en", EN[:3])
+    with pytest.raises(DataError, match=r"train\.de has 4 lines but .*train\.en has 3"):
+        load(tmp_path, "text", tmp_path / "train")
+
+
+def test_text_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "train.de").write_bytes(b"ok\nok\nbad \xff byte\nok\n")
+    write_lines(tmp_path / "train.en", EN)
+    with pytest.raises(DataError, match=r"train\.de:3: invalid UTF-8"):
+        load(tmp_path, "text", tmp_path / "train")
+
+
+def test_text_missing_file_names_the_paths_tried(tmp_path: Path) -> None:
+    write_lines(tmp_path / "train.en", EN)
+    with pytest.raises(DataError, match=r"train\.de, .*train\.de\.gz") as info:
+        load(tmp_path, "text", tmp_path / "train")
+    assert "train.en" not in str(info.value)
+
+
+def test_empty_text_files_give_an_empty_dataset(tmp_path: Path) -> None:
+    write_lines(tmp_path / "e.de", [])
+    write_lines(tmp_path / "e.en", [])
+    assert pairs(load(tmp_path, "text", tmp_path / "e")) == []
+
+
+# --------------------------------------------------------------------------- tsv, jsonl
+
+
+def test_tsv_default_and_explicit_columns_without_quoting(tmp_path: Path) -> None:
+    lines = ["id\tde\ten", *(f"{i}\t{d}\t{e}" for i, (d, e) in enumerate(PAIRS)), '9\t"quoted\tit\'s']
+    write_lines(tmp_path / "c.tsv", lines)
+    assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv")) == [*PAIRS, ('"quoted', "it's")]
+    swapped = load(tmp_path, "tsv", tmp_path / "c.tsv", src_field="en", tgt_field="id")
+    assert pairs(swapped)[0] == ("a dog", "0")
+
+
+def test_tsv_missing_column_lists_columns_found(tmp_path: Path) -> None:
+    write_lines(tmp_path / "c.tsv", ["german\tenglish", "a\tb"])
+    with pytest.raises(DataError, match=r"no src column 'de'.*columns found: 'german', 'english'"):
+        load(tmp_path, "tsv", tmp_path / "c.tsv")
+
+
+def test_tsv_row_with_wrong_field_count_names_the_line(tmp_path: Path) -> None:
+    write_lines(tmp_path / "c.tsv", ["de\ten", "a\tb", "only one"])
+    with pytest.raises(DataError, match=r"c\.tsv:3: 1 tab-separated fields, the header has 2"):
+        load(tmp_path, "tsv", tmp_path / "c.tsv")
+
+
+def test_jsonl_flat_nested_and_dotted_fields(tmp_path: Path) -> None:
+    write_lines(tmp_path / "flat.jsonl", [json.dumps({"de": d, "en": e, "id": 1}) for d, e in PAIRS])
+    nested = [json.dumps({"translation": {"de": d, "en": e}}) for d, e in PAIRS]
+    write_lines(tmp_path / "nested.jsonl", [*nested, ""])  # a trailing blank line is skipped
+    assert pairs(load(tmp_path, "jsonl", tmp_path / "flat.jsonl")) == PAIRS
+    assert pairs(load(tmp_path, "jsonl", tmp_path / "nested.jsonl")) == PAIRS
+    explicit = load(tmp_path, "jsonl", tmp_path / "nested.jsonl", src_field="translation.en", tgt_field="translation.de")
+    assert pairs(explicit) == [(e, d) for d, e in PAIRS]
+
+
+def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
+    write_lines(tmp_path / "a.jsonl", ['{"de": "x", "en": "y"}', '{"de": "x"}'])
+    with pytest.raises(DataError, match=r"a\.jsonl:2: no field 'en'; fields found: de"):
+        load(tmp_path, "jsonl", tmp_path / "a.jsonl")
+    write_lines(tmp_path / "b.jsonl", ['{"de": "x", "en": "y"}', '{"de": "x", "en": '])
+    with pytest.raises(DataError, match=r"b\.jsonl:2: invalid JSON"):
+        load(tmp_path, "jsonl", tmp_path / "b.jsonl")
+    write_lines(tmp_path / "c.jsonl", ['{"src": "x", "tgt": "y"}'])
+    with pytest.raises(DataError, match=r"columns found: 'src', 'tgt'"):
+        load(tmp_path, "jsonl", tmp_path / "c.jsonl")
+
+
+# --------------------------------------------------------------------------- Arrow sources
+
+
+def flat_dataset() -> Dataset:
+    return Dataset.from_dict({"id": list(range(4)), "de": DE, "en": EN})
+
+
+def nested_dataset() -> Dataset:
+    return Dataset.from_dict({"translation": [{"de": d, "en": e} for d, e in PAIRS]})
+
+
+def test_parquet_flat_and_nested(tmp_path: Path) -> None:
+    flat_dataset().to_parquet(tmp_path / "flat.parquet")
+    nested_dataset().to_parquet(tmp_path / "nested.parquet")
+    assert pairs(load(tmp_path, "parquet", tmp_path / "flat.parquet")) == PAIRS
+    assert pairs(load(tmp_path, "parquet", tmp_path / "nested.parquet")) == PAIRS
+    with pytest.raises(DataError, match="parquet file not found"):
+        load(tmp_path, "parquet", tmp_path / "missing.parquet")
+
+
+def test_parquet_non_text_column_is_refused(tmp_path: Path) -> None:
+    flat_dataset().to_parquet(tmp_path / "flat.parquet")
+    with pytest.raises(DataError, match=r"column 'id' holds .*int64.*, not text"):
+        load(tmp_path, "parquet", tmp_path / "flat.parquet", src_field="id", tgt_field="en")
+
+
+def test_disk_dataset_dict_split_and_plain_dataset(tmp_path: Path) -> None:
+    DatasetDict({"train": flat_dataset(), "validation": nested_dataset().select([1, 2])}).save_to_disk(tmp_path / "dd")
+    flat_dataset().save_to_disk(tmp_path / "plain")
+    assert pairs(load(tmp_path, "disk", tmp_path / "dd")) == PAIRS  # split defaults to train
+    assert pairs(load(tmp_path, "disk", tmp_path / "dd", split="validation")) == PAIRS[1:3]
+    assert pairs(load(tmp_path, "disk", tmp_path / "plain")) == PAIRS
+    with pytest.raises(DataError, match=r"no split 'test'; splits found: train, validation"):
+        load(tmp_path, "disk", tmp_path / "dd", split="test")
+    with pytest.raises(DataError, match="no such folder"):
+        load(tmp_path, "disk", tmp_path / "nowhere")
+
+
+def test_hf_field_mapping_on_local_folders(tmp_path: Path) -> None:
+    """The hub path's mapping, on local folders: multi30k's {de, en} and wmt14's translation layout."""
+    (tmp_path / "multi30k").mkdir()
+    flat_dataset().to_parquet(tmp_path / "multi30k" / "train.parquet")
+    (tmp_path / "wmt").mkdir()
+    nested_dataset().to_json(tmp_path / "wmt" / "validation.jsonl")
+    assert pairs(load(tmp_path, "hf", tmp_path / "multi30k")) == PAIRS
+    assert pairs(load(tmp_path, "hf", tmp_path / "wmt", split="validation")) == PAIRS
+
+
+def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The libraries read HF_HUB_OFFLINE when imported, so their copies are set too.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    start = time.monotonic()
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "hf", "no-such-user/no-such-corpus", hf_config="de-en")
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert "hub dataset 'no-such-user/no-such-corpus'" in message and "could not be loaded" in message
+    assert "save_to_disk" in message and "kind: disk" in message
+
+
+# --------------------------------------------------------------------------- cleaning
+
+
+def test_clean_pairs_drops_whole_pairs_and_keeps_alignment(tmp_path: Path) -> None:
+    write_lines(tmp_path / "c.de", ["eins", "", "drei", "  vier ", " \t ", "sechs"])
+    write_lines(tmp_path / "c.en", ["one", "two", "   ", "four", "five", "six"])
+    cleaned, report = clean_pairs(load(tmp_path, "text", tmp_path / "c"))
+    assert pairs(cleaned) == [("eins", "one"), ("vier", "four"), ("sechs", "six")]
+    assert report == {"empty": 3}
+
+
+def test_clean_pairs_treats_nulls_as_empty() -> None:
+    ds = Dataset.from_dict({"src": ["a", None, "c"], "tgt": ["A", "B", None]})
+    cleaned, report = clean_pairs(ds)
+    assert pairs(cleaned) == [("a", "A")] and report == {"empty": 2}

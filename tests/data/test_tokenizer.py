@@ -1,0 +1,82 @@
+"""sentencepiece tokenizer: special ids, round trips, joint and separate vocabularies, persistence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nmt.config import TokenizerConfig
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from nmt.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def separate(corpus: tuple[list[str], list[str]]) -> Tokenizer:
+    return train_tokenizer(TokenizerConfig(vocab_size=40, joint=False, type="unigram"), *corpus, seed=0)
+
+
+def test_special_ids_are_fixed(tokenizer: Tokenizer, separate: Tokenizer) -> None:
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    for sp in (tokenizer.src, separate.src, separate.tgt):
+        assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+        assert [sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+
+
+def test_encode_decode_round_trip(tokenizer: Tokenizer, corpus: tuple[list[str], list[str]]) -> None:
+    de, en = corpus
+    assert tokenizer.decode_tgt(tokenizer.encode_tgt(en[:50])) == en[:50]
+    assert tokenizer.decode_tgt(tokenizer.encode_src(de[:50])) == de[:50]  # joint: one model
+    ids = tokenizer.encode_tgt(["the big dog"])[0]
+    assert min(ids) > EOS_ID  # no specials from encode
+    assert tokenizer.decode_tgt([[BOS_ID, *ids, EOS_ID, PAD_ID, PAD_ID]]) == ["the big dog"]
+
+
+def test_unseen_characters_map_to_unk(tokenizer: Tokenizer) -> None:
+    assert UNK_ID in tokenizer.encode_src(["hund Ω"])[0]
+
+
+def test_joint_and_separate_vocabularies(tokenizer: Tokenizer, separate: Tokenizer, corpus: tuple[list[str], list[str]]) -> None:
+    assert tokenizer.joint and tokenizer.src is tokenizer.tgt
+    assert tokenizer.src_vocab_size == tokenizer.tgt_vocab_size == 80
+    assert not separate.joint
+    assert separate.src_vocab_size == separate.tgt_vocab_size == 40
+    src_pieces = {separate.src.id_to_piece(i) for i in range(40)}
+    tgt_pieces = {separate.tgt.id_to_piece(i) for i in range(40)}
+    assert src_pieces != tgt_pieces
+    de, en = corpus
+    assert UNK_ID not in {i for ids in separate.encode_src(de) for i in ids}
+    assert UNK_ID not in {i for ids in separate.encode_tgt(en) for i in ids}
+    assert separate.decode_tgt(separate.encode_tgt(en[:20])) == en[:20]
+
+
+@pytest.mark.parametrize("which", ["joint", "separate"])
+def test_state_and_save_load_round_trips(
+    which: str, tokenizer: Tokenizer, separate: Tokenizer, corpus: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    tok = tokenizer if which == "joint" else separate
+    de, en = corpus[0][:20], corpus[1][:20]
+    restored = Tokenizer.from_state(tok.to_state())
+    tok.save(tmp_path)
+    loaded = Tokenizer.load(tmp_path)
+    assert loaded is not None
+    expected_files = ["spm.model"] if which == "joint" else ["spm.src.model", "spm.tgt.model"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected_files
+    for other in (restored, loaded):
+        assert other.joint == tok.joint
+        assert other.encode_src(de) == tok.encode_src(de) and other.encode_tgt(en) == tok.encode_tgt(en)
+        assert other.to_state() == tok.to_state()
+
+
+def test_load_from_an_empty_folder_gives_none(tmp_path: Path) -> None:
+    assert Tokenizer.load(tmp_path) is None
+
+
+def test_vocab_too_large_for_the_text_names_the_setting(corpus: tuple[list[str], list[str]]) -> None:
+    with pytest.raises(DataError, match=r"tokenizer\.vocab_size \(5000\) is too large"):
+        train_tokenizer(TokenizerConfig(vocab_size=5000), corpus[0][:50], corpus[1][:50])
+
+
+def test_no_training_text_is_a_data_error() -> None:
+    with pytest.raises(DataError, match="no joint training text"):
+        train_tokenizer(TokenizerConfig(vocab_size=50), ["", ""], [])
