@@ -3,7 +3,7 @@
 `Translator` is the Python API behind `nmt translate` and validation BLEU:
 
     from nmt import Translator
-    Translator.from_checkpoint("runs/toy/best.pt").translate(["the man sees the dog ."], beam=5)
+    Translator.from_checkpoint("runs/toy_transformer/best.pt").translate(["The man sees the dog."], beam=5)
 
 Input is sorted by length into token-budget batches and put back in input
 order; every input line gives exactly one output (an empty line gives an empty
@@ -145,7 +145,13 @@ def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
 
 
 def _max_source_length(cfg: ExperimentConfig) -> int:
-    """Longest source the model accepts (the Transformer's position table); RNNs take any."""
-    if cfg.model.type == "transformer":
-        return cfg.model.transformer.max_positions
-    return 1 << 30
+    """Longest source (subwords incl. EOS) the model accepts.
+
+    A Transformer's position table must cover the source and the longest output
+    the search may produce (`max_len_a * S + max_len_b`); recurrent models take any.
+    """
+    if cfg.model.type != "transformer":
+        return 1 << 30
+    positions, d = cfg.model.transformer.max_positions, cfg.decode
+    by_output = int((positions - 1 - d.max_len_b) / d.max_len_a) if d.max_len_a > 0 else positions
+    return max(2, min(positions, by_output))

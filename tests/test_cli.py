@@ -1,0 +1,88 @@
+"""The command line end to end: train a few steps, translate, evaluate; in-process and as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.train.checkpoint import load_checkpoint
+
+runner = CliRunner()
+
+
+def run_ok(*args: str, input: str | None = None):
+    result = runner.invoke(app, list(args), input=input)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_train_translate_eval_in_process(tiny_config_file, small_corpus, tmp_path):
+    out = run_ok("train", str(tiny_config_file))
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["step"] == 6
+    run = tmp_path / "run"
+    assert (run / "best.pt").is_file() and (run / "config.yaml").is_file() and (run / "spm.model").is_file()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["event"] for r in records} == {"train", "valid", "summary"}
+    assert [r["step"] for r in records if r["event"] == "valid"] == [3, 6]
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] in (3, 6)
+
+    # one output line per input line, empty lines stay empty
+    src = "the man sees the dog .\n\n" + (small_corpus / "test.en").read_text().splitlines()[0] + "\n"
+    tr = run_ok("translate", "-c", str(run / "best.pt"), "--beam", "2", input=src)
+    lines = tr.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+    ev = run_ok("eval", "-c", str(run / "best.pt"), "--split", "test", "--json", "--beam", "1")
+    scores = json.loads(ev.stdout)["test"]
+    assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 30
+    assert scores["bleu_signature"].startswith("nrefs:1")
+
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text((small_corpus / "test.de").read_text())
+    ev = run_ok("eval", "--hyp", str(hyp), "--ref", str(small_corpus / "test.de"), "--json")
+    assert json.loads(ev.stdout)[str(hyp)]["bleu"] == 100.0
+
+
+def test_resume_continues_from_last_checkpoint(tiny_config_file, tmp_path):
+    run_ok("train", str(tiny_config_file), "--set", "train.max_steps=3")
+    out = run_ok("train", str(tiny_config_file), "--set", "train.max_steps=6")
+    assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == 6
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "train"]
+    assert steps == sorted(steps) and steps[0] == 1 and 4 in steps  # the second run started at step 4
+
+
+def test_user_errors_are_one_line_with_exit_code_2(tmp_path, tiny_config_file):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  max_stepz: 3\n")
+    for args, needle in [
+        (["train", str(tmp_path / "missing.yaml")], "config file not found"),
+        (["train", str(bad)], "did you mean 'max_steps'"),
+        (["translate", "-c", str(tmp_path / "none.pt")], "checkpoint not found"),
+        (["train", str(tiny_config_file), "--set", "model.transformer.heads=3"], "must be divisible by heads (3)"),
+    ]:
+        proc = subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_subprocess_pipeline(tiny_config_file, small_corpus, tmp_path):
+    nmt = [sys.executable, "-m", "nmt", "--quiet"]
+    subprocess.run([*nmt, "train", str(tiny_config_file)], check=True, capture_output=True)
+    ckpt = str(tmp_path / "run" / "best.pt")
+    src = (small_corpus / "test.en").read_text()
+    proc = subprocess.run([*nmt, "translate", "-c", ckpt], input=src, capture_output=True, text=True, check=True)
+    assert len(proc.stdout.splitlines()) == len(src.splitlines())
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text(proc.stdout)
+    proc = subprocess.run([*nmt, "eval", "--hyp", str(hyp), "--ref", str(small_corpus / "test.de")],
+                          capture_output=True, text=True, check=True)
+    assert "BLEU" in proc.stdout and "chrF" in proc.stdout
