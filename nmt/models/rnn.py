@@ -1,0 +1,465 @@
+"""Recurrent encoder-decoder with the classic attention family.
+
+Shapes: B batch, S source length, T target length, E embedding width, H hidden
+width (the decoder's; the encoder's summed over directions), Le/Ld encoder/decoder
+layers, C context width (H for every attention built here), V vocabulary.
+
+Parts, leaves first:
+    RNNEncoder                  embeddings -> packed (bi)GRU/LSTM -> states, final states
+    ZeroBridge, LearnedBridge   final encoder states -> initial decoder state
+    CellStack                   Ld stacked GRUCell/LSTMCell: one decoder step
+    FixedContext                no attention: the same source summary at every step
+    SourceAttention             an `attention.Attention` over the encoder states
+    BahdanauDecoder             context from s_{t-1}, fed into the cell
+                                (with FixedContext: Cho et al. 2014's decoder, `none`)
+    LuongDecoder                cell first, then context from s_t, attentional state
+    RNNSeq2Seq                  the `contract.Seq2Seq` model
+
+The encoder runs nn.GRU/nn.LSTM over packed sequences (one fused call, padding
+skipped). The decoder is a stack of cells stepped by hand: attention makes every
+step depend on the previous one anyway, and `decode` (teacher forcing) loops over
+the very step function `decode_step` uses, so the two agree exactly. Cells also
+keep the state batch-first (B, Ld, H) and inter-layer dropout explicit, where
+nn.GRU on length-1 inputs would want (Ld, B, H) transposes at every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.models.attention import Attention, build_attention
+from nmt.models.contract import Memory, index_select_batch
+
+
+@dataclass
+class RNNState:
+    """Decoder state, batch-first so `index_select` reorders every field.
+
+    Attributes:
+        hidden: h of every decoder layer, (B, Ld, H).
+        cell: LSTM cell state c, (B, Ld, H); None for GRU.
+        feed: Luong's previous attentional state h~_{t-1}, (B, H); None without input feeding.
+    """
+
+    hidden: Tensor
+    cell: Tensor | None = None
+    feed: Tensor | None = None
+
+    def index_select(self, order: Tensor) -> RNNState:
+        return index_select_batch(self, order)
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+class RNNEncoder(nn.Module):
+    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM over packed sequences.
+
+    Each direction has H / 2 units when bidirectional, so states are H wide either way.
+    Sources must be right-padded with at least one real token each.
+
+    Args:
+        embedding: source embedding (passed in so it can be shared).
+        cell: "gru" or "lstm".
+        hidden_size: H.
+        layers: Le.
+        bidirectional: run a backward RNN too and concatenate.
+        dropout: on embeddings and between layers.
+    """
+
+    def __init__(
+        self, *, embedding: nn.Embedding, cell: str, hidden_size: int, layers: int,
+        bidirectional: bool, dropout: float,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.embedding = embedding
+        self.dropout = nn.Dropout(dropout)
+        self.layers, self.directions = layers, 2 if bidirectional else 1
+        rnn_class = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = rnn_class(
+            embedding.embedding_dim,
+            hidden_size // self.directions,
+            num_layers=layers,
+            batch_first=True,
+            bidirectional=bidirectional,
+            dropout=dropout if layers > 1 else 0.0,
+        )
+
+    def forward(self, src: Tensor, src_pad_mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
+        final h (B, Le, H), final c (B, Le, H) or None (GRU)."""
+        lengths = (~src_pad_mask).sum(dim=1).cpu()
+        embedded = self.dropout(self.embedding(src))  # (B, S, E)
+        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
+        output, final = self.rnn(packed)  # final in the original batch order
+        states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
+        h, c = final if isinstance(final, tuple) else (final, None)
+        return states, self._batch_first(h), None if c is None else self._batch_first(c)
+
+    def _batch_first(self, final: Tensor) -> Tensor:
+        _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
+        final = final.view(self.layers, self.directions, B, half)  # (Le, dirs, B, H / dirs)
+        final = final.permute(2, 0, 1, 3)  # (B, Le, dirs, H / dirs)
+        return final.reshape(B, self.layers, self.directions * half)  # (B, Le, H): [fwd; bwd]
+
+
+# --------------------------------------------------------------------------- bridges
+
+
+class ZeroBridge(nn.Module):
+    """The decoder starts from zeros."""
+
+    def __init__(self, *, decoder_layers: int, lstm: bool) -> None:
+        super().__init__()
+        self.decoder_layers, self.lstm = decoder_layers, lstm
+
+    def forward(self, final_h: Tensor, final_c: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """final_h (B, Le, H) -> h0 (B, Ld, H), c0 (B, Ld, H) or None."""
+        B, _, H = final_h.shape
+        zeros = final_h.new_zeros(B, self.decoder_layers, H)  # (B, Ld, H)
+        return zeros, zeros.clone() if self.lstm else None
+
+
+class LearnedBridge(nn.Module):
+    """s_0 = tanh(W_s h_enc + b): Bahdanau et al. (2015), appendix A.2.2, per layer.
+
+    Layers are aligned from the top: decoder layer l starts from encoder layer
+    max(0, Le - Ld + l), so the top decoder layer always sees the top encoder
+    layer (the most abstract summary), equal depths map one to one, and extra
+    lower decoder layers reuse encoder layer 0. Each decoder layer has its own
+    projection; for an LSTM, c gets projections of its own from the encoder's c.
+    """
+
+    def __init__(
+        self, *, encoder_layers: int, decoder_layers: int, hidden_size: int, lstm: bool
+    ) -> None:
+        super().__init__()
+        offset, H = encoder_layers - decoder_layers, hidden_size
+        self.sources = [max(0, offset + layer) for layer in range(decoder_layers)]
+        self.h_proj = nn.ModuleList(nn.Linear(H, H) for _ in self.sources)
+        self.c_proj = nn.ModuleList(nn.Linear(H, H) for _ in self.sources) if lstm else None
+
+    def _project(self, projections: nn.ModuleList, final: Tensor) -> Tensor:
+        layers = [torch.tanh(proj(final[:, src])) for proj, src in zip(projections, self.sources)]
+        return torch.stack(layers, dim=1)  # (B, Ld, H)
+
+    def forward(self, final_h: Tensor, final_c: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """final_h, final_c (B, Le, H) -> h0 (B, Ld, H), c0 (B, Ld, H) or None."""
+        if self.c_proj is None or final_c is None:
+            return self._project(self.h_proj, final_h), None
+        return self._project(self.h_proj, final_h), self._project(self.c_proj, final_c)
+
+
+# --------------------------------------------------------------------------- decoder parts
+
+
+class CellStack(nn.Module):
+    """Ld stacked GRUCell or LSTMCell, dropout between layers: one time step."""
+
+    def __init__(
+        self, *, cell: str, input_size: int, hidden_size: int, layers: int, dropout: float
+    ) -> None:
+        super().__init__()
+        self.lstm = cell == "lstm"
+        cell_class = nn.LSTMCell if self.lstm else nn.GRUCell
+        sizes = [input_size] + [hidden_size] * (layers - 1)
+        self.cells = nn.ModuleList(cell_class(size, hidden_size) for size in sizes)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, hidden: Tensor, cell: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, I), hidden and cell (B, Ld, H) -> new hidden, new cell (None for GRU)."""
+        hs, cs = [], []
+        for layer, rnn in enumerate(self.cells):
+            if layer > 0:
+                x = self.dropout(x)
+            if self.lstm:
+                x, c = rnn(x, (hidden[:, layer], cell[:, layer]))  # (B, H) each
+                cs.append(c)
+            else:
+                x = rnn(x, hidden[:, layer])  # (B, H)
+            hs.append(x)
+        return torch.stack(hs, dim=1), torch.stack(cs, dim=1) if self.lstm else None
+
+
+class FixedContext(nn.Module):
+    """No attention (`decoder: none`): every step gets the same source summary.
+
+    The summary is the top encoder layer's final state, directions concatenated
+    (Cho et al., 2014, sec. 2.2: c conditions every decoder step; Sutskever et al.,
+    2014 only initialise the decoder with it, which `bridge: learned` also does).
+    There are no attention weights, so it returns None rather than a made-up
+    uniform distribution. It lives here, not in attention.py, because it reads
+    `Memory`, not keys.
+    """
+
+    def __init__(self, *, context_dim: int) -> None:
+        super().__init__()
+        self.context_dim = context_dim
+
+    def precompute(self, states: Tensor) -> dict[str, Tensor]:
+        return {}
+
+    def forward(self, query: Tensor, memory: Memory) -> tuple[Tensor, None]:
+        """query (B, H) is unused -> context (B, H), None."""
+        return memory.extra["summary"], None
+
+
+class SourceAttention(nn.Module):
+    """One query per step over the encoder states (keys = values = states)."""
+
+    def __init__(self, *, attention: Attention) -> None:
+        super().__init__()
+        self.attention = attention
+        self.context_dim = attention.context_dim
+
+    def precompute(self, states: Tensor) -> dict[str, Tensor]:
+        """Key and value projections, once per sentence: (B, heads, S, .) each."""
+        keys, values = self.attention.prepare(states, states)
+        return {"attn_keys": keys, "attn_values": values}
+
+    def forward(self, query: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
+        """query (B, Dq) -> context (B, C), weights (B, S)."""
+        extra = memory.extra
+        context, weights = self.attention.attend(
+            query.unsqueeze(1), extra["attn_keys"], extra["attn_values"], memory.pad_mask
+        )  # (B, 1, C), (B, 1, S)
+        return context.squeeze(1), weights.squeeze(1)
+
+
+class BahdanauDecoder(nn.Module):
+    """Context before the cell (Bahdanau et al., 2015, eq. 4-6 and appendix A.2.2).
+
+        c_t = attend(s_{t-1}, h)            (FixedContext: c_t = c for all t)
+        s_t = cell([E y_{t-1}; c_t], s_{t-1})
+        o_t = tanh(W_o [s_t; c_t; E y_{t-1}] + b_o)
+
+    o_t is a deep output layer conditioned on all three inputs of eq. 4; tanh
+    replaces the paper's maxout, a simplification.
+    """
+
+    def __init__(
+        self, *, context: FixedContext | SourceAttention, cells: CellStack, embed_dim: int,
+        hidden_size: int,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.context, self.cells = context, cells
+        self.readout = nn.Linear(hidden_size + context.context_dim + embed_dim, hidden_size)
+
+    def start(self, hidden: Tensor, cell: Tensor | None) -> RNNState:
+        return RNNState(hidden=hidden, cell=cell)
+
+    def step(
+        self, embedded: Tensor, memory: Memory, state: RNNState
+    ) -> tuple[Tensor, RNNState, Tensor | None]:
+        """embedded (B, E) -> output (B, H), new state, attention (B, S) or None."""
+        context, attn = self.context(state.hidden[:, -1], memory)  # (B, C), (B, S)
+        hidden, cell = self.cells(torch.cat([embedded, context], dim=-1), state.hidden, state.cell)
+        readout_in = torch.cat([hidden[:, -1], context, embedded], dim=-1)  # (B, H + C + E)
+        output = torch.tanh(self.readout(readout_in))  # (B, H)
+        return output, RNNState(hidden=hidden, cell=cell), attn
+
+
+class LuongDecoder(nn.Module):
+    """Cell first, then attention (Luong et al., 2015, sec. 3 and 3.3).
+
+        s_t = cell([E y_{t-1}; h~_{t-1}], s_{t-1})     (h~_{t-1} only with input feeding)
+        c_t = attend(s_t, h)
+        h~_t = tanh(W_c [c_t; s_t])                      (eq. 5)
+
+    h~_t predicts y_t (eq. 6). Input feeding (sec. 3.3) tells the cell where it
+    attended before; h~_0 = 0.
+    """
+
+    def __init__(
+        self, *, context: SourceAttention, cells: CellStack, hidden_size: int, input_feeding: bool
+    ) -> None:
+        super().__init__()
+        self.context, self.cells = context, cells
+        self.hidden_size, self.input_feeding = hidden_size, input_feeding
+        self.W_c = nn.Linear(context.context_dim + hidden_size, hidden_size, bias=False)
+
+    def start(self, hidden: Tensor, cell: Tensor | None) -> RNNState:
+        feed = hidden.new_zeros(hidden.size(0), self.hidden_size) if self.input_feeding else None
+        return RNNState(hidden=hidden, cell=cell, feed=feed)
+
+    def step(
+        self, embedded: Tensor, memory: Memory, state: RNNState
+    ) -> tuple[Tensor, RNNState, Tensor]:
+        """embedded (B, E) -> output h~_t (B, H), new state, attention (B, S)."""
+        x = torch.cat([embedded, state.feed], dim=-1) if state.feed is not None else embedded
+        hidden, cell = self.cells(x, state.hidden, state.cell)
+        top = hidden[:, -1]  # (B, H)
+        context, attn = self.context(top, memory)  # (B, C), (B, S)
+        output = torch.tanh(self.W_c(torch.cat([context, top], dim=-1)))  # (B, H)
+        feed = output if self.input_feeding else None
+        return output, RNNState(hidden=hidden, cell=cell, feed=feed), attn
+
+
+# --------------------------------------------------------------------------- model
+
+
+def build_decoder(
+    kind: str, *, cell: str, embed_dim: int, hidden_size: int, layers: int, dropout: float,
+    attention: str, attention_heads: int, local_window: int, input_feeding: bool,
+) -> BahdanauDecoder | LuongDecoder:  # fmt: skip
+    """The decoder `kind` names: "none", "bahdanau" or "luong" (see `RNNConfig.decoder`).
+
+    Raises:
+        ValueError: an unknown kind, or an invalid attention (see `build_attention`).
+    """
+    E, H = embed_dim, hidden_size
+
+    def cells(input_size: int) -> CellStack:
+        return CellStack(
+            cell=cell, input_size=input_size, hidden_size=H, layers=layers, dropout=dropout
+        )
+
+    def source_attention() -> SourceAttention:
+        return SourceAttention(
+            attention=build_attention(
+                attention, query_dim=H, key_dim=H, heads=attention_heads, local_window=local_window
+            )
+        )
+
+    match kind:
+        case "none":
+            return BahdanauDecoder(
+                context=FixedContext(context_dim=H), cells=cells(E + H), embed_dim=E, hidden_size=H
+            )
+        case "bahdanau":
+            context = source_attention()
+            return BahdanauDecoder(
+                context=context, cells=cells(E + context.context_dim), embed_dim=E, hidden_size=H
+            )
+        case "luong":
+            cell_input = E + H if input_feeding else E
+            return LuongDecoder(
+                context=source_attention(), cells=cells(cell_input), hidden_size=H,
+                input_feeding=input_feeding,
+            )  # fmt: skip
+        case _:
+            raise ValueError(f"decoder {kind!r} must be 'none', 'bahdanau' or 'luong'")
+
+
+class RNNSeq2Seq(nn.Module):
+    """Attentional RNN encoder-decoder implementing `contract.Seq2Seq`.
+
+    Arguments mirror `config.RNNConfig` (defaults live there only) plus the
+    vocabulary and `config.ModelConfig.tie_embeddings`: "decoder" shares the target
+    embedding with the output layer (Press & Wolf, 2017), "all" the source
+    embedding too (one vocabulary). Decoder outputs are H wide, so a tied model
+    with H != E projects them to E (no bias) before the output layer, and its
+    embeddings start from N(0, 1/E) so the first logits are O(1).
+
+    Raises:
+        ValueError: unknown cell, bridge, decoder or tying; odd H with a
+            bidirectional encoder; "all" across two vocabularies; invalid attention.
+    """
+
+    def __init__(
+        self, *, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, cell: str, embed_dim: int,
+        hidden_size: int, encoder_layers: int, decoder_layers: int, bidirectional: bool,
+        dropout: float, bridge: str, decoder: str, attention: str, attention_heads: int,
+        local_window: int, input_feeding: bool, tie_embeddings: str,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if cell not in ("gru", "lstm"):
+            raise ValueError(f"cell {cell!r} must be 'gru' or 'lstm'")
+        if bidirectional and hidden_size % 2:
+            raise ValueError(f"hidden_size ({hidden_size}) must be even when bidirectional")
+        if tie_embeddings not in ("none", "decoder", "all"):
+            raise ValueError(f"tie_embeddings {tie_embeddings!r} is not 'none', 'decoder' or 'all'")
+        if tie_embeddings == "all" and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f"tie_embeddings 'all' needs one vocabulary: src_vocab_size ({src_vocab_size}) "
+                f"!= tgt_vocab_size ({tgt_vocab_size})"
+            )
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.pad_id = pad_id
+        E, H, tied, lstm = embed_dim, hidden_size, tie_embeddings != "none", cell == "lstm"
+
+        src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
+        self.encoder = RNNEncoder(
+            embedding=src_embed, cell=cell, hidden_size=H, layers=encoder_layers,
+            bidirectional=bidirectional, dropout=dropout,
+        )  # fmt: skip
+        if tie_embeddings == "all":
+            self.tgt_embed = src_embed
+        else:
+            self.tgt_embed = nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id)
+        match bridge:
+            case "zeros":
+                self.bridge: nn.Module = ZeroBridge(decoder_layers=decoder_layers, lstm=lstm)
+            case "learned":
+                self.bridge = LearnedBridge(
+                    encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+                    hidden_size=H, lstm=lstm,
+                )  # fmt: skip
+            case _:
+                raise ValueError(f"bridge {bridge!r} must be 'zeros' or 'learned'")
+        self.decoder = build_decoder(
+            decoder, cell=cell, embed_dim=E, hidden_size=H, layers=decoder_layers, dropout=dropout,
+            attention=attention, attention_heads=attention_heads, local_window=local_window,
+            input_feeding=input_feeding,
+        )  # fmt: skip
+        self.dropout = nn.Dropout(dropout)
+        self.pre_output = nn.Linear(H, E, bias=False) if tied and H != E else nn.Identity()
+        self.output = nn.Linear(E if tied else H, tgt_vocab_size)
+        if tied:
+            with torch.no_grad():
+                nn.init.normal_(self.tgt_embed.weight, std=E**-0.5)
+                self.tgt_embed.weight[pad_id].zero_()
+            self.output.weight = self.tgt_embed.weight  # (V, E), one Parameter
+
+    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: src (B, S), src_pad_mask (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        return self.decode(tgt_in, self.encode(src, src_pad_mask))
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
+        """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).
+
+        extra holds "final_h" (B, Le, H), "final_c" (B, Le, H) for an LSTM, "summary"
+        (B, H) (the top layer's final state) and, with attention, the per-sentence
+        "attn_keys" and "attn_values" (B, heads, S, .) from `Attention.prepare`.
+        """
+        states, final_h, final_c = self.encoder(src, src_pad_mask)
+        extra = {"final_h": final_h, "summary": final_h[:, -1]}
+        if final_c is not None:
+            extra["final_c"] = final_c
+        extra |= self.decoder.context.precompute(states)
+        return Memory(states=states, pad_mask=src_pad_mask, extra=extra)
+
+    def init_state(self, memory: Memory) -> RNNState:
+        """The bridged decoder state before the first target token."""
+        hidden, cell = self.bridge(memory.extra["final_h"], memory.extra.get("final_c"))
+        return self.decoder.start(hidden, cell)
+
+    def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
+        """tgt_in (B, T) -> logits (B, T, V), looping over the step `decode_step` uses."""
+        state = self.init_state(memory)
+        embedded = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+        outputs = []
+        for t in range(tgt_in.size(1)):
+            output, state, _ = self.decoder.step(embedded[:, t], memory, state)
+            outputs.append(output)
+        return self._logits(torch.stack(outputs, dim=1))  # (B, T, V)
+
+    def decode_step(
+        self, tokens: Tensor, memory: Memory, state: RNNState, *, need_attn: bool = False
+    ) -> tuple[Tensor, RNNState, Tensor | None]:
+        """tokens (B,) -> float32 log-probabilities (B, V), new state, attention (B, S).
+
+        The attention costs nothing extra, so it is returned whatever `need_attn`
+        says; it is None for `decoder: none`, which has no attention weights.
+        """
+        output, state, attn = self.decoder.step(self.dropout(self.tgt_embed(tokens)), memory, state)
+        return self._logits(output).float().log_softmax(dim=-1), state, attn
+
+    def _logits(self, output: Tensor) -> Tensor:
+        return self.output(self.pre_output(self.dropout(output)))  # (..., V)

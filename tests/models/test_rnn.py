@@ -1,0 +1,291 @@
+"""RNN encoder-decoder: contract, decode_step == forward, reordering, padding, overfitting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.models.attention import ATTENTION_KINDS
+from nmt.models.contract import Memory, Seq2Seq, State
+from nmt.models.masks import pad_mask_from_tokens
+from nmt.models.rnn import RNNSeq2Seq, RNNState
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: thread hand-offs cost more than they save, worst on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+PAD, BOS, EOS = 0, 1, 2
+BASE = dict(
+    src_vocab_size=13, tgt_vocab_size=11, pad_id=PAD, cell="gru", embed_dim=6, hidden_size=8,
+    encoder_layers=2, decoder_layers=2, bidirectional=True, dropout=0.3, bridge="learned",
+    decoder="luong", attention="general", attention_heads=2, local_window=0, input_feeding=True,
+    tie_embeddings="none",
+)  # fmt: skip
+DECODERS = {
+    "none": dict(decoder="none"),
+    "bahdanau": dict(decoder="bahdanau", attention="additive"),
+    "luong": dict(decoder="luong", input_feeding=True),
+    "luong-nofeed": dict(decoder="luong", input_feeding=False),
+}
+
+
+def make(**overrides) -> RNNSeq2Seq:
+    torch.manual_seed(0)
+    return RNNSeq2Seq(**(BASE | overrides)).eval()
+
+
+def batch():
+    """Three right-padded sources of lengths 5, 2, 4 and target prefixes of length 4."""
+    src = torch.tensor([[3, 4, 5, 6, 7], [8, 9, PAD, PAD, PAD], [10, 11, 12, 3, PAD]])
+    tgt_in = torch.tensor([[BOS, 3, 4, 5], [BOS, 6, 7, 8], [BOS, 9, 10, 3]])
+    return src, pad_mask_from_tokens(src, PAD), tgt_in
+
+
+def run_steps(model, memory, state, tokens):
+    """Feed tokens (B, T) one at a time -> log-probs (B, T, V), attention list, final state."""
+    log_probs, attns = [], []
+    for t in range(tokens.size(1)):
+        lp, state, attn = model.decode_step(tokens[:, t], memory, state)
+        log_probs.append(lp)
+        attns.append(attn)
+    return torch.stack(log_probs, dim=1), attns, state
+
+
+GRID = [(d, c, bi) for d in DECODERS for c in ("gru", "lstm") for bi in (True, False)]
+grid = pytest.mark.parametrize("decoder,cell,bidirectional", GRID)
+
+
+def model_for(decoder, cell, bidirectional, **more):
+    return make(cell=cell, bidirectional=bidirectional, **DECODERS[decoder], **more)
+
+
+@grid
+def test_decode_step_matches_forward(decoder, cell, bidirectional):
+    model = model_for(decoder, cell, bidirectional)
+    src, mask, tgt_in = batch()
+    logits = model(src, mask, tgt_in)
+    assert logits.shape == (3, 4, BASE["tgt_vocab_size"])
+    memory = model.encode(src, mask)
+    state = model.init_state(memory)
+    assert isinstance(model, Seq2Seq) and isinstance(state, State) and isinstance(memory, Memory)
+    log_probs, _, _ = run_steps(model, memory, state, tgt_in)
+    assert log_probs.dtype == torch.float32
+    torch.testing.assert_close(log_probs, logits.log_softmax(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.decode(tgt_in, memory), logits)
+
+
+@grid
+def test_reordered_state_and_memory_still_match(decoder, cell, bidirectional):
+    """Search reorders (and repeats) hypotheses mid-sentence: steps must follow the rows."""
+    model = model_for(decoder, cell, bidirectional)
+    src, mask, tgt_in = batch()
+    full = model(src, mask, tgt_in).log_softmax(-1)  # (B, T, V)
+    memory = model.encode(src, mask)
+    _, _, state = run_steps(model, memory, model.init_state(memory), tgt_in[:, :2])
+    order = torch.tensor([2, 0, 0, 1])
+    memory, state = memory.index_select(order), state.index_select(order)
+    assert isinstance(state, RNNState) and state.hidden.shape[0] == 4
+    rest, _, _ = run_steps(model, memory, state, tgt_in[order, 2:])
+    torch.testing.assert_close(rest, full[order, 2:], atol=1e-5, rtol=0)
+
+
+@grid
+def test_extra_source_padding_changes_nothing(decoder, cell, bidirectional):
+    model = model_for(decoder, cell, bidirectional)
+    src, mask, tgt_in = batch()
+    padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
+    logits = model(src, mask, tgt_in)
+    torch.testing.assert_close(
+        model(padded, pad_mask_from_tokens(padded, PAD), tgt_in), logits, atol=1e-5, rtol=0
+    )
+    # Padding also costs nothing inside the encoder: a batch of one, unpadded, agrees.
+    alone = model(src[1:2, :2], mask[1:2, :2], tgt_in[1:2])
+    torch.testing.assert_close(alone, logits[1:2], atol=1e-5, rtol=0)
+
+
+@grid
+def test_step_attention_sums_to_one_and_ignores_padding(decoder, cell, bidirectional):
+    model = model_for(decoder, cell, bidirectional)
+    src, mask, tgt_in = batch()
+    memory = model.encode(src, mask)
+    _, attns, _ = run_steps(model, memory, model.init_state(memory), tgt_in)
+    if decoder == "none":
+        assert all(attn is None for attn in attns)
+        return
+    for attn in attns:
+        assert attn.shape == (3, src.size(1))
+        torch.testing.assert_close(attn.sum(-1), torch.ones(3))
+        assert (attn[mask] == 0).all() and (attn[~mask] > 0).all()
+
+
+def test_input_feeding_feeds_the_attentional_state():
+    """Luong sec. 3.3: the state carries h~_t, the vector that just predicted y_t."""
+    model = make(decoder="luong", input_feeding=True)
+    src, mask, tgt_in = batch()
+    memory = model.encode(src, mask)
+    state = model.init_state(memory)
+    assert (state.feed == 0).all()
+    for t in range(tgt_in.size(1)):
+        log_probs, state, _ = model.decode_step(tgt_in[:, t], memory, state)
+        assert state.feed.abs().sum() > 0
+        torch.testing.assert_close(model.output(state.feed).log_softmax(-1), log_probs)
+    assert make(decoder="luong", input_feeding=False).init_state(memory).feed is None
+
+
+@pytest.mark.parametrize("window", [0, 2])
+@pytest.mark.parametrize("attention", ATTENTION_KINDS)
+@pytest.mark.parametrize("decoder", ["bahdanau", "luong"])
+def test_every_attention_in_both_decoders(decoder, attention, window):
+    model = make(decoder=decoder, attention=attention, local_window=window, cell="lstm")
+    src, mask, tgt_in = batch()
+    logits = model(src, mask, tgt_in)
+    memory = model.encode(src, mask)
+    log_probs, attns, _ = run_steps(model, memory, model.init_state(memory), tgt_in)
+    torch.testing.assert_close(log_probs, logits.log_softmax(-1), atol=1e-5, rtol=0)
+    for attn in attns:
+        assert (attn[mask] == 0).all()
+        if window:  # local-p is not renormalised (Luong eq. 10)
+            assert (attn.sum(-1) <= 1 + 1e-6).all()
+        else:
+            torch.testing.assert_close(attn.sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("bridge", ["zeros", "learned"])
+@pytest.mark.parametrize("layers", [(1, 3), (3, 1), (2, 2)])
+def test_bridge_layer_counts(bridge, layers):
+    encoder_layers, decoder_layers = layers
+    model = make(
+        cell="lstm", bridge=bridge, encoder_layers=encoder_layers, decoder_layers=decoder_layers
+    )
+    src, mask, tgt_in = batch()
+    memory = model.encode(src, mask)
+    assert memory.extra["final_h"].shape == memory.extra["final_c"].shape == (3, encoder_layers, 8)
+    torch.testing.assert_close(memory.extra["summary"], memory.extra["final_h"][:, -1])
+    state = model.init_state(memory)
+    assert state.hidden.shape == state.cell.shape == (3, decoder_layers, 8)
+    if bridge == "zeros":
+        assert (state.hidden == 0).all() and (state.cell == 0).all()
+    else:  # top decoder layer starts from the top encoder layer
+        top = model.bridge.h_proj[-1](memory.extra["final_h"][:, -1]).tanh()
+        torch.testing.assert_close(state.hidden[:, -1], top)
+    log_probs, _, _ = run_steps(model, memory, state, tgt_in)
+    torch.testing.assert_close(
+        log_probs, model(src, mask, tgt_in).log_softmax(-1), atol=1e-5, rtol=0
+    )
+
+
+def test_summary_is_the_final_state_of_both_directions():
+    model = make(encoder_layers=1)
+    src, mask, _ = batch()
+    memory = model.encode(src, mask)
+    half = BASE["hidden_size"] // 2
+    lengths = (~mask).sum(1)
+    states = memory.states  # forward half ends at the last real token, backward half at 0
+    forward_last = states[torch.arange(3), lengths - 1, :half]
+    torch.testing.assert_close(
+        memory.extra["summary"], torch.cat([forward_last, states[:, 0, half:]], -1)
+    )
+    assert (states[mask] == 0).all()
+
+
+@pytest.mark.parametrize("tie", ["decoder", "all"])
+def test_tied_embeddings(tie):
+    model = make(tie_embeddings=tie, src_vocab_size=11)
+    assert model.output.weight is model.tgt_embed.weight
+    assert (model.encoder.embedding is model.tgt_embed) == (tie == "all")
+    assert isinstance(model.pre_output, torch.nn.Linear)  # H 8 -> E 6
+    src, mask, tgt_in = batch()
+    assert model(src % 11, mask, tgt_in).shape == (3, 4, 11)
+    # One (V, E) matrix for embedding and output; the H -> E projection is new.
+    untied = make(src_vocab_size=11)
+    expected = sum(p.numel() for p in untied.parameters()) - untied.output.weight.numel()
+    expected += (
+        model.pre_output.weight.numel() - (tie == "all") * untied.encoder.embedding.weight.numel()
+    )
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(cell="rnn"), "cell 'rnn'"),
+        (dict(hidden_size=7), r"hidden_size \(7\) must be even"),
+        (dict(tie_embeddings="all"), r"src_vocab_size \(13\) != tgt_vocab_size \(11\)"),
+        (dict(tie_embeddings="encoder"), "tie_embeddings 'encoder'"),
+        (dict(decoder="transformer"), "decoder 'transformer'"),
+        (dict(bridge="mean"), "bridge 'mean'"),
+        (dict(attention="dot", local_window=-1), r"local_window \(-1\)"),
+        (dict(attention="multihead", attention_heads=3), r"heads \(3\)"),
+    ],
+)
+def test_invalid_arguments_raise_with_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        RNNSeq2Seq(**(BASE | overrides))
+
+
+def test_dropout_is_active_in_training_only():
+    model = make()
+    src, mask, tgt_in = batch()
+    model.train()
+    assert not torch.allclose(model(src, mask, tgt_in), model(src, mask, tgt_in))
+    model.eval()
+    torch.testing.assert_close(model(src, mask, tgt_in), model(src, mask, tgt_in))
+
+
+# --------------------------------------------------------------------------- overfit
+
+
+def reverse_task(n=10, vocab=10, seed=0):
+    """n random sources of 3-5 tokens; targets are the reversed sources."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(n):
+        length = int(torch.randint(3, 6, (1,), generator=g))
+        pairs.append(torch.randint(3, vocab, (length,), generator=g))
+    src = torch.nn.utils.rnn.pad_sequence(pairs, batch_first=True, padding_value=PAD)
+    tgt = [torch.cat([torch.tensor([BOS]), p.flip(0), torch.tensor([EOS])]) for p in pairs]
+    tgt = torch.nn.utils.rnn.pad_sequence(tgt, batch_first=True, padding_value=PAD)
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def greedy(model, src, mask, max_len):
+    memory = model.encode(src, mask)
+    state = model.init_state(memory)
+    tokens = torch.full((src.size(0),), BOS)
+    out = []
+    for _ in range(max_len):
+        log_probs, state, _ = model.decode_step(tokens, memory, state)
+        tokens = log_probs.argmax(-1)
+        out.append(tokens)
+    return torch.stack(out, dim=1)  # (B, max_len)
+
+
+@pytest.mark.parametrize("decoder", ["none", "bahdanau", "luong"])
+def test_overfits_a_batch(decoder):
+    src, tgt_in, tgt_out = reverse_task()
+    mask = pad_mask_from_tokens(src, PAD)
+    model = make(
+        **DECODERS[decoder], src_vocab_size=10, tgt_vocab_size=10, embed_dim=16, hidden_size=32,
+        encoder_layers=1, decoder_layers=1, dropout=0.0,
+    )  # fmt: skip
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):  # exact from about step 40 on this batch
+        logits = model(src, mask, tgt_in)
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        predicted = greedy(model, src, mask, tgt_out.size(1))
+    real = tgt_out != PAD
+    assert loss.item() < 0.1
+    assert torch.equal(predicted[real], tgt_out[real])
