@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -36,6 +37,7 @@ def _main(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
 ) -> None:
     _state["debug"] = debug
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # our own logs say what happened
     logging.basicConfig(
         level=logging.WARNING if quiet else logging.INFO,
         format="[nmt] %(message)s",
