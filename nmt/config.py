@@ -12,6 +12,8 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ class CorpusConfig:
     kind: Literal["text", "tsv", "jsonl", "parquet", "disk", "hf"] = "text"
     """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset."""
     path: str = ""
-    """File, prefix, folder or hub name (see `kind`). `$VARS` and `~` are expanded; relative paths are relative to the working directory."""
+    """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory."""
     src_field: str | None = None
     """Column holding the source sentence; default: the source language code, or `translation.<lang>`."""
     tgt_field: str | None = None
@@ -45,6 +47,7 @@ class CorpusConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("path: must name a file, prefix, folder or hub dataset")
+        self.path = expand_vars(self.path)
         if self.kind == "tsv" and (self.src_field is None) != (self.tgt_field is None):
             raise ValueError("src_field and tgt_field: give both or neither")
 
@@ -319,6 +322,15 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError("model.tie_embeddings 'all' needs tokenizer.joint: true (one shared vocabulary)")
+
+
+_VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def expand_vars(text: str) -> str:
+    """Expand `${VAR:-default}` (shell style), then `$VAR`/`${VAR}` and a leading `~`."""
+    text = _VAR.sub(lambda m: os.environ.get(m.group(1)) or m.group(2), text)
+    return os.path.expanduser(os.path.expandvars(text))
 
 
 def _check_dropout(obj: Any, *names: str) -> None:
