@@ -73,38 +73,45 @@ def evaluate_checkpoint(
     beam: int | None = None,
     device: str = "auto",
 ) -> dict[str, dict[str, Any]]:
-    """Translate and score: the checkpoint's `split` ('valid', 'test' = every test set, or one
-    test set's name), or the files `src` and `ref`. Returns {set name: scores}.
-    """
-    from nmt.data.corpus import clean_pairs, load_pairs
+    """Translate and score the sets `eval_sets` picks. Returns {set name: scores}."""
     from nmt.translate import Translator
 
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
-    if src is not None or ref is not None:
-        if src is None or ref is None:
-            raise UserError("--src and --ref go together")
-        sets = {str(src): (read_lines(src), read_lines(ref))}
-    else:
-        data = cfg.data
-        split = split or "test"
-        if split == "valid" and data.valid is not None:
-            specs = {"valid": data.valid}
-        elif split == "test":
-            specs = dict(data.test)
-        elif split in data.test:
-            specs = {split: data.test[split]}
-        else:
-            names = ", ".join(["valid", "test", *data.test])
-            raise UserError(f"--split {split!r}: not in the checkpoint's data config (choose from {names})")
-        if not specs:
-            raise UserError("the checkpoint's config has no data.test sets; use --src and --ref")
-        sets = {}
-        for name, spec in specs.items():
-            pairs, _ = clean_pairs(load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang))
-            sets[name] = (pairs["src"], pairs["tgt"])
     results = {}
-    for name, (sources, references) in sets.items():
+    for name, (sources, references) in eval_sets(cfg, split=split, src=src, ref=ref).items():
         hyps = translator.translate(sources, beam=beam)
         results[name] = {**score(hyps, references, cfg.eval), "beam": beam or cfg.decode.beam}
     return results
+
+
+def eval_sets(
+    cfg, *, split: str | None = None, src: str | Path | None = None, ref: str | Path | None = None
+) -> dict[str, tuple[list[str], list[str]]]:
+    """{name: (sources, references)}: the files `src` and `ref`, or the config's `split`
+    ('valid', 'test' for every test set, or one test set's name; default 'test').
+    """
+    from nmt.data.corpus import clean_pairs, load_pairs
+
+    if src is not None or ref is not None:
+        if src is None or ref is None:
+            raise UserError("--src and --ref go together")
+        return {str(src): (read_lines(src), read_lines(ref))}
+    data = cfg.data
+    split = split or "test"
+    if split == "valid" and data.valid is not None:
+        specs = {"valid": data.valid}
+    elif split == "test":
+        specs = dict(data.test)
+    elif split in data.test:
+        specs = {split: data.test[split]}
+    else:
+        names = ", ".join(["valid", "test", *data.test])
+        raise UserError(f"--split {split!r}: not in the checkpoint's data config (choose from {names})")
+    if not specs:
+        raise UserError("the checkpoint's config has no data.test sets; use --src and --ref")
+    sets = {}
+    for name, spec in specs.items():
+        pairs, _ = clean_pairs(load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang))
+        sets[name] = (list(pairs["src"]), list(pairs["tgt"]))
+    return sets

@@ -1,0 +1,28 @@
+import pytest
+
+from nmt.analysis import bleu_by_length, length_buckets, markdown_table, plot_bleu_by_length
+
+
+def test_buckets_are_equal_sized_and_ordered_by_length():
+    sources = ["a " * n for n in [5, 1, 9, 3, 7, 2]]
+    buckets = length_buckets(sources, 3)
+    assert [sorted(b.tolist()) for b in buckets] == [[1, 5], [0, 3], [2, 4]]
+    with pytest.raises(ValueError, match="n_buckets"):
+        length_buckets(sources, 0)
+
+
+def test_bleu_by_length_scores_each_bucket_separately():
+    sources = ["a b", "a b c", "a b c d e f g h", "a b c d e f g h i"]
+    refs = ["the cat sat on the mat", "a dog ran in the park", "birds fly over the sea today", "it rains in the north now"]
+    hyps = [refs[0], refs[1], "completely different words here", "nothing in common at all"]
+    rows = bleu_by_length(sources, hyps, refs, n_buckets=2)
+    assert [r["words"] for r in rows] == ["2-3", "8-9"]
+    assert rows[0]["bleu"] == 100.0 and rows[1]["bleu"] < 5.0
+    table = markdown_table({"m": rows})
+    assert "| m | 100.0 |" in table
+
+
+def test_plot_writes_a_png(tmp_path):
+    rows = [{"words": "1-3", "bleu": 50.0}, {"words": "4-9", "bleu": 30.0}]
+    path = plot_bleu_by_length({"a": rows, "b": rows}, tmp_path / "sub" / "plot.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
