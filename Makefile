@@ -46,6 +46,40 @@ lint: install
 data: install
 	$(PY) -m nmt.data.toy_corpus --out data/toy
 
+# ---------------------------------------------------------------- experiments
+# Each target trains (resuming an interrupted run), scores every test set and writes
+# results/<config>.json. Pass overrides with ARGS, e.g. ARGS="--set train.max_steps=50".
+# Multi30k comes from NMT_DATA (default ../shared/data/multi30k); without it, from the
+# Hugging Face hub dataset bentrevett/multi30k (test_2016_flickr only).
+export NMT_DATA ?= ../shared/data/multi30k
+HUB_SPLIT = {kind: hf, path: bentrevett/multi30k, split: $(1)}
+M30K_SOURCE := $(if $(wildcard $(NMT_DATA)/train.de*),,\
+  --set 'data.train=$(call HUB_SPLIT,train)' --set 'data.valid=$(call HUB_SPLIT,validation)' \
+  --set 'data.test={test_2016_flickr: $(call HUB_SPLIT,test)}')
+TOY_EXPERIMENTS := toy_transformer toy_rnn_noattn toy_rnn_bahdanau toy_rnn_luong_general toy_rnn_luong_dot
+EXPERIMENT = $(NMT) experiment configs/$(1).yaml $(2) $(ARGS)
+
+.PHONY: toy-all multi30k-all multi30k-transformer multi30k-transformer-en-de \
+        multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn results analysis
+
+toy-all: install
+	for c in $(TOY_EXPERIMENTS); do $(call EXPERIMENT,$$c) || exit 1; done
+multi30k-transformer: install
+	$(call EXPERIMENT,multi30k_transformer,$(M30K_SOURCE))
+multi30k-transformer-en-de: install
+	$(call EXPERIMENT,multi30k_transformer_en_de,$(M30K_SOURCE))
+multi30k-rnn-bahdanau: install
+	$(call EXPERIMENT,multi30k_rnn_bahdanau,$(M30K_SOURCE))
+multi30k-rnn-luong: install
+	$(call EXPERIMENT,multi30k_rnn_luong_general,$(M30K_SOURCE))
+multi30k-rnn-noattn: install
+	$(call EXPERIMENT,multi30k_rnn_noattn,$(M30K_SOURCE))
+multi30k-all: multi30k-transformer multi30k-transformer-en-de multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn
+
+# Render results/*.json into the README's results table.
+results: install
+	$(PY) -m nmt.results
+
 bench-train: install
 	$(PY) bench/train_speed.py configs/multi30k_transformer.yaml $(ARGS)
 

@@ -1,0 +1,85 @@
+"""One reproducible experiment: train (or resume), evaluate every test set, write results JSON.
+
+`make multi30k-transformer` and friends call `nmt experiment CONFIG`; the JSON in
+`results/<experiment>.json` is what `make results` renders into the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.config import ExperimentConfig
+from nmt.evaluate import eval_sets, score
+
+
+def hardware() -> str:
+    """A short description of the machine the numbers come from."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU, {os.cpu_count()} cores ({model})"
+
+
+def training_speed(metrics_file: Path) -> float | None:
+    """Median target tokens/s over the logged training windows (None without a log)."""
+    if not metrics_file.is_file():
+        return None
+    speeds = [r["tokens_per_s"] for r in map(json.loads, metrics_file.read_text().splitlines())
+              if r.get("event") == "train" and r.get("step", 0) > 1]
+    return round(statistics.median(speeds), 1) if speeds else None
+
+
+def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
+                   restart: bool = False, device: str = "auto") -> dict[str, Any]:
+    """Train `cfg` (resuming an interrupted run), score its best checkpoint on every test set
+    with the config's beam, and write `results_dir/<name>.json`.
+    """
+    from nmt.analysis import bleu_by_length
+    from nmt.train.loop import train
+    from nmt.translate import Translator
+
+    summary = train(cfg, restart=restart)
+    run_dir = Path(cfg.run_dir)
+    checkpoint = run_dir / "averaged.pt" if (run_dir / "averaged.pt").is_file() else run_dir / "best.pt"
+    translator = Translator.from_checkpoint(checkpoint, device=device)
+    tests = {}
+    for set_name, (sources, refs) in eval_sets(translator.cfg, split="test").items():
+        hyps = translator.translate(sources)
+        tests[set_name] = {
+            **score(hyps, refs, cfg.eval),
+            "by_length": bleu_by_length(sources, hyps, refs, cfg=cfg.eval),
+        }
+        (run_dir / f"{set_name}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    result = {
+        "experiment": name,
+        "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
+        "model": cfg.model.type if cfg.model.type == "transformer" else f"rnn/{cfg.model.rnn.decoder}/{cfg.model.rnn.attention}",
+        "checkpoint": str(checkpoint),
+        "beam": cfg.decode.beam,
+        "parameters": summary["parameters"],
+        "steps": summary["step"],
+        "train_seconds": summary["train_seconds"],
+        "stopped_by": summary["stop"],
+        "tokens_per_s": training_speed(run_dir / "metrics.jsonl"),
+        "hardware": hardware(),
+        "valid": summary["last_valid"],
+        "test": tests,
+    }
+    out = Path(results_dir) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result

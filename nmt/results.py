@@ -1,0 +1,64 @@
+"""Render `results/*.json` (written by `nmt experiment`) into the README's results table.
+
+    python -m nmt.results [--results results] [--readme README.md]
+
+The table sits between the markers `<!-- results:start -->` and `<!-- results:end -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def load_results(directory: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(directory).glob("*.json"))]
+
+
+def results_table(results: list[dict[str, Any]]) -> str:
+    """One row per experiment and test set: BLEU, chrF, BLEU on the longest third, cost, hardware."""
+    lines = [
+        "| experiment | direction | model | params | test set | BLEU | chrF | BLEU, longest third | steps | training time | tokens/s | hardware | stopped by |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in results:
+        for set_name, s in r["test"].items():
+            long = s.get("by_length", [{}])[-1].get("bleu", "")
+            minutes = f"{r['train_seconds'] / 60:.1f} min"
+            lines.append(
+                f"| {r['experiment']} | {r['direction']} | {r['model']} | {r['parameters'] / 1e6:.1f}M | {set_name} "
+                f"| {s['bleu']:.1f} | {s['chrf']:.1f} | {long} | {r['steps']} | {minutes} | {r['tokens_per_s'] or ''} "
+                f"| {r['hardware']} | {r['stopped_by']} |"
+            )
+    return "\n".join(lines)
+
+
+def update_readme(readme: str | Path, table: str) -> bool:
+    """Replace the text between the markers; returns whether the file changed."""
+    path = Path(readme)
+    text = path.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise SystemExit(f"{path}: markers {START} and {END} not found")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{table}\n{END}{tail}"
+    path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--readme", default="README.md")
+    args = ap.parse_args(argv)
+    results = load_results(args.results)
+    changed = update_readme(args.readme, results_table(results))
+    print(f"{args.readme}: {len(results)} experiments, {'updated' if changed else 'unchanged'}")
+
+
+if __name__ == "__main__":
+    main()
