@@ -200,18 +200,22 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """Optimisation, validation and checkpointing."""
+    """Optimisation, validation, checkpointing and the hardware it runs on."""
 
     seed: int = 1234
-    """Seed for every random generator (reproducible runs)."""
+    """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    """`auto` picks CUDA, then MPS, then CPU."""
+    """`auto` picks CUDA, then MPS, then CPU. Under torchrun each process takes the GPU of its LOCAL_RANK."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Autocast precision; fp16 adds a gradient scaler."""
+    """Autocast precision; fp16 adds a gradient scaler. On CPU prefer bf16: fp16 runs there but is slow."""
+    compile: bool = False
+    """Compile the model with `torch.compile` (pays off on GPUs in long runs); where compiling fails, training goes on uncompiled with a warning."""
     max_tokens: int = 4096
-    """Token budget of one batch (padding included, the longer side counted)."""
+    """Token budget of one batch (padding included, the longer side counted), per process."""
     accumulate: int = 1
-    """Batches whose gradients are summed before one update."""
+    """Batches whose gradients are summed before one update; an update sees up to `max_tokens * accumulate * processes` tokens."""
+    num_workers: int = 0
+    """Background processes that collate batches (0: the training process does it); on CUDA batches are pinned and copied asynchronously."""
     max_steps: int = 100_000
     """Stop after this many updates (0: no limit)."""
     max_epochs: int = 0
@@ -219,7 +223,7 @@ class TrainConfig:
     max_time: float = 0.0
     """Stop after this many seconds of training (0: no limit); validation and a checkpoint follow."""
     optimizer: Literal["adam", "adamw"] = "adam"
-    """Optimizer."""
+    """Optimizer (fused kernels where torch has them: CUDA, and CPU in recent versions)."""
     lr: float = 5e-4
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.98)
@@ -228,34 +232,47 @@ class TrainConfig:
     """Adam epsilon."""
     weight_decay: float = 0.0
     """Weight decay (decoupled with adamw)."""
-    schedule: Literal["inverse_sqrt", "cosine", "linear", "constant"] = "inverse_sqrt"
-    """Learning-rate schedule after linear warm-up; cosine and linear decay to 0 at `max_steps`."""
+    schedule: Literal["inverse_sqrt", "cosine", "linear", "constant", "plateau"] = "inverse_sqrt"
+    """Learning-rate schedule after linear warm-up; cosine and linear decay to 0 at `max_steps`; plateau multiplies the rate by `plateau_factor` when `early_stop_metric` stops improving."""
     warmup_steps: int = 4000
     """Linear warm-up steps."""
+    plateau_factor: float = 0.5
+    """`schedule: plateau`: factor applied to the learning rate at each plateau."""
+    plateau_patience: int = 2
+    """`schedule: plateau`: validations without improvement tolerated before the rate is lowered."""
     label_smoothing: float = 0.1
     """Label smoothing of the cross-entropy."""
     clip_norm: float = 1.0
     """Gradient norm clipping (0 disables)."""
+    max_bad_steps: int = 10
+    """Updates with a non-finite loss or gradient are skipped with a warning; this many in a row stop the run with an error (0: never stop)."""
     log_every: int = 100
-    """Steps between log lines in `metrics.jsonl`."""
+    """Steps between log lines in `metrics.jsonl` (and TensorBoard)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files to `run_dir/tensorboard` when the `tensorboard` package is installed."""
     valid_every: int = 1000
-    """Steps between validations; training also validates once when it ends."""
+    """Steps between validations (each writes a checkpoint); training also validates once when it ends."""
     valid_bleu: bool = True
     """Compute greedy BLEU on the validation set at each validation."""
     valid_max_sentences: int = 0
     """Decode at most this many validation sentences for BLEU (0: all)."""
     early_stop_metric: Literal["bleu", "loss"] = "bleu"
-    """Metric that picks the best checkpoint and drives early stopping."""
+    """Metric that picks the best checkpoint, drives early stopping and the plateau schedule."""
     patience: int = 0
     """Stop after this many validations without improvement (0: never)."""
+    save_every: int = 0
+    """Steps between extra checkpoints written without validation, for frequent resume points (0: only at validation)."""
     keep_last: int = 2
     """Periodic checkpoints kept besides `best.pt`."""
+    average_last: int = 0
+    """At the end of training, write `averaged.pt`: the mean weights of the last this many periodic checkpoints (0: none)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "accumulate", "log_every", "valid_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be at least 1")
-        for name in ("max_steps", "max_epochs", "max_time", "warmup_steps", "patience", "keep_last", "clip_norm", "weight_decay"):
+        for name in ("max_steps", "max_epochs", "max_time", "warmup_steps", "patience", "keep_last", "clip_norm",
+                     "weight_decay", "num_workers", "save_every", "average_last", "plateau_patience", "max_bad_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
         if self.lr <= 0:
@@ -264,6 +281,11 @@ class TrainConfig:
             raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
         if self.schedule in ("cosine", "linear") and self.max_steps == 0:
             raise ValueError(f"schedule {self.schedule!r} decays to max_steps, which must then be > 0")
+        if not 0.0 < self.plateau_factor < 1.0:
+            raise ValueError(f"plateau_factor ({self.plateau_factor}) must be in (0, 1)")
+        if self.average_last > self.keep_last:
+            raise ValueError(f"average_last ({self.average_last}) needs keep_last >= {self.average_last} "
+                             f"(now {self.keep_last}): only kept checkpoints can be averaged")
 
 
 @dataclass
@@ -348,20 +370,21 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
 
     Raises:
         ConfigError: missing file, YAML syntax error, unknown key, wrong type or
-            value; the message names the file and the dotted key path.
+            value; the message names the file (or the `--set` item) and the
+            dotted key path.
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        resolved = "" if path.is_absolute() else f" (resolved to {path.resolve()})"
+        raise ConfigError(f"{path}: config file not found{resolved}")
+    data = path.read_bytes()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: {where}YAML syntax error: {problem}") from None
+        raw = yaml.safe_load(data.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        line = data[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -369,29 +392,74 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
     return config_from_dict(apply_overrides(raw, overrides), source=str(path))
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """`line L, column C: YAML syntax error: PROBLEM (CONTEXT that starts at line L', column C')`."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and mark is not None and (start.line, start.column) != (mark.line, mark.column):
+        problem += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+    if "\\t" in problem or "\t" in problem:
+        problem += "; indent with spaces, not tabs"
+    return f"{where}YAML syntax error: {problem}"
+
+
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
-    """Return a copy of `raw` with each `a.b.c=value` set (value parsed as YAML)."""
+    """Return a copy of `raw` with each `a.b.c=value` set (value parsed as YAML).
+
+    Raises:
+        ConfigError: an item without `=`, a key that no config section has, or a
+            value of the wrong type; the message names the `--set` item.
+    """
     import copy
 
     raw = copy.deepcopy(raw)
     for item in overrides:
-        key, sep, value = item.partition("=")
+        key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"override {item!r}: expected section.key=value")
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
         parts = key.strip().split(".")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        _check_override(item, parts, value)
         node = raw
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a section")
             node = child
-        try:
-            node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
-        except yaml.YAMLError:
-            node[parts[-1]] = value
+        node[parts[-1]] = value
     return raw
+
+
+def _check_override(item: str, parts: list[str], value: Any) -> None:
+    """Check one override against the schema, so a mistake names the `--set` item, not the file."""
+    where = f"--set {item!r}"
+    tp: Any = ExperimentConfig
+    for i, part in enumerate(parts):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and inner:
+            tp = inner[0]
+        if typing.get_origin(tp) is dict:  # data.test.NAME: any name
+            tp = typing.get_args(tp)[1]
+            continue
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"{where}: {'.'.join(parts[:i])} is a value, not a section")
+        names = [f.name for f in dataclasses.fields(tp)]
+        if part not in names:
+            raise ConfigError(f"{where}: unknown key {'.'.join(parts[: i + 1])!r}{_suggest(part, names)}")
+        tp = typing.get_type_hints(tp)[part]
+    _convert(tp, value, ".".join(parts), where)
+
+
+def _suggest(key: Any, names: list[str]) -> str:
+    close = difflib.get_close_matches(str(key), names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> ExperimentConfig:
@@ -426,9 +494,7 @@ def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
-            raise ConfigError(f"{source}: unknown key {_join(keypath, key)!r}{hint}")
+            raise ConfigError(f"{source}: unknown key {_join(keypath, key)!r}{_suggest(key, names)}")
         kwargs[key] = _convert(hints[key], value, _join(keypath, key), source)
     try:
         return cls(**kwargs)

@@ -3,6 +3,10 @@
 `UserError` covers everything the user can fix: a bad config, a missing or
 malformed data file, an incompatible checkpoint. The CLI prints its message and
 exits with status 2. Anything else is a bug or a runtime failure (exit 1).
+
+A message is one line that starts with what the user must look at, then says
+what is wrong and, where it is not obvious, what to do:
+`<file, file:line, key path or option>: <what is wrong>; <what to do>`.
 """
 
 from __future__ import annotations

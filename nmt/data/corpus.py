@@ -85,7 +85,7 @@ def load_pairs(
             return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=_stamp(path)), cache)
         case "parquet":
             if not any(c in path for c in "*?[") and not Path(path).is_file():
-                raise DataError(f"{path}: parquet file not found{_unset_var_hint(path)}")
+                raise DataError(f"{path}: parquet file not found{_path_hint(path)}")
             try:
                 ds = datasets.load_dataset("parquet", data_files=path, split="train", cache_dir=cache)
             except Exception as err:  # pyarrow and datasets raise many kinds
@@ -277,7 +277,10 @@ def _lines(path: str) -> Iterator[str]:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {err.start} of the line") from None
+                    raise DataError(
+                        f"{path}:{lineno}: invalid UTF-8 at byte {err.start} of the line ({err.reason}); "
+                        "convert the file to UTF-8"
+                    ) from None
                 if line.endswith("\n"):
                     line = line[:-2] if line.endswith("\r\n") else line[:-1]
                 yield line.removeprefix("\ufeff") if lineno == 1 else line
@@ -293,13 +296,13 @@ def _text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:
         found.append(hit)
         tried += [] if hit else candidates
     if tried:
-        raise DataError(f"text corpus not found: tried {', '.join(tried)}{_unset_var_hint(prefix)}")
+        raise DataError(f"text corpus not found: tried {', '.join(tried)}{_path_hint(prefix)}")
     return found[0], found[1]
 
 
 def _require_file(path: str) -> None:
     if not Path(path).is_file():
-        raise DataError(f"{path}: file not found{_unset_var_hint(path)}")
+        raise DataError(f"{path}: file not found{_path_hint(path)}")
 
 
 def _stamp(path: str) -> tuple[str, int, int]:
@@ -308,8 +311,13 @@ def _stamp(path: str) -> tuple[str, int, int]:
     return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
 
-def _unset_var_hint(path: str) -> str:
-    return " (an environment variable in it is not set)" if "$" in path else ""
+def _path_hint(path: str) -> str:
+    """Why a path may not be where the user thinks: an unset variable, or a relative path."""
+    if "$" in path:
+        return " (an environment variable in it is not set)"
+    if not os.path.isabs(path):
+        return f" (relative paths are read from the working directory {os.getcwd()})"
+    return ""
 
 
 # --------------------------------------------------------------------------- Arrow datasets
@@ -317,7 +325,7 @@ def _unset_var_hint(path: str) -> str:
 
 def _load_disk(path: str, split: str | None) -> Dataset:
     if not Path(path).is_dir():
-        raise DataError(f"{path}: no such folder (kind: disk wants a folder written by save_to_disk){_unset_var_hint(path)}")
+        raise DataError(f"{path}: no such folder (kind: disk wants a folder written by save_to_disk){_path_hint(path)}")
     try:
         loaded = datasets.load_from_disk(path)
     except (OSError, ValueError) as err:

@@ -130,7 +130,9 @@ def prepare_split(
         )
     where = f"{name} ({spec.path})"
     if report["kept"] == 0:
-        raise DataError(f"{where}: no pairs left of {report['pairs']} read: dropped {dropped}")
+        settings = [key for key, n in (("data.max_len", report["too_long"]), ("data.max_ratio", report["ratio"])) if n]
+        hint = f"; raise {' or '.join(settings)}" if settings else ""
+        raise DataError(f"{where}: no pairs left of {report['pairs']} read: dropped {dropped}{hint}")
     log.info("%s: %d pairs read, %d kept; dropped %s", where, report["pairs"], report["kept"], dropped)
     return tokenized, report
 

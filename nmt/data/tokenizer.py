@@ -97,17 +97,24 @@ class Tokenizer:
         return None
 
 
-def train_tokenizer(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str], *, seed: int = 0) -> Tokenizer:
+def train_tokenizer(
+    cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str], *, seed: int = 0, where: str = "data.train"
+) -> Tokenizer:
     """Train sentencepiece on the training text (a seeded sample of `cfg.max_sentences` per side).
 
+    Args:
+        where: how errors name the text's origin, e.g. "data.train (corpus/train)".
+
     Raises:
-        DataError: the corpus is too small for `cfg.vocab_size`.
+        DataError: no text at all, or the corpus is too small for `cfg.vocab_size`.
     """
     src_sample = _sample(src_lines, cfg.max_sentences, seed)
     tgt_sample = _sample(tgt_lines, cfg.max_sentences, seed + 1)
     if cfg.joint:
-        return Tokenizer(src_model=_train_one(cfg, src_sample + tgt_sample, "joint"))
-    return Tokenizer(src_model=_train_one(cfg, src_sample, "source"), tgt_model=_train_one(cfg, tgt_sample, "target"))
+        return Tokenizer(src_model=_train_one(cfg, src_sample + tgt_sample, "joint", where))
+    return Tokenizer(
+        src_model=_train_one(cfg, src_sample, "source", where), tgt_model=_train_one(cfg, tgt_sample, "target", where)
+    )
 
 
 def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:
@@ -124,9 +131,12 @@ def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:
     return [line for _, line in sorted(reservoir)]
 
 
-def _train_one(cfg: TokenizerConfig, sentences: list[str], which: str) -> bytes:
+def _train_one(cfg: TokenizerConfig, sentences: list[str], which: str, where: str) -> bytes:
     if not sentences:
-        raise DataError(f"tokenizer: no {which} training text (the training split is empty after cleaning)")
+        raise DataError(
+            f"{where}: no {which} training text for the tokenizer: no pair is left after dropping those "
+            "with an empty side; check that both files hold text"
+        )
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -148,9 +158,9 @@ def _train_one(cfg: TokenizerConfig, sentences: list[str], which: str) -> bytes:
     except RuntimeError as err:
         found = re.search(r"<= (\d+)", str(err))
         if "Vocabulary size is too large" in str(err) or found:
-            limit = f" (at most {found.group(1)} for this text)" if found else ""
+            limit = f" to at most {found.group(1)}" if found else ""
             raise DataError(
-                f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} training text{limit}: lower it"
+                f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} text of {where}; lower it{limit}"
             ) from None
-        raise DataError(f"tokenizer: sentencepiece failed on the {which} text: {err}") from None
+        raise DataError(f"{where}: sentencepiece failed on the {which} text: {str(err).strip().splitlines()[0]}") from None
     return model.getvalue()

@@ -1,0 +1,258 @@
+"""Bad input gets one line on stderr and a distinct exit code, never a traceback (issue #7).
+
+One table: each row is a command line with a bad input, the exit status it must
+end with (2: usage, config, data and checkpoint errors; 1: runtime failures) and
+the words its one-line message must hold (the file, line or key to look at). Rows
+run in process through the real `nmt.cli.main`; those marked `SUB` also run as
+`python -m nmt`, all started at once, to prove the status and the single
+traceback-free line for real (`SUB_ONLY` rows run only so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import huggingface_hub
+import pytest
+import torch
+import yaml
+
+from nmt import cli
+from nmt.config import config_from_dict, config_to_dict
+from nmt.data.tokenizer import PAD_ID, train_tokenizer
+from nmt.models import build_model
+from nmt.train.checkpoint import save_checkpoint
+from tests.conftest import tiny_config_dict
+
+SUB = "subprocess"
+SUB_ONLY = "subprocess only"  # what only a real process shows (here: a progress bar on stderr)
+PROPOSED = "needs the cli.py or train/checkpoint.py change proposed for issue #7"
+
+# (id, command line, exit status, words the message holds, how it runs[, proposal])
+# `{name}` fields are paths of the `bad` fixture; stdin rows read the file named after `<`.
+# Rows with a proposal describe the message once a change outside this test's files lands (strict xfail).
+CASES = [
+    # config
+    ("config-missing", "train {dir}/nope.yaml", 2, ["nope.yaml", "config file not found"], None),
+    ("config-yaml-syntax", "train {syntax}", 2, ["syntax.yaml: line 4, column 6: YAML syntax error",
+                                                 "flow sequence that starts at line 3, column 13"], None),
+    ("config-not-utf8", "train {latin1}", 2, ["latin1.yaml: line 2: not UTF-8"], None),
+    ("config-unknown-key", "train {unknown_key}", 2, ["unknown key 'train.max_stepz'; did you mean 'max_steps'?"], None),
+    ("config-wrong-type", "train {wrong_type}", 2, ["wrong_type.yaml: train.max_steps: expected int, got str 'lots'"], None),
+    ("config-negative-dropout", "train {tiny} --set model.transformer.dropout=-0.1", 2,
+     ["model.transformer: dropout (-0.1) must be in [0, 1)"], None),
+    ("config-heads-divide", "train {tiny} --set model.transformer.heads=3", 2,
+     ["model.transformer: d_model (32) must be divisible by heads (3)"], None),
+    ("set-unknown-section", "train {tiny} --set trian.lr=1", 2,
+     ["--set 'trian.lr=1': unknown key 'trian'; did you mean 'train'?"], None),
+    ("set-wrong-type", "train {tiny} --set train.lr=fast", 2, ["--set 'train.lr=fast': train.lr: expected float"], None),
+    ("set-below-a-value", "train {tiny} --set train.lr.peak=1", 2, ["--set 'train.lr.peak=1': train.lr is a value"], None),
+    # data (found when `nmt train` reads the corpus)
+    ("data-missing", "train {missing_data}", 2, ["text corpus not found", "nope.en"], None),
+    ("data-relative-elsewhere", "train {relative}", 2, ["text corpus not found: tried corpus/", "working directory {elsewhere}"], None),
+    ("data-line-counts", "train {line_counts}", 2, ["short.en has 400 lines but", "short.de has 397"], None),
+    ("data-utf8-train", "train {utf8_train}", 2, ["utf8.en:250: invalid UTF-8"], SUB),
+    ("data-utf8-valid", "train {utf8_valid}", 2, ["vutf8.en:20: invalid UTF-8"], None),
+    ("data-all-filtered", "train {all_too_long}", 2, ["data.train (", "no pairs left of 400 read",
+                                                      "400 longer than data.max_len=2", "raise data.max_len"], None),
+    ("data-all-empty", "train {all_empty}", 2, ["data.train", "no joint training text"], None),
+    ("data-vocab-too-large", "train {vocab_big}", 2, ["tokenizer.vocab_size (5000) is too large", "at most"], None),
+    ("data-hub-unreachable", "train {hub}", 2, ["hub dataset 'no-such-user/no-such-corpus'", "could not be loaded",
+                                                "kind: disk"], SUB),
+    # checkpoints given to translate and eval
+    ("translate-ckpt-missing", "translate -c {dir}/none.pt", 2, ["none.pt: checkpoint not found"], None),
+    ("translate-ckpt-truncated", "translate -c {truncated}", 2, ["truncated.pt: cannot read checkpoint"], None),
+    ("translate-ckpt-foreign", "translate -c {foreign}", 2, ["foreign.pt: not an nmt checkpoint"], None),
+    ("translate-ckpt-misfit", "translate -c {misfit}", 2, ["weights do not fit the model its config describes"], SUB),
+    ("translate-ckpt-misfit-named", "translate -c {misfit}", 2, ["misfit.pt: ", "size mismatch for"], None, PROPOSED),
+    ("eval-ckpt-missing", "eval -c {dir}/none.pt --split test", 2, ["none.pt: checkpoint not found"], None),
+    ("eval-ckpt-truncated", "eval -c {truncated} --split test", 2, ["truncated.pt: cannot read checkpoint"], None),
+    ("eval-ckpt-foreign", "eval -c {foreign} --split test", 2, ["foreign.pt: not an nmt checkpoint"], None),
+    ("eval-ckpt-misfit", "eval -c {misfit} --split test", 2, ["weights do not fit the model its config describes"], None),
+    # eval and translate usage
+    ("eval-hyp-without-ref", "eval --hyp {hyp3}", 2, ["--hyp needs --ref"], None),
+    ("eval-hyp-ref-counts", "eval --hyp {hyp3} --ref {corpus}/test.de", 2, ["must pair line by line"], None),
+    ("eval-hyp-ref-counts-named", "eval --hyp {hyp3} --ref {corpus}/test.de", 2,
+     ["hyp3.txt has 3 lines but", "test.de has 30"], None, PROPOSED),
+    ("eval-hyp-utf8", "eval --hyp {hyp_utf8} --ref {hyp3}", 2, ["hyp_utf8.txt:3: invalid UTF-8"], None),
+    ("eval-src-ref-counts", "eval -c {good} --src {src2} --ref {corpus}/test.de", 2,
+     ["src2.txt has 2 lines but", "test.de has 30"], None),
+    ("eval-unknown-split", "eval -c {good} --split tst", 2, ["--split 'tst'", "choose from valid, test"], None),
+    ("eval-split-files-gone", "eval -c {moved} --split test", 2,
+     ["the checkpoint's data.test.test: text corpus not found", "--src and --ref"], None),
+    ("translate-input-missing", "translate -c {good} -i {dir}/nope.txt", 2, ["nope.txt: input file not found"], None),
+    ("translate-input-utf8", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"], None),
+    ("translate-stdin-utf8", "translate -c {good} < {src_utf8}", 2, ["<stdin>:6: invalid UTF-8"], SUB),
+    ("translate-input-utf8-before-progress", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"],
+     SUB_ONLY, PROPOSED),
+]
+DEBUG_CASE = ("debug-traceback", "--debug train {dir}/nope.yaml", None, [], SUB)  # see test_debug_shows_the_traceback
+
+
+def _params(cases) -> list:
+    params = []
+    for case_id, command, code, needles, _, *proposal in cases:
+        marks = [pytest.mark.xfail(reason=proposal[0], strict=True)] if proposal else []
+        params.append(pytest.param(case_id, command, code, needles, id=case_id, marks=marks))
+    return params
+
+
+@pytest.fixture(scope="module")
+def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
+    """Every bad input of the table, and a good checkpoint built without training."""
+    d = tmp_path_factory.mktemp("bad")
+    paths = {"dir": str(d), "corpus": str(small_corpus), "elsewhere": str(d / "elsewhere")}
+    base = tiny_config_dict(small_corpus, d / "run")
+
+    def config(name: str, edit=lambda c: None) -> None:
+        c = copy.deepcopy(base)
+        c["run_dir"] = str(d / "runs" / name)
+        edit(c)
+        (d / f"{name}.yaml").write_text(yaml.safe_dump(c), encoding="utf-8")
+        paths[name] = str(d / f"{name}.yaml")
+
+    def lines(name: str, rows: list[bytes]) -> str:
+        (d / name).write_bytes(b"".join(r + b"\n" for r in rows))
+        return str(d / name)
+
+    def data(section: str, **spec):
+        return lambda c: c["data"].__setitem__(section, {"kind": "text", **spec})
+
+    en = (small_corpus / "train.en").read_bytes().splitlines()
+    de = (small_corpus / "train.de").read_bytes().splitlines()
+    valid_en = (small_corpus / "valid.en").read_bytes().splitlines()
+    config("tiny")
+    paths["syntax"] = lines("syntax.yaml", [b"data:", b"  src_lang: en", b"  tgt_lang: [de, en", b"train:", b"  lr: 1"])
+    paths["latin1"] = lines("latin1.yaml", [b"train:", b"  run_dir: caf\xe9"])
+    config("unknown_key", lambda c: c["train"].update(max_stepz=3))
+    config("wrong_type", lambda c: c["train"].update(max_steps="lots"))
+    config("missing_data", data("train", path=str(d / "nope")))
+    config("relative", lambda c: (data("train", path="corpus/train")(c), data("valid", path="corpus/valid")(c)))
+    (d / "elsewhere").mkdir()
+    lines("short.en", en), lines("short.de", de[:-3])
+    config("line_counts", data("train", path=str(d / "short")))
+    lines("utf8.en", en[:249] + [b"caf\xe9 au lait"] + en[250:]), lines("utf8.de", de)
+    config("utf8_train", data("train", path=str(d / "utf8")))
+    lines("vutf8.en", valid_en[:19] + [b"\xff\xfe"] + valid_en[20:])
+    lines("vutf8.de", (small_corpus / "valid.de").read_bytes().splitlines())
+    config("utf8_valid", data("valid", path=str(d / "vutf8")))
+    config("all_too_long", lambda c: c["data"].update(max_len=2))
+    lines("blank.en", en), lines("blank.de", [b""] * len(de))
+    config("all_empty", data("train", path=str(d / "blank")))
+    config("vocab_big", lambda c: c["tokenizer"].update(vocab_size=5000))
+    config("hub", data("train", kind="hf", path="no-such-user/no-such-corpus", hf_config="de-en"))
+    paths["hyp3"] = lines("hyp3.txt", (small_corpus / "test.de").read_bytes().splitlines()[:3])
+    paths["hyp_utf8"] = lines("hyp_utf8.txt", [b"ok", b"ok", b"caf\xe9"])
+    paths["src2"] = lines("src2.txt", en[:2])
+    paths["src_utf8"] = lines("src_utf8.txt", [b"the man sees the dog ."] * 5 + [b"caf\xe9 ."])
+
+    cfg = config_from_dict(base)
+    tokenizer = train_tokenizer(cfg.tokenizer, [s.decode() for s in en], [s.decode() for s in de])
+    vocab = dict(src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID)
+    payload = {"config": config_to_dict(cfg), "tokenizer": tokenizer.to_state(),
+               "model": build_model(cfg.model, **vocab).state_dict()}
+    save_checkpoint(payload, d / "good.pt")
+    wider = copy.deepcopy(payload)
+    wider["config"]["model"]["transformer"].update(d_model=64, ff_dim=128)
+    save_checkpoint(wider, d / "misfit.pt")
+    moved = copy.deepcopy(payload)
+    moved["config"]["data"]["test"]["test"]["path"] = str(d / "gone" / "test")
+    save_checkpoint(moved, d / "moved.pt")
+    (d / "truncated.pt").write_bytes((d / "good.pt").read_bytes()[:5000])
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, d / "foreign.pt")
+    paths.update({name: str(d / f"{name}.pt") for name in ("good", "misfit", "moved", "truncated", "foreign")})
+    return paths
+
+
+def _argv(command: str, bad: dict[str, str]) -> tuple[list[str], str | None]:
+    """(arguments, stdin file) of a table command line."""
+    command, _, stdin = command.format(**bad).partition(" < ")
+    return command.split(), stdin or None
+
+
+@pytest.fixture(scope="module")
+def launched(bad) -> dict[str, subprocess.Popen]:
+    """The `SUB` rows as `python -m nmt` processes, all started at once (they take seconds each)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    procs = {}
+    with contextlib.ExitStack() as files:
+        for case_id, command, _, _, how, *_ in CASES + [DEBUG_CASE]:
+            if how in (SUB, SUB_ONLY):
+                args, stdin = _argv(command, bad)
+                procs[case_id] = subprocess.Popen(
+                    [sys.executable, "-m", "nmt", *args], env=env, text=True, cwd=bad["elsewhere"],
+                    stdin=files.enter_context(open(stdin, "rb")) if stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                )
+        yield procs
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(autouse=True)
+def quiet_datasets():
+    """No `datasets` progress bars, as in `nmt` itself (whose switch is read when `datasets` is imported)."""
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    yield
+    if was_enabled:
+        datasets.enable_progress_bars()
+
+
+def run_in_process(args: list[str], stdin: str | None, monkeypatch) -> tuple[int, str]:
+    """(exit status, stderr) of `nmt ARGS` through `nmt.cli.main`, the console entry point."""
+    monkeypatch.setattr(sys, "argv", ["nmt", *args])
+    raw = Path(stdin).read_bytes() if stdin else b""
+    # As Python sets stdin up in a C.UTF-8 locale: undecodable bytes become surrogates.
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="surrogateescape"))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as ex:
+        cli.main()
+    return ex.value.code, err.getvalue()
+
+
+@pytest.mark.parametrize(("case_id", "command", "code", "needles"), _params([c for c in CASES if c[4] != SUB_ONLY]))
+def test_bad_input_is_one_line_and_an_exit_code(case_id, command, code, needles, bad, launched, monkeypatch):
+    # `launched` starts the subprocess rows now, so they run while the in-process rows do.
+    # Relative paths are read from the working directory: run from a folder without `corpus/`.
+    monkeypatch.chdir(bad["elsewhere"])
+    # The hub libraries read HF_HUB_OFFLINE at import time, so their copies are set too.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+    status, stderr = run_in_process(*_argv(command, bad), monkeypatch)
+    lines = [line for line in stderr.splitlines() if not line.startswith("[nmt] ")]  # progress logs
+    assert status == code, stderr
+    assert len(lines) == 1 and lines[0].startswith("nmt: error: "), stderr
+    message = lines[0]
+    for needle in needles:
+        assert needle.format(**bad) in message, f"{needle!r} not in {message!r}"
+
+
+@pytest.mark.parametrize(("case_id", "command", "code", "needles"), _params([c for c in CASES if c[4] in (SUB, SUB_ONLY)]))
+def test_for_real_one_line_on_stderr_and_the_exit_code(case_id, command, code, needles, bad, launched):
+    proc = launched[case_id]
+    _, stderr = proc.communicate(timeout=120)
+    errors = [line for line in stderr.splitlines() if not line.startswith("[nmt] ")]  # progress logs
+    assert proc.returncode == code, stderr
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert errors[0].startswith("nmt: error: ")
+    for needle in needles:
+        assert needle.format(**bad) in errors[0], stderr
+
+
+def test_debug_shows_the_traceback(launched):
+    proc = launched[DEBUG_CASE[0]]
+    _, stderr = proc.communicate(timeout=120)
+    assert "Traceback (most recent call last)" in stderr
+    assert "nmt.errors.ConfigError: " in stderr and "nope.yaml: config file not found" in stderr
+    assert proc.returncode != 0
