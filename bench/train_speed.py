@@ -2,16 +2,16 @@
 
     python bench/train_speed.py configs/multi30k_transformer.yaml [--steps 30] [--warmup 5] [--set k=v ...]
 
-Both models run the same `nmt.train.loop.train_step` on the same real batches
-(the config's training data and tokenizer), in the same process. Prints target
-tokens/s, seconds per step, peak memory and, on CUDA, model FLOP utilisation.
+Both models run the same `nmt.train.step.train_step` on the same real batches
+(the config's training data and tokenizer), in the same process, taking turns
+step by step so that load from other processes falls on both alike. Prints
+target tokens/s, seconds per step, peak memory and, on CUDA, model FLOP utilisation.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import resource
 import sys
 import time
 from pathlib import Path
@@ -20,12 +20,13 @@ import torch
 from torch import nn
 
 from nmt.config import load_config
+from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
 from nmt.models import build_model, count_parameters
-from nmt.runtime import enable_fast_math, grad_scaler, pick_device, seed_everything
-from nmt.train.loop import _batches, prepare_run, train_step
+from nmt.runtime import enable_fast_math, grad_scaler, peak_memory_mb, pick_device, seed_everything
+from nmt.train.data import collated_batches, prepare_run
 from nmt.train.optim import build_optimizer, build_scheduler
-from nmt.data.batching import TokenBatchSampler
+from nmt.train.step import train_step
 
 # Dense bf16 peak of common GPUs, for MFU (FLOP/s).
 _PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -56,31 +57,40 @@ class ReferenceTransformer(nn.Module):
         return self.out(h)
 
 
-def time_model(model, batches, cfg, device, steps: int, warmup: int) -> dict:
-    tc = cfg.train
-    optimizer = build_optimizer(model, tc, device)
-    scheduler = build_scheduler(optimizer, tc)
-    scaler = grad_scaler(device, tc.precision)
-    model.train()
-    tokens = 0
-    for i in range(warmup + steps):
-        if i == warmup:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            start = time.perf_counter()
-        _, _, n = train_step(model, [batches[i % len(batches)]], optimizer, scheduler, scaler, tc, device)
-        if i >= warmup:
-            tokens += n
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    result = {"tokens_per_s": tokens / seconds, "s_per_step": seconds / steps, "tokens": tokens}
-    if device.type == "cuda":
-        result["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return result
+class Timed:
+    """One model with its optimizer, stepped and timed one update at a time."""
+
+    def __init__(self, name: str, model: nn.Module, cfg, device: torch.device) -> None:
+        self.name, self.model, self.cfg, self.device = name, model, cfg, device
+        self.optimizer = build_optimizer(model, cfg.train, device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train)
+        self.scaler = grad_scaler(device, cfg.train.precision)
+        self.seconds, self.tokens, self.steps, self.peak_mem_mb = 0.0, 0, 0, 0.0
+        model.train()
+
+    def step(self, batch, *, timed: bool) -> None:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        r = train_step(self.model, [batch], self.optimizer, self.scheduler, self.scaler, self.cfg.train, self.device)
+        if cuda:
+            torch.cuda.synchronize()
+            self.peak_mem_mb = max(self.peak_mem_mb, peak_memory_mb(self.device)["peak_mem_mb"])
+        if timed:
+            self.seconds += time.perf_counter() - start
+            self.tokens += r.tokens
+            self.steps += 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    def line(self) -> str:
+        mem = f"  peak mem {self.peak_mem_mb:.0f} MiB" if self.device.type == "cuda" else ""
+        return (f"{self.name:22s} params {count_parameters(self.model) / 1e6:6.2f}M  {self.tokens_per_s:9.0f} tgt tok/s  "
+                f"{self.seconds / self.steps:.3f} s/step{mem}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,36 +113,37 @@ def main(argv: list[str] | None = None) -> None:
     sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=cfg.train.max_tokens,
                                 shuffle=True, seed=cfg.train.seed)
     n_batches = min(args.steps + args.warmup, len(sampler))
-    batches = [b.to(device) for b in _batches(data.train, sampler.batch_list(0)[:n_batches])]
+    batches = [b.to(device) for b in collated_batches(data.train, sampler.batch_list(0)[:n_batches])]
     tok = data.tokenizer
     print(f"device {device}, precision {cfg.train.precision}, torch threads {torch.get_num_threads()}, "
           f"{args.steps} timed steps after {args.warmup} warm-up, max_tokens {cfg.train.max_tokens}")
 
-    ours = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, pad_id=PAD_ID).to(device)
-    r = time_model(ours, batches, cfg, device, args.steps, args.warmup)
-    n_params = count_parameters(ours)
-    line = f"nmt {cfg.model.type:12s} params {n_params / 1e6:6.2f}M  {r['tokens_per_s']:9.0f} tgt tok/s  {r['s_per_step']:.3f} s/step"
-    mem = f"peak mem {r['peak_mem_mb']:.0f} MiB" if "peak_mem_mb" in r else f"peak RSS {r['peak_rss_mb']:.0f} MiB"
-    print(line + "  " + mem)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name()
-        peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
-        # ~6 FLOPs per parameter per target token (forward + backward), a lower bound ignoring attention.
-        achieved = 6 * n_params * r["tokens_per_s"]
-        if peak:
-            print(f"MFU {100 * achieved / peak:.1f}% of {name} bf16 peak ({achieved / 1e12:.1f} TFLOP/s)")
-
+    ours = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, pad_id=PAD_ID)
+    runs = [Timed(f"nmt {cfg.model.type}", ours.to(device), cfg, device)]
     if cfg.model.type == "transformer" and not args.no_reference:
         t = cfg.model.transformer
         if tok.src_vocab_size != tok.tgt_vocab_size:
             print("reference skipped: it shares one vocabulary", file=sys.stderr)
-            return
-        ref = ReferenceTransformer(vocab=tok.tgt_vocab_size, d_model=t.d_model, heads=t.heads, enc=t.encoder_layers,
-                                   dec=t.decoder_layers, ff=t.ff_dim, dropout=t.dropout, pre_norm=t.norm == "pre").to(device)
-        rr = time_model(ref, batches, cfg, device, args.steps, args.warmup)
-        print(f"torch.nn.Transformer   params {count_parameters(ref) / 1e6:6.2f}M  {rr['tokens_per_s']:9.0f} tgt tok/s  "
-              f"{rr['s_per_step']:.3f} s/step")
-        print(f"ratio nmt / torch.nn.Transformer: {r['tokens_per_s'] / rr['tokens_per_s']:.2f}")
+        else:
+            ref = ReferenceTransformer(vocab=tok.tgt_vocab_size, d_model=t.d_model, heads=t.heads, enc=t.encoder_layers,
+                                       dec=t.decoder_layers, ff=t.ff_dim, dropout=t.dropout, pre_norm=t.norm == "pre")
+            runs.append(Timed("torch.nn.Transformer", ref.to(device), cfg, device))
+    for i in range(args.warmup + args.steps):
+        for run in runs if i % 2 == 0 else runs[::-1]:  # alternate who goes first
+            run.step(batches[i % len(batches)], timed=i >= args.warmup)
+    for run in runs:
+        print(run.line())
+    if device.type != "cuda":
+        print(f"peak RSS of the process {peak_memory_mb(device).get('peak_rss_mb', 0):.0f} MiB")
+    else:
+        name = torch.cuda.get_device_name()
+        peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
+        # ~6 FLOPs per parameter per target token (forward + backward), a lower bound ignoring attention.
+        achieved = 6 * count_parameters(ours) * runs[0].tokens_per_s
+        if peak:
+            print(f"MFU {100 * achieved / peak:.1f}% of {name} bf16 peak ({achieved / 1e12:.1f} TFLOP/s)")
+    if len(runs) == 2:
+        print(f"ratio nmt / torch.nn.Transformer: {runs[0].tokens_per_s / runs[1].tokens_per_s:.2f}")
 
 
 if __name__ == "__main__":

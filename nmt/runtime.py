@@ -7,8 +7,10 @@ translation and benchmarks share one obvious switch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import UserError
+
+log = logging.getLogger(__name__)
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,8 +58,45 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """A gradient scaler, active only for fp16 (bf16 and fp32 need none)."""
-    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    """A gradient scaler, active only for fp16 (bf16 and fp32 need none).
+
+    Raises:
+        UserError: fp16 on a device this torch cannot scale gradients on.
+    """
+    try:
+        return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    except (AttributeError, RuntimeError, TypeError, ValueError) as err:
+        raise UserError(f"train.precision fp16 is not supported on {device.type} by torch {torch.__version__} "
+                        f"({err}); use bf16 or fp32") from None
+
+
+def compile_model(model: torch.nn.Module, *, backend: str = "inductor") -> torch.nn.Module:
+    """`torch.compile(model)`, or `model` itself with a warning where compiling is unsupported.
+
+    Errors while compiling a graph (at its first call) also fall back to eager
+    execution: dynamo's `suppress_errors` logs them and runs that graph uncompiled.
+    """
+    try:
+        import torch._dynamo
+
+        torch._dynamo.config.suppress_errors = True
+        return torch.compile(model, backend=backend, dynamic=True)
+    except Exception as err:  # unsupported Python or platform, unknown backend
+        log.warning("train.compile: torch.compile is unavailable here (%s: %s); training uncompiled",
+                    type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        return model
+
+
+def peak_memory_mb(device: torch.device) -> dict[str, float]:
+    """Peak memory so far: allocated GPU memory on CUDA, the process's resident set elsewhere."""
+    if device.type == "cuda":
+        return {"peak_mem_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
+    try:
+        import resource
+    except ImportError:  # Windows
+        return {}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return {"peak_rss_mb": round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)}
 
 
 def seed_everything(seed: int) -> None:
@@ -107,6 +148,11 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a lone process (reads the launcher's RANK, so it holds after teardown too)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def init_distributed(device_name: str = "auto") -> Dist:
     """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -125,13 +171,28 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(values: list[float], device: torch.device, ctx: Dist) -> list[float]:
-    """Sum floats over ranks (identity in a single process)."""
+def all_reduce(values: list[float], device: torch.device, ctx: Dist, op: str = "sum") -> list[float]:
+    """Sum (or `op="max"`) floats over ranks; the identity in a single process."""
     if not ctx.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def all_gather(obj: Any, ctx: Dist) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order; `[obj]` in a single process."""
+    if not ctx.enabled:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: Dist) -> None:
+    """Wait for every rank (a no-op in a single process)."""
+    if ctx.enabled:
+        dist.barrier()
 
 
 @contextlib.contextmanager

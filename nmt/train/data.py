@@ -1,0 +1,97 @@
+"""The data of a training run: tokenizer, tokenized splits, and batches built in worker processes.
+
+`prepare_run` trains the sentencepiece model once (kept in the run directory)
+and tokenizes the splits (cached under `run_dir/cache`). `batch_loader` turns a
+list of row-index batches into a DataLoader whose workers collate them, so the
+training process only copies finished batches to the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.config import ExperimentConfig
+from nmt.data.batching import Batch, collate
+from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.data.dataset import prepare_split
+from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from nmt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunData:
+    """Tokenizer and tokenized splits of one run."""
+
+    tokenizer: Tokenizer
+    train: Any  # datasets.Dataset with src_ids, tgt_ids, src_len, tgt_len, src, tgt
+    valid: Any
+    reports: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
+    """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits."""
+    data = cfg.data
+    for name in ("train", "valid"):
+        if getattr(data, name) is None:
+            raise ConfigError(f"data.{name}: required for training (a corpus section with kind and path)")
+    cache = run_dir / "cache"
+    tokenizer = Tokenizer.load(run_dir)
+    if tokenizer is None:
+        raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache))
+        tokenizer = train_tokenizer(cfg.tokenizer, _column(raw, "src"), _column(raw, "tgt"), seed=cfg.train.seed)
+        tokenizer.save(run_dir)
+        log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True)
+    valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False)
+    return RunData(tokenizer, train, valid, {"train": train_report, "valid": valid_report})
+
+
+def _column(ds, name: str):
+    for batch in ds.iter(batch_size=10_000):
+        yield from batch[name]
+
+
+def collated_batches(ds, batch_lists: list[list[int]]) -> Iterator[Batch]:
+    """Collated batches for lists of row indices, in this process (rows fetched from Arrow per batch)."""
+    for indices in batch_lists:
+        yield collate(ds[indices], indices, pad_id=PAD_ID)
+
+
+class _EpochBatches(torch.utils.data.Dataset):
+    """Item i is the collated batch of `batch_lists[i]`, so DataLoader workers can build batches."""
+
+    def __init__(self, ds, batch_lists: list[list[int]]) -> None:
+        self.ds, self.batch_lists = ds, batch_lists
+
+    def __len__(self) -> int:
+        return len(self.batch_lists)
+
+    def __getitem__(self, i: int) -> Batch:
+        return collate(self.ds[self.batch_lists[i]], self.batch_lists[i], pad_id=PAD_ID)
+
+
+def batch_loader(ds, batch_lists: list[list[int]], *, num_workers: int = 0, pin_memory: bool = False):
+    """A DataLoader yielding the batches in order, built by `num_workers` processes (0: this one)."""
+    return torch.utils.data.DataLoader(
+        _EpochBatches(ds, batch_lists), batch_size=None, shuffle=False, num_workers=num_workers,
+        pin_memory=pin_memory, prefetch_factor=4 if num_workers else None,
+        generator=torch.Generator(),  # the loader then draws no seed from the global generator: exact resume
+        worker_init_fn=_ignore_interrupts,
+    )
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal's group: workers leave it to the training
+    process, which saves a checkpoint and then shuts them down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+

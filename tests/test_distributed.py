@@ -1,0 +1,86 @@
+"""DDP on CPU with gloo: two ranks stay identical, match one process on the same batches, and only rank 0 writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from nmt.config import ExperimentConfig
+from nmt.train.loop import Trainer, train
+from tests.conftest import ROOT
+from tests.train.helpers import same_weights, tiny_cfg, weights, write_cfg
+
+
+def _rank_main(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One rank, set up as torchrun would (environment variables), saving what the test compares."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    trainer = Trainer.setup(cfg)
+    try:
+        summary = trainer.run()
+        torch.save({"model": trainer.model.state_dict(), "summary": summary}, f"{out}/rank{rank}.pt")
+    finally:
+        trainer.close()
+
+
+def run_ranks(cfg: ExperimentConfig, world_size: int, out) -> list[dict]:
+    """Train `cfg` in `world_size` gloo processes; each rank's final weights and summary."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # fork: the children start with torch and nmt imported (spawn would import them again), and with
+    # what building the first optimizer imports (torch._dynamo, seconds of it) already done here
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    mp.start_processes(_rank_main, args=(world_size, port, cfg, str(out)), nprocs=world_size, start_method="fork")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus, tmp_path):
+    # no dropout: the two setups then compute the same function of the same data
+    settings = {"max_steps": 4, "valid_every": 2, "save_every": 1}
+    ddp_cfg = tiny_cfg(small_corpus, tmp_path / "ddp", **settings)
+    ddp_cfg.model.transformer.dropout = 0.0
+    ranks = run_ranks(ddp_cfg, 2, tmp_path)
+
+    assert same_weights(ranks[0]["model"], ranks[1]["model"])
+    assert ranks[0]["summary"]["last_valid"] == ranks[1]["summary"]["last_valid"]  # sharded, then reduced
+    assert same_weights(ranks[0]["model"], weights(tmp_path / "ddp" / "ckpt_4.pt"))
+    records = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]  # rank 0 alone logs
+
+    # One process accumulating 2 batches sees, at each update, the batches the two ranks saw.
+    single_cfg = tiny_cfg(small_corpus, tmp_path / "single", accumulate=2, **settings)
+    single_cfg.model.transformer.dropout = 0.0
+    single = train(single_cfg)
+    assert single["last_valid"]["loss"] == pytest.approx(ranks[0]["summary"]["last_valid"]["loss"], rel=1e-3)
+    single_weights = weights(tmp_path / "single" / "ckpt_4.pt")
+    for k, v in ranks[0]["model"].items():
+        assert torch.allclose(v, single_weights[k], atol=1e-4), k
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_the_command_line(small_corpus, tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=4, valid_every=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(config)]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and summaries[0]["step"] == 4  # printed by rank 0 alone
+    assert sorted(p.name for p in (tmp_path / "run").glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_4.pt"]
+
+    proc = subprocess.run([*command, "--set", "train.max_steps=6"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]  # resumed at step 5

@@ -1,0 +1,78 @@
+"""Hard kills: a SIGKILLed run resumes exactly, and kills at random moments never leave a broken run directory."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from nmt.train.checkpoint import (
+    TMP_PREFIX,
+    latest_checkpoint,
+    load_checkpoint,
+    periodic_checkpoints,
+)
+from nmt.train.loop import train
+from tests.train.helpers import nmt_process, same_weights, tiny_cfg, wait_for, weights, write_cfg
+
+
+def test_sigkill_after_a_checkpoint_then_resume_is_bitwise_exact(small_corpus, tmp_path):
+    """20 uninterrupted updates equal 10, a SIGKILL, and 10 more after resuming (CPU, fp32, dropout on)."""
+    killed = tmp_path / "killed"
+    # A forked child starts with everything imported; SIGKILL ends it with no chance to clean up.
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its first use imports torch._dynamo: do it once, here
+    proc = mp.get_context("fork").Process(
+        target=train, args=(tiny_cfg(small_corpus, killed, max_steps=100_000, save_every=10, keep_last=100),))
+    proc.start()
+    deadline = time.monotonic() + 120
+    while not (killed / "ckpt_10.pt").exists():
+        assert proc.is_alive() and time.monotonic() < deadline, f"training process ended ({proc.exitcode})"
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL
+    assert latest_checkpoint(killed).name == "ckpt_10.pt", "killed too late: the run got past step 20"
+
+    straight = tmp_path / "straight"
+    train(tiny_cfg(small_corpus, straight, max_steps=20, save_every=10))
+    summary = train(tiny_cfg(small_corpus, killed, max_steps=20, save_every=10, keep_last=100))
+    assert summary["step"] == 20
+    assert same_weights(weights(straight / "ckpt_20.pt"), weights(killed / "ckpt_20.pt"))
+
+
+@pytest.mark.slow
+def test_random_sigkills_always_leave_a_resumable_run(small_corpus, tmp_path):
+    """Kill a training process at 12 seeded random moments (start-up, steps, checkpoint writes), resuming each time."""
+    rng = random.Random(4)
+    run = tmp_path / "run"
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=60, save_every=3, valid_every=9,
+                       keep_last=2)
+    written = run / "config.yaml"
+    kills = 0
+    for _ in range(12):
+        before = latest_checkpoint(run)
+        before_step = load_checkpoint(before)["progress"]["step"] if before else 0
+        stamp = written.stat().st_mtime_ns if written.exists() else None
+        proc = nmt_process("train", str(config))
+        # Past the imports the run writes its config: from there on, preparing data, loading, steps, saving.
+        wait_for(lambda stamp=stamp: written.exists() and written.stat().st_mtime_ns != stamp, proc)
+        time.sleep(rng.uniform(0.0, 2.5))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        after = latest_checkpoint(run)
+        if after is not None:
+            payload = load_checkpoint(after)  # never a broken file
+            assert payload["progress"]["step"] == int(after.stem.split("_")[1]) >= before_step
+    assert kills >= 10
+    summary = train(tiny_cfg(small_corpus, run, max_steps=60, save_every=3, valid_every=9, keep_last=2))
+    assert summary["step"] == 60
+    assert [p.name for p in periodic_checkpoints(run)] == ["ckpt_57.pt", "ckpt_60.pt"]
+    assert load_checkpoint(run / "ckpt_60.pt")["progress"]["step"] == 60
+    assert not list(run.glob(f"{TMP_PREFIX}*")) and not (run / ".write-test").exists()

@@ -1,0 +1,95 @@
+"""SIGINT and SIGTERM: a checkpoint, exit status 130 or 143, and a run that continues from the saved step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nmt import cli
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.faults import Interrupted, StopSignals
+from nmt.train.loop import train
+from tests.train.helpers import nmt_process, tiny_cfg, wait_for, write_cfg
+
+
+def test_first_signal_is_noted_a_duplicate_ignored_and_a_later_second_interrupts_at_once():
+    previous = signal.getsignal(signal.SIGINT)
+    with StopSignals(repeat_after=0.2) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered twice at once, as under torchrun: one signal
+        time.sleep(0.01)  # Python runs handlers between bytecodes
+        assert stop.signum == signal.SIGTERM
+        time.sleep(0.2)
+        with pytest.raises(Interrupted) as err:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    assert err.value.exit_code == 130 and err.value.checkpoint is None
+    assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
+
+
+def signal_when(path: Path, signum: int) -> threading.Thread:
+    """Send `signum` to this process once `path` exists (the run is then inside its training loop)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while not path.exists():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.002)
+        os.kill(os.getpid(), signum)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_during_training_saves_exits_and_resumes(signum, code, small_corpus, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=100_000, save_every=2)
+    thread = signal_when(run / "ckpt_2.pt", signum)
+    monkeypatch.setattr(sys, "argv", ["nmt", "--quiet", "train", str(config)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    thread.join()
+    assert exit_.value.code == code
+    err = capsys.readouterr().err
+    assert f"stopped by {signal.Signals(signum).name} at step" in err and "run the same command to continue" in err
+    saved = int(err.split(" at step ")[1].split(";")[0])
+    assert saved >= 2 and load_checkpoint(run / f"ckpt_{saved}.pt")["progress"]["step"] == saved
+
+    summary = train(tiny_cfg(small_corpus, run, max_steps=saved + 2, save_every=2))
+    assert summary["step"] == saved + 2
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "train"]
+    assert steps == list(range(1, saved + 3))  # continued right after the saved step, nothing repeated
+
+
+@pytest.mark.slow
+def test_signals_to_a_training_process_exit_with_130_and_143(small_corpus, tmp_path):
+    """SIGTERM to the process as a scheduler sends it; SIGINT to its whole group (with a DataLoader worker)
+    as a terminal's Ctrl-C does."""
+    procs = {}
+    for signum, workers in ((signal.SIGTERM, 0), (signal.SIGINT, 1)):
+        run = tmp_path / signum.name
+        config = write_cfg(tmp_path / f"{signum.name}.yaml", small_corpus, run, max_steps=100_000, save_every=2,
+                           num_workers=workers)
+        procs[signum] = (run, nmt_process("train", str(config)))
+    for signum, (run, proc) in procs.items():
+        wait_for(lambda run=run: (run / "ckpt_2.pt").exists(), proc, timeout=300)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+    for signum, (run, proc) in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signum, err
+        saved = int(err.split(" at step ")[1].split(";")[0])
+        assert load_checkpoint(run / f"ckpt_{saved}.pt")["progress"]["step"] == saved

@@ -1,0 +1,62 @@
+"""Tiny training runs for the loop, fault, signal and distributed tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from nmt.config import ExperimentConfig, config_from_dict
+from nmt.train.checkpoint import load_checkpoint
+from tests.conftest import ROOT, tiny_config_dict
+
+
+def tiny_raw(corpus: Path, run_dir: Path, **train) -> dict:
+    """The shared tiny config without BLEU and with validation only at the end, plus `train` overrides."""
+    raw = tiny_config_dict(corpus, run_dir)
+    raw["train"].update({"valid_bleu": False, "valid_every": 1000, "log_every": 1, **train})
+    return raw
+
+
+def tiny_cfg(corpus: Path, run_dir: Path, **train) -> ExperimentConfig:
+    return config_from_dict(tiny_raw(corpus, run_dir, **train))
+
+
+def write_cfg(path: Path, corpus: Path, run_dir: Path, **train) -> Path:
+    path.write_text(yaml.safe_dump(tiny_raw(corpus, run_dir, **train)), encoding="utf-8")
+    return path
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Bitwise equality of two state dicts."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def nmt_process(*args: str) -> subprocess.Popen:
+    """`python -m nmt ARGS` with one torch thread, output captured, in a process group of its own."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "nmt", *args], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float = 120.0, poll: float = 0.005) -> None:
+    """Poll until `condition()` holds; fail with the process's output if it exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited ({proc.returncode}) before the condition held:\n{err[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            _, err = proc.communicate()
+            raise AssertionError(f"timed out after {timeout:g}s waiting; the process's stderr:\n{err[-3000:]}")
+        time.sleep(poll)

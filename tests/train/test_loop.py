@@ -1,0 +1,135 @@
+"""The training loop on a tiny Transformer: precisions, exact resume, faults, checkpoints, schedules, workers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+
+from nmt.errors import UserError
+from nmt.runtime import compile_model
+from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.train.faults import TrainingDiverged, check_free_space
+from nmt.train.loop import train
+from tests.train.helpers import same_weights, tiny_cfg, weights
+
+
+def records(run_dir, event: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == event]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_each_precision_trains_on_cpu(precision, small_corpus, tmp_path):
+    run = tmp_path / "run"
+    summary = train(tiny_cfg(small_corpus, run, precision=precision, max_steps=4))
+    assert summary["step"] == 4 and math.isfinite(summary["last_valid"]["loss"])
+    logged = records(run, "train")
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) and r["peak_rss_mb"] > 0 and r["tokens_per_update"] > 0 for r in logged)
+    scaler = load_checkpoint(run / "ckpt_4.pt")["scaler"]
+    assert (scaler.get("scale") == 2.0**16) == (precision == "fp16")  # a scaler only for fp16
+
+
+def test_stop_and_resume_is_bitwise_exact(small_corpus, tmp_path):
+    """8 updates (accumulating 2 batches, crossing an epoch, with dropout) equal 4, stop, then 4 more."""
+    straight = train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=8, accumulate=2))
+    train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=4, accumulate=2))
+    resumed = train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=8, accumulate=2))
+    assert straight["epoch"] == resumed["epoch"] == 1
+    assert same_weights(weights(tmp_path / "a" / "ckpt_8.pt"), weights(tmp_path / "b" / "ckpt_8.pt"))
+    assert straight["last_valid"] == resumed["last_valid"]
+    assert [r["step"] for r in records(tmp_path / "b", "train")] == list(range(1, 9))
+
+
+def test_a_finished_run_started_again_does_nothing(small_corpus, tmp_path):
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=3)
+    train(cfg)
+    summary = train(cfg)
+    assert summary["step"] == 3 and summary["stop"] == "max_steps=3"
+    assert len(records(tmp_path / "run", "valid")) == 1
+
+
+def test_data_loader_workers_give_the_same_batches(small_corpus, tmp_path):
+    train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=3))
+    train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=3, num_workers=1))
+    assert same_weights(weights(tmp_path / "a" / "ckpt_3.pt"), weights(tmp_path / "b" / "ckpt_3.pt"))
+
+
+def test_non_finite_loss_skips_updates_then_stops_with_a_clear_error(small_corpus, tmp_path, caplog):
+    """A learning rate of 1e30 blows the weights up after one update; every later loss is NaN."""
+    run = tmp_path / "run"
+    cfg = tiny_cfg(small_corpus, run, lr=1e30, warmup_steps=0, max_bad_steps=3, save_every=1, max_steps=50)
+    with caplog.at_level(logging.WARNING), pytest.raises(TrainingDiverged) as err:
+        train(cfg)
+    message = str(err.value)
+    assert "not finite for 3 updates in a row" in message and "train.lr (now 1e+30)" in message
+    assert "ckpt_1.pt" in message  # the last good checkpoint
+    assert sum("update skipped" in r.message for r in caplog.records) == 3
+    assert load_checkpoint(run / "ckpt_1.pt")["progress"]["step"] == 1
+    assert not (run / "ckpt_2.pt").exists()  # skipped updates are not steps
+
+
+def test_save_every_keep_last_and_average_last(small_corpus, tmp_path):
+    run = tmp_path / "run"
+    summary = train(tiny_cfg(small_corpus, run, max_steps=6, save_every=2, keep_last=3, average_last=3))
+    assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_4.pt", "ckpt_6.pt"]
+    assert summary["averaged_checkpoint"] == str(run / "averaged.pt")
+    averaged = load_checkpoint(run / "averaged.pt")
+    parts = [weights(run / f"ckpt_{s}.pt") for s in (2, 4, 6)]
+    for k, v in averaged["model"].items():
+        if v.is_floating_point():
+            assert torch.allclose(v, sum(p[k] for p in parts) / 3, atol=1e-6)
+    model, _, _ = model_from_checkpoint(averaged)  # usable for translation on its own
+    assert sum(p.numel() for p in model.parameters()) == summary["parameters"]
+
+
+def test_plateau_schedule_lowers_the_rate_when_bleu_stalls(small_corpus, tmp_path):
+    """With a negligible rate the greedy output, hence BLEU, never changes: each validation after the first is a plateau."""
+    run = tmp_path / "run"
+    train(tiny_cfg(small_corpus, run, schedule="plateau", lr=1e-12, warmup_steps=0, plateau_patience=0,
+                   plateau_factor=0.5, valid_every=1, valid_bleu=True, valid_max_sentences=4, max_steps=3))
+    assert load_checkpoint(run / "ckpt_3.pt")["scheduler"]["scale"] == 0.25
+    assert [r["lr"] for r in records(run, "train")] == pytest.approx([1e-12, 5e-13, 2.5e-13])
+
+
+def test_unwritable_or_full_run_dir_is_a_clear_error_before_training(small_corpus, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UserError, match="run_dir .*file/run: not writable"):
+        train(tiny_cfg(small_corpus, blocker / "run"))
+    with pytest.raises(UserError, match=r"free, but a checkpoint of this model \(1,000,000,000,000,000 parameters"):
+        check_free_space(tmp_path, n_params=10**15, keep_last=2)
+    check_free_space(tmp_path, n_params=1000, keep_last=2)  # a small model fits
+
+
+def test_compile_falls_back_to_eager_with_a_warning(caplog):
+    model = torch.nn.Linear(2, 2)
+    with caplog.at_level(logging.WARNING):
+        assert compile_model(model, backend="no_such_backend") is model
+    assert "training uncompiled" in caplog.text
+
+
+@pytest.mark.slow
+def test_compiled_training_runs(small_corpus, tmp_path):
+    summary = train(tiny_cfg(small_corpus, tmp_path / "run", compile=True, max_steps=2))
+    assert summary["step"] == 2 and math.isfinite(summary["last_valid"]["loss"])
+    assert not any(k.startswith("_orig_mod") for k in weights(tmp_path / "run" / "ckpt_2.pt"))
+
+
+def test_tensorboard_event_files_when_installed(small_corpus, tmp_path):
+    pytest.importorskip("tensorboard")
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=2))
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_cuda_with_pinned_worker_batches(precision, small_corpus, tmp_path):
+    run = tmp_path / "run"
+    summary = train(tiny_cfg(small_corpus, run, device="cuda", precision=precision, num_workers=1, max_steps=4))
+    assert summary["step"] == 4 and math.isfinite(summary["last_valid"]["loss"])
+    assert all(r["peak_mem_mb"] > 0 for r in records(run, "train"))
