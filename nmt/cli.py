@@ -52,44 +52,82 @@ def train(
     overrides: SetOption = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard an earlier run in run_dir and start over.")] = False,
 ) -> None:
-    """Train a model; continues an interrupted run in the same run_dir."""
+    """Train a model; continues an interrupted run in the same run_dir.
+
+    On several GPUs or machines, launch it with torchrun, e.g.
+    `torchrun --standalone --nproc_per_node 4 -m nmt train CONFIG`.
+    """
     from nmt.config import load_config
+    from nmt.runtime import is_main_process
     from nmt.train.loop import train as run_training
 
     cfg = load_config(config, overrides or [])
     summary = run_training(cfg, restart=restart)
-    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "event"}))
+    if is_main_process():  # under torchrun, one summary line
+        typer.echo(json.dumps({k: v for k, v in summary.items() if k != "event"}))
 
 
 @app.command()
 def translate(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Trained checkpoint (.pt).")],
-    input: Annotated[str, typer.Option("--input", "-i", help="Input file, or - for standard input.")] = "-",
+    checkpoint: Annotated[list[Path], typer.Option(
+        "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several (mean of probabilities).")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Input file, or - for standard input (a terminal: interactive).")] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Output file, or - for standard output.")] = "-",
-    beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per line, tab-separated with --scores.")] = 1,
-    scores: Annotated[bool, typer.Option("--scores", help="Prefix each output with its score and a tab.")] = False,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one batch.")] = None,
+    beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam; 1 when sampling).")] = None,
+    nbest: Annotated[int, typer.Option(help="Translations per line, tab-separated.")] = 1,
+    scores: Annotated[bool, typer.Option("--scores", help="Put each translation's log-probability and a tab before it.")] = False,
+    length_penalty: Annotated[Optional[float], typer.Option(help="GNMT length penalty alpha (default: the checkpoint's).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one batch (source tokens x beam).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto (bf16 on a capable GPU, else fp32), fp32, bf16 or fp16.")] = "auto",
+    sample: Annotated[bool, typer.Option("--sample", help="Sample translations instead of searching (back-translation).")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k most probable tokens (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample from the nucleus of probability p (1: all).")] = 1.0,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")] = None,
+    attention_plot: Annotated[Optional[Path], typer.Option(help="Write an attention heatmap per line to DIR/<line>.png.")] = None,
+    attention_layer: Annotated[int, typer.Option(help="Transformer decoder layer whose cross-attention is plotted.")] = -1,
+    attention_head: Annotated[Optional[int], typer.Option(help="Transformer head to plot (default: mean over heads).")] = None,
+    progress: Annotated[Optional[bool], typer.Option(
+        "--progress/--no-progress", help="Progress bar on stderr (default: for an input file, unless --quiet).")] = None,
 ) -> None:
-    """Translate a file or standard input, one output line per input line."""
-    from nmt.translate import Translator
+    """Translate a file or standard input, one output line per input line.
 
-    translator = Translator.from_checkpoint(checkpoint, device=device)
-    src = sys.stdin if input == "-" else _open_text(input)
+    With --nbest N a line holds N translations, best first, separated by tabs;
+    --scores puts each translation's log-probability and a tab before it.
+    Standard input from a terminal is translated line by line as it is typed.
+    """
+    from nmt.decode import Sampling
+    from nmt.evaluate import decode_lines
+    from nmt.translate import Translator, interactive, translate_lines
+
+    if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
+        raise UserError("--temperature, --top-k, --top-p and --seed need --sample")
+    try:
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    raw = None if input == "-" else _open_input(input)  # a missing input fails before the model loads
+    translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
+    translator.set_attention(layer=attention_layer, head=attention_head)
+    options = dict(beam=beam, nbest=nbest, scores=scores, length_penalty=length_penalty, max_tokens=max_tokens,
+                   sampling=sampling, plot_dir=attention_plot)
     dst = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")
     try:
-        if nbest == 1 and not scores:
-            for line in translator.translate_stream(src, beam=beam, max_tokens=max_tokens):
-                dst.write(line + "\n")
-                dst.flush() if dst is sys.stdout else None
+        if raw is not None:
+            total = sum(1 for _ in raw)
+            raw.seek(0)
+            if progress is None:
+                progress = logging.getLogger().getEffectiveLevel() <= logging.INFO  # not --quiet
+            translate_lines(translator, decode_lines(raw, input), dst, progress=progress, total=total, **options)
+        elif sys.stdin.isatty():
+            interactive(translator, sys.stdin, dst, sys.stderr, **options)
         else:
-            lines = [line.rstrip("\r\n") for line in src]
-            for hyps in translator.translate_nbest(lines, beam=beam or max(nbest, translator.cfg.decode.beam),
-                                                   nbest=nbest, max_tokens=max_tokens):
-                fields = [f"{h.score:.4f}\t{h.text}" if scores else h.text for h in hyps]
-                dst.write("\t".join(fields) + "\n")
+            lines = decode_lines(sys.stdin.buffer, "<stdin>")
+            translate_lines(translator, lines, dst, flush=dst is sys.stdout, progress=bool(progress), **options)
     finally:
+        if raw is not None:
+            raw.close()
         if dst is not sys.stdout:
             dst.close()
 
@@ -125,14 +163,72 @@ def evaluate(
 
 @app.command()
 def average(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints to average.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the averaged checkpoint.")],
+    paths: Annotated[list[Path], typer.Argument(help="Checkpoints to average; with --last, one run directory.")],
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="Where to write the averaged checkpoint (with --last, default RUN_DIR/averaged.pt).")] = None,
+    last: Annotated[int, typer.Option(
+        "--last", help="Average the newest N periodic checkpoints (ckpt_<step>.pt) of the run directory given.")] = 0,
 ) -> None:
     """Average the weights of several checkpoints of one run."""
-    from nmt.train.checkpoint import average_checkpoints, save_checkpoint
+    from nmt.train.checkpoint import average_checkpoints, last_checkpoints, save_checkpoint
 
-    save_checkpoint(average_checkpoints(list(checkpoints)), output)
-    typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints)")
+    if last:
+        if len(paths) != 1 or not paths[0].is_dir():
+            raise UserError(f"--last {last} takes one run directory, got {' '.join(map(str, paths))}")
+        checkpoints = last_checkpoints(paths[0], last, exact=True)
+        output = output or paths[0] / "averaged.pt"
+    else:
+        checkpoints = list(paths)
+        if output is None:
+            raise UserError("give --output FILE (or --last N RUN_DIR)")
+    save_checkpoint(average_checkpoints(checkpoints), output)
+    typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {' '.join(p.name for p in checkpoints)})")
+
+
+@app.command()
+def experiment(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    overrides: SetOption = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard an earlier run in run_dir and start over.")] = False,
+    name: Annotated[Optional[str], typer.Option(help="Experiment name (default: the config file's name).")] = None,
+    results: Annotated[Path, typer.Option(help="Folder for <name>.json.")] = Path("results"),
+) -> None:
+    """Train (or resume), score every test set, and write results/<name>.json."""
+    from nmt.config import load_config
+    from nmt.experiment import run_experiment
+
+    cfg = load_config(config, overrides or [])
+    result = run_experiment(cfg, name or config.stem, results_dir=results, restart=restart)
+    for set_name, s in result["test"].items():
+        typer.echo(f"{result['experiment']} {set_name}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
+    typer.echo(f"wrote {results / (result['experiment'] + '.json')}")
+
+
+@app.command()
+def analyze(
+    checkpoints: Annotated[list[str], typer.Option("--checkpoint", "-c", help="NAME=CKPT or CKPT (repeatable).")],
+    split: Annotated[Optional[str], typer.Option(help="Test set of the first checkpoint's config (default: its first).")] = None,
+    src: Annotated[Optional[Path], typer.Option(help="Source file instead of a split.")] = None,
+    ref: Annotated[Optional[Path], typer.Option(help="Reference file instead of a split.")] = None,
+    buckets: Annotated[int, typer.Option(help="Equal-sized source-length buckets.")] = 3,
+    beam: Annotated[Optional[int], typer.Option(help="Beam size (default: each checkpoint's decode.beam).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length PNG here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+) -> None:
+    """BLEU by source length for one or more models on one test set."""
+    from nmt.analysis import analyze_checkpoints, markdown_table, plot_bleu_by_length
+
+    named = dict(c.split("=", 1) if "=" in c else (Path(c).parent.name or c, c) for c in checkpoints)
+    result = analyze_checkpoints(named, split=split, src=src, ref=ref,
+                                 n_buckets=buckets, beam=beam, device=device)
+    if plot is not None:
+        plot_bleu_by_length(result["by_length"], plot, title=f"BLEU by source length ({result['set']})")
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo(f"{result['set']}: overall " + ", ".join(f"{k} {v['bleu']:.2f}" for k, v in result["overall"].items()))
+        typer.echo(markdown_table(result["by_length"]))
 
 
 @app.command("config-reference")
@@ -143,20 +239,26 @@ def config_reference() -> None:
     typer.echo(reference_markdown())
 
 
-def _open_text(path: str):
+def _open_input(path: str):
+    """The input file of `translate`, opened in binary (`decode_lines` decodes it, naming bad lines)."""
     if not Path(path).is_file():
         raise UserError(f"{path}: input file not found")
-    return open(path, encoding="utf-8", errors="strict", newline=None)
+    return open(path, "rb")
 
 
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
+    from nmt.train.faults import Interrupted
+
     try:
         app()
     except UserError as err:
         if _state["debug"]:
             raise
         typer.echo(f"nmt: error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except Interrupted as err:  # SIGINT or SIGTERM during training
+        typer.echo(f"nmt: {err}", err=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         typer.echo("nmt: interrupted", err=True)

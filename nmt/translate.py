@@ -1,13 +1,27 @@
-"""Translation of raw text with a trained model: tokenize, batch, search, detokenize.
+"""Translation of raw text with a trained model (or an ensemble): tokenize, batch, search, detokenize.
 
-`Translator` is the Python API behind `nmt translate` and validation BLEU:
+`Translator` is the Python API behind `nmt translate`, `nmt eval` and validation BLEU:
 
     from nmt import Translator
-    Translator.from_checkpoint("runs/toy_transformer/best.pt").translate(["The man sees the dog."], beam=5)
+
+    translator = Translator.from_checkpoint("runs/multi30k_transformer/best.pt")
+    translator.translate(["Ein Mann fährt Fahrrad."], beam=5)  # ["A man is riding a bike."]
+    translator.translate("Ein Mann fährt Fahrrad.")  # one string in, one string out
+    best = translator.translate_nbest(["Ein Mann fährt Fahrrad."], beam=5, nbest=3, attention=True)
+    best[0][0].log_prob, best[0][0].tokens, best[0][0].attention  # (T_out, S) over best[0][0].src_tokens
+    translator.translate(lines, sampling=Sampling(top_p=0.9, seed=1))  # back-translation
+
+Several checkpoints make an ensemble (`nmt.models.ensemble`):
+`Translator.from_checkpoint(["a.pt", "b.pt"])`.
 
 Input is sorted by length into token-budget batches and put back in input
-order; every input line gives exactly one output (an empty line gives an empty
-line), and streams are translated in bounded chunks.
+order; every input line gives exactly one output (an empty or whitespace-only
+line gives an empty line; a line too long for the model is truncated with a
+warning, never dropped). `translate_stream` reads `chunk_size` lines at a time,
+so memory stays bounded on files of any size. Decoding runs under
+`torch.inference_mode()` and, on a GPU, under bf16 autocast by default.
+
+`translate_lines` and `interactive` are the file and terminal drivers of `nmt translate`.
 """
 
 from __future__ import annotations
@@ -17,121 +31,348 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import TextIO, overload
 
 import torch
 
-from nmt.config import DecodeConfig, ExperimentConfig
+from nmt.config import ExperimentConfig
 from nmt.data.batching import inference_batches
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from nmt.decode import search
-from nmt.runtime import inference, pick_device
+from nmt.decode import Hypothesis, Sampling, StepFn, search
+from nmt.decode.sampling import make_sample_step
+from nmt.errors import CheckpointError, UserError
+from nmt.runtime import autocast, inference, pick_device
 from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 log = logging.getLogger(__name__)
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+"""`auto`: bf16 on a CUDA device that supports it, fp32 everywhere else."""
+
 
 @dataclass
 class Translation:
-    """One hypothesis for one input line."""
+    """One hypothesis for one input line.
+
+    Attributes:
+        text: the detokenized translation.
+        score: what hypotheses are ranked by (log_prob over the GNMT length penalty).
+        log_prob: log P(translation | source): the sum of token log-probabilities, EOS included.
+        tokens: target subwords, without the final EOS.
+        src_tokens: source subwords the model read, with the final "</s>".
+        attention: weights of each output step (EOS included) over `src_tokens`,
+            (len(tokens) + 1, len(src_tokens)); None unless requested.
+    """
 
     text: str
-    score: float  # length-penalised log-probability used for ranking
-    log_prob: float  # sum of token log-probabilities
-    tokens: list[str]  # target subwords
-    attention: torch.Tensor | None = None  # (T_out, S) over source subwords incl. EOS
+    score: float
+    log_prob: float
+    tokens: list[str]
+    src_tokens: list[str]
+    attention: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Resolved search settings for one call (one sampling generator for a whole stream)."""
+
+    beam: int
+    nbest: int
+    length_penalty: float
+    budget: int  # source tokens per batch (max_tokens / beam)
+    attention: bool
+    cached: bool
+    step_fn: StepFn | None
 
 
 class Translator:
-    """A model with its tokenizer and decoding settings."""
+    """A model (or `Ensemble`) with its tokenizer, decoding defaults, device and precision.
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, cfg: ExperimentConfig, device: torch.device) -> None:
+    Args:
+        model: any `nmt.models.contract.Seq2Seq`.
+        tokenizer: the sentencepiece models the model was trained with.
+        cfg: the experiment config; its `decode` section gives the defaults.
+        device: where the model runs.
+        precision: one of `PRECISIONS`; autocast dtype for the search.
+
+    Attributes:
+        max_src_len: longest source (subwords incl. EOS); longer lines are truncated.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Tokenizer, cfg: ExperimentConfig, device: torch.device,
+        *, precision: str = "fp32",
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise UserError(f"precision ({precision!r}) must be one of {PRECISIONS}")
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.device = device
+        self.precision = _resolve_precision(precision, device)
         self.max_src_len = _max_source_length(cfg)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> Translator:
-        """Load everything needed from the checkpoint alone."""
-        dev = pick_device(device)
-        model, tokenizer, cfg = model_from_checkpoint(load_checkpoint(path, map_location="cpu"), dev)
-        return cls(model, tokenizer, cfg, dev)
+    def from_checkpoint(
+        cls, path: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto"
+    ) -> Translator:
+        """Load everything needed from the checkpoint(s) alone.
 
-    def translate(self, lines: Sequence[str], *, beam: int | None = None, **options) -> list[str]:
-        """Best translation of each line, in input order."""
-        return [nbest[0].text for nbest in self.translate_nbest(lines, beam=beam, **options)]
+        Args:
+            path: one checkpoint, or several to ensemble (they must share the
+                tokenizer; decoding defaults come from the first).
+            device: "auto", "cpu", "cuda" or "mps".
+            precision: one of `PRECISIONS`.
+
+        Raises:
+            CheckpointError: a checkpoint is missing or unreadable, or ensemble
+                members have different tokenizers.
+        """
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:
+            raise UserError("no checkpoint given")
+        dev = pick_device(device)
+        loaded = [model_from_checkpoint(load_checkpoint(p, map_location="cpu"), dev) for p in paths]
+        model, tokenizer, cfg = loaded[0]
+        if len(loaded) > 1:
+            from nmt.models.ensemble import Ensemble
+
+            for p, (_, other, _) in zip(paths[1:], loaded[1:]):
+                if other.to_state() != tokenizer.to_state():
+                    raise CheckpointError(f"{p}: its sentencepiece models differ from those of {paths[0]}; "
+                                          "ensemble members must share one vocabulary")
+            model = Ensemble(members=[m for m, _, _ in loaded])
+        translator = cls(model, tokenizer, cfg, dev, precision=precision)
+        translator.max_src_len = min(_max_source_length(c) for _, _, c in loaded)
+        return translator
+
+    def set_attention(self, *, layer: int = -1, head: int | None = None) -> None:
+        """Choose whose cross-attention a Transformer returns: a decoder layer and a head (None: their mean).
+
+        RNN attention has a single distribution and ignores this.
+
+        Raises:
+            UserError: a layer or head outside the model.
+        """
+        for member in getattr(self.model, "members", [self.model]):
+            if not hasattr(member, "attn_layer"):
+                continue
+            layers, heads = len(member.decoder.layers), member.decoder.layers[0].cross_attn.heads
+            if not -layers <= layer < layers:
+                raise UserError(f"attention layer ({layer}) must be in [{-layers}, {layers - 1}]")
+            if head is not None and not 0 <= head < heads:
+                raise UserError(f"attention head ({head}) must be in [0, {heads - 1}] or None (mean)")
+            member.attn_layer, member.attn_head = layer, head
+
+    @overload
+    def translate(self, lines: str, **options) -> str: ...
+    @overload
+    def translate(self, lines: Iterable[str], **options) -> list[str]: ...
+
+    def translate(self, lines, **options):
+        """Best translation of each line, in input order; a single string gives a single string.
+
+        `options` are those of `translate_nbest`.
+        """
+        if isinstance(lines, str):
+            return self.translate([lines], **options)[0]
+        return [nbest[0].text for nbest in self.translate_nbest(lines, **options)]
 
     def translate_nbest(
         self,
-        lines: Sequence[str],
+        lines: Iterable[str],
         *,
         beam: int | None = None,
         nbest: int = 1,
         length_penalty: float | None = None,
         max_tokens: int | None = None,
-        need_attn: bool = False,
+        sampling: Sampling | None = None,
+        attention: bool = False,
+        cached: bool = True,
     ) -> list[list[Translation]]:
         """The `nbest` best translations of each line (best first), in input order.
 
-        Settings left as None come from the checkpoint's `decode` section.
+        Args:
+            lines: source sentences.
+            beam: beam size; None: the checkpoint's `decode.beam`, or `nbest` if larger (1 when sampling).
+            nbest: hypotheses per line, at most `beam`.
+            length_penalty: GNMT alpha; None: the checkpoint's.
+            max_tokens: batch budget in source tokens times beam; None: the checkpoint's.
+            sampling: sample (temperature, top-k, top-p, seed) instead of searching.
+            attention: fill `Translation.attention`.
+            cached: incremental decoding (False recomputes every prefix; for benchmarks).
+
+        Raises:
+            UserError: nbest > beam, or sampling with beam > 1.
         """
-        d: DecodeConfig = self.cfg.decode
-        beam = beam or d.beam
-        if nbest > beam:
-            raise ValueError(f"nbest ({nbest}) cannot exceed beam ({beam})")
-        ids = self._encode(lines)
-        results: list[list[Translation]] = [[_empty()] * nbest for _ in lines]
-        todo = [i for i, seq in enumerate(ids) if len(seq) > 1]  # only EOS: an empty line
-        budget = max(1, (max_tokens or d.max_tokens) // beam)
-        with inference(self.model):
-            for chunk in inference_batches([len(ids[i]) for i in todo], budget):
-                rows = [todo[j] for j in chunk]
-                src, mask = _pad([ids[i] for i in rows], self.device)
-                hyps = search(
-                    self.model,
-                    src,
-                    mask,
-                    beam=beam,
-                    nbest=nbest,
-                    length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-                    max_len_a=d.max_len_a,
-                    max_len_b=d.max_len_b,
-                    need_attn=need_attn,
-                )
-                for row, sentence_hyps in zip(rows, hyps):
-                    results[row] = [self._finish(h) for h in sentence_hyps]
-        return results
+        return self._translate(lines, self._plan(beam, nbest, length_penalty, max_tokens, sampling,
+                                                 attention, cached))
 
     def translate_stream(self, lines: Iterable[str], *, chunk_size: int = 2000, **options) -> Iterator[str]:
-        """Translate a (possibly endless) stream in chunks, yielding outputs in order."""
-        it = iter(lines)
-        while chunk := list(islice(it, chunk_size)):
-            yield from self.translate([line.rstrip("\r\n") for line in chunk], **options)
+        """Translate a (possibly endless) stream `chunk_size` lines at a time, yielding outputs in order."""
+        for nbest in self.translate_stream_nbest(lines, chunk_size=chunk_size, **options):
+            yield nbest[0].text
 
-    def _encode(self, lines: Sequence[str]) -> list[list[int]]:
-        cleaned = [" ".join(line.split()) for line in lines]  # control characters and odd spacing
+    def translate_stream_nbest(
+        self, lines: Iterable[str], *, chunk_size: int = 2000, beam: int | None = None, nbest: int = 1,
+        length_penalty: float | None = None, max_tokens: int | None = None, sampling: Sampling | None = None,
+        attention: bool = False, cached: bool = True,
+    ) -> Iterator[list[Translation]]:
+        """`translate_nbest` over a stream: at most `chunk_size` lines are held at a time.
+
+        Line endings ("\\n", "\\r\\n") are stripped; a seeded sampler continues across chunks.
+        """
+        if chunk_size < 1:
+            raise UserError(f"chunk_size ({chunk_size}) must be at least 1")
+        plan = self._plan(beam, nbest, length_penalty, max_tokens, sampling, attention, cached)
+        it, first = iter(lines), 1
+        while chunk := list(islice(it, chunk_size)):
+            yield from self._translate([line.rstrip("\r\n") for line in chunk], plan, first_line=first)
+            first += len(chunk)
+
+    def _plan(self, beam: int | None, nbest: int, length_penalty: float | None, max_tokens: int | None,
+              sampling: Sampling | None, attention: bool, cached: bool) -> _Plan:
+        d = self.cfg.decode
+        beam = beam or (1 if sampling is not None else max(d.beam, nbest))
+        if nbest > beam:
+            raise UserError(f"nbest ({nbest}) cannot exceed beam ({beam})")
+        if sampling is not None and beam != 1:
+            raise UserError(f"sampling draws one translation per line; beam ({beam}) must be 1")
+        return _Plan(
+            beam=beam, nbest=nbest, attention=attention, cached=cached,
+            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+            budget=max(1, (max_tokens or d.max_tokens) // beam),
+            step_fn=None if sampling is None else make_sample_step(sampling, self.device),
+        )
+
+    def _translate(self, lines: Iterable[str], plan: _Plan, first_line: int = 1) -> list[list[Translation]]:
+        lines = list(lines)  # a generator is read once
+        ids = self._encode(lines, first_line)
+        results = [[_empty() for _ in range(plan.nbest)] for _ in lines]
+        todo = [i for i, seq in enumerate(ids) if len(seq) > 1]  # only EOS: an empty line
+        d = self.cfg.decode
+        with inference(self.model), autocast(self.device, self.precision):
+            for chunk in inference_batches([len(ids[i]) for i in todo], plan.budget):
+                rows = [todo[j] for j in chunk]
+                src, mask = _pad([ids[i] for i in rows], self.device)
+                hyps = search(self.model, src, mask, beam=plan.beam, nbest=plan.nbest,
+                              length_penalty=plan.length_penalty, max_len_a=d.max_len_a,
+                              max_len_b=d.max_len_b, need_attn=plan.attention, cached=plan.cached,
+                              step_fn=plan.step_fn)
+                for row, sentence_hyps in zip(rows, hyps):
+                    results[row] = [self._finish(h, ids[row]) for h in sentence_hyps]
+        return results
+
+    def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
+        """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space."""
+        cleaned = [" ".join(line.split()) for line in lines]
         encoded = self.tokenizer.encode_src(cleaned)
         out = []
-        for n, seq in enumerate(encoded):
+        for n, seq in enumerate(encoded, start=first_line):
             if len(seq) + 1 > self.max_src_len:
-                log.warning("line %d has %d subwords; truncated to %d", n + 1, len(seq), self.max_src_len - 1)
+                log.warning("line %d has %d subwords; truncated to the model's limit of %d",
+                            n, len(seq), self.max_src_len - 1)
                 seq = seq[: self.max_src_len - 1]
             out.append(seq + [EOS_ID])
         return out
 
-    def _finish(self, hyp) -> Translation:
+    def _finish(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         return Translation(
             text=self.tokenizer.decode_tgt([hyp.tokens])[0],
             score=hyp.score,
             log_prob=hyp.log_prob,
             tokens=self.tokenizer.tgt_pieces(hyp.tokens),
-            attention=hyp.attention,
+            src_tokens=self.tokenizer.src_pieces(src_ids),
+            attention=None if hyp.attention is None else hyp.attention.float().cpu(),
         )
 
 
+# --------------------------------------------------------------------------- drivers of `nmt translate`
+
+
+def translate_lines(
+    translator: Translator, lines: Iterable[str], out: TextIO, *, nbest: int = 1, scores: bool = False,
+    plot_dir: str | Path | None = None, progress: bool = False, total: int | None = None,
+    chunk_size: int = 2000, flush: bool = False, **options,
+) -> int:
+    """Translate `lines` and write one output line per input line to `out`.
+
+    Each output line holds the `nbest` translations, tab-separated, each preceded
+    by its log-probability and a tab when `scores` is set. With `plot_dir`, the
+    best translation of input line n (from 1) is drawn to `plot_dir/n.png`.
+
+    Args:
+        translator: the model.
+        lines: input lines (streamed, `chunk_size` at a time).
+        out: where translations go.
+        progress: show a tqdm bar on stderr (never on `out`), of `total` lines if known.
+        flush: flush `out` after every line (for pipes and terminals).
+        options: search settings, as for `Translator.translate_stream_nbest`.
+
+    Returns:
+        The number of lines written.
+    """
+    from tqdm import tqdm
+
+    plot_path = Path(plot_dir) if plot_dir is not None else None
+    if plot_path is not None:
+        plot_path.mkdir(parents=True, exist_ok=True)
+    stream = translator.translate_stream_nbest(lines, chunk_size=chunk_size, nbest=nbest,
+                                               attention=plot_path is not None, **options)
+    n = 0
+    with tqdm(total=total, unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+        for n, hyps in enumerate(stream, start=1):
+            out.write(format_nbest(hyps, scores=scores) + "\n")
+            if flush:
+                out.flush()
+            if plot_path is not None and hyps[0].attention is not None:
+                _plot(hyps[0], plot_path / f"{n}.png", n)
+            bar.update(1)
+    return n
+
+
+def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:
+    """One output line: the translations tab-separated, each after its log-probability with `scores`."""
+    texts = [" ".join(h.text.split()) for h in hyps]  # an output line never holds a line break
+    if scores:
+        return "\t".join(f"{h.log_prob:.4f}\t{t}" for h, t in zip(hyps, texts))
+    return "\t".join(texts)
+
+
+PROMPT = "> "
+
+
+def interactive(translator: Translator, stdin: TextIO, out: TextIO, prompt_to: TextIO, **options) -> int:
+    """Prompt on `prompt_to`, translate each line as it is typed onto `out`, until end of input.
+
+    `options` are those of `translate_lines` (chunk_size is 1). Returns the number of lines.
+    """
+
+    def typed() -> Iterator[str]:
+        while True:
+            prompt_to.write(PROMPT)
+            prompt_to.flush()
+            line = stdin.readline()
+            if not line:
+                prompt_to.write("\n")
+                return
+            yield line
+
+    return translate_lines(translator, typed(), out, chunk_size=1, flush=True, **options)
+
+
+def _plot(hyp: Translation, path: Path, line: int) -> None:
+    from nmt.plot import plot_attention
+
+    plot_attention(hyp.attention, hyp.src_tokens, [*hyp.tokens, "</s>"], path,
+                   title=f"line {line}  log P = {hyp.log_prob:.2f}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
 def _empty() -> Translation:
-    return Translation(text="", score=0.0, log_prob=0.0, tokens=[])
+    return Translation(text="", score=0.0, log_prob=0.0, tokens=[], src_tokens=[])
 
 
 def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +383,14 @@ def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
         src[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     src = src.to(device)
     return src, src.eq(PAD_ID)
+
+
+def _resolve_precision(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
 
 
 def _max_source_length(cfg: ExperimentConfig) -> int:

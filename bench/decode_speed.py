@@ -1,0 +1,130 @@
+"""Decoding speed of a checkpoint: greedy and beam search, with and without incremental caches.
+
+    python bench/decode_speed.py CHECKPOINT FILE [--limit N] [--beam 5] [--threads T] [--device cpu]
+
+FILE holds one source sentence per line (plain text or .gz). Each setting
+translates the same lines through `Translator.translate_nbest` (tokenization,
+length-sorted token-budget batches, search, detokenization), after a short
+warm-up. Prints sentences/s, target tokens/s (output subwords, EOS included),
+wall time and peak memory: resident set size sampled every 5 ms on CPU,
+`torch.cuda.max_memory_allocated` on CUDA. `cached` uses `decode_step` with KV
+caches; `uncached` recomputes the decoder over the whole prefix at each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from nmt.translate import Translator
+
+SETTINGS = [("greedy", 1, True), ("greedy", 1, False), ("beam", None, True), ("beam", None, False)]
+
+
+class PeakRSS:
+    """Peak resident memory (MiB) of this process while the block runs, sampled every 5 ms."""
+
+    def __enter__(self) -> PeakRSS:
+        self.peak, self._stop = _rss_mib(), threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss_mib())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mib())
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:  # not Linux: the lifetime peak is the best there is
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+
+
+def read_lines(path: str, limit: int) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:limit] if limit else lines
+
+
+def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: bool, max_tokens: int | None) -> dict:
+    device = translator.device
+    translator.translate_nbest(lines[:16], beam=beam, cached=cached, max_tokens=max_tokens)  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    with PeakRSS() as rss:
+        start = time.perf_counter()
+        out = translator.translate_nbest(lines, beam=beam, cached=cached, max_tokens=max_tokens)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    tokens = sum(len(n[0].tokens) + 1 for n in out if n[0].text or n[0].tokens)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else rss.peak
+    return {"sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds, "seconds": seconds,
+            "target_tokens": tokens, "peak_mem_mib": peak, "mem": "cuda_max_allocated" if device.type == "cuda" else "rss",
+            "outputs": [n[0].text for n in out]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("file", help="source sentences, one per line (.gz allowed)")
+    parser.add_argument("--limit", type=int, default=0, help="first N lines only (0: all)")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--max-tokens", type=int, default=None, help="batch budget (default: the checkpoint's)")
+    parser.add_argument("--only", choices=["greedy", "beam"], default=None, help="run one search only")
+    parser.add_argument("--cached-only", action="store_true", help="skip the (slow) uncached runs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=args.precision)
+    lines = read_lines(args.file, args.limit)
+    print(f"{len(lines)} sentences from {args.file}; device {translator.device}, precision {translator.precision}, "
+          f"{torch.get_num_threads()} threads, max_tokens {args.max_tokens or translator.cfg.decode.max_tokens}")
+    print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'tokens':>7} {'peak MiB':>9}")
+    results = {}
+    for name, beam, cached in SETTINGS:
+        if (args.only and name != args.only) or (args.cached_only and not cached):
+            continue
+        beam = beam or args.beam
+        r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens)
+        key = f"{name}{beam}_{'cached' if cached else 'uncached'}"
+        results[key] = r
+        print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "
+              f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f}",
+              flush=True)
+    for name in ("greedy1", f"beam{args.beam}"):
+        c, u = results.get(f"{name}_cached"), results.get(f"{name}_uncached")
+        if c and u:
+            same = sum(a == b for a, b in zip(c["outputs"], u["outputs"]))
+            print(f"{name}: cached is {u['seconds'] / c['seconds']:.2f}x faster than uncached "
+                  f"({same}/{len(lines)} identical outputs)")
+    if args.json:
+        args.json.write_text(json.dumps({k: {m: v for m, v in r.items() if m != "outputs"}
+                                         for k, r in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Attention heatmaps: one PNG per sentence, source subwords across, target subwords down.
+
+matplotlib is the optional `plot` extra (`pip install 'nmt[plot]'`; `make
+install` includes it) and is imported only when a plot is drawn. The figure is
+drawn on an Agg canvas of its own, never through `pyplot`, so plotting neither
+changes the caller's matplotlib backend nor keeps figures alive.
+
+The image size follows from the token counts alone (`figure_size`), never from
+a "tight" bounding box, so it is predictable: 0.3 inch per token plus fixed
+margins for the labels, the colour bar and the title, at `DPI` dots per inch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from nmt.errors import UserError
+
+DPI = 100
+"""Resolution of the written PNGs."""
+_CELL = 0.3  # inches per token
+_LEFT, _RIGHT = 1.6, 1.0  # inches: target labels; colour bar
+_TOP, _BOTTOM = 1.4, 0.4  # inches: source labels (rotated); title
+
+
+def figure_size(n_src: int, n_tgt: int) -> tuple[float, float]:
+    """(width, height) in inches of the plot of an (n_tgt, n_src) attention matrix."""
+    return _LEFT + _CELL * n_src + _RIGHT, _TOP + _CELL * n_tgt + _BOTTOM
+
+
+def image_size(n_src: int, n_tgt: int) -> tuple[int, int]:
+    """(width, height) in pixels of the PNG `plot_attention` writes."""
+    width, height = figure_size(n_src, n_tgt)
+    return round(width * DPI), round(height * DPI)
+
+
+def plot_attention(
+    attention: torch.Tensor,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | Path,
+    *,
+    title: str | None = None,
+) -> Path:
+    """Write a heatmap of `attention` to `path` (PNG).
+
+    Args:
+        attention: weights of each target token over the source tokens, (T, S).
+        src_tokens: the S source labels (x axis, left to right).
+        tgt_tokens: the T target labels (y axis, top to bottom).
+        path: the PNG to write; its folder must exist.
+        title: drawn above the heatmap.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: the labels do not match the shape of `attention`.
+        UserError: matplotlib is not installed.
+    """
+    T, S = attention.shape
+    if T < 1 or S < 1 or (len(tgt_tokens), len(src_tokens)) != (T, S):
+        raise ValueError(f"attention {tuple(attention.shape)} needs {T} target and {S} source labels, "
+                         f"got {len(tgt_tokens)} and {len(src_tokens)}")
+    Figure, FigureCanvasAgg = _matplotlib()
+    w, h = figure_size(S, T)
+    fig = Figure(figsize=(w, h), dpi=DPI)
+    FigureCanvasAgg(fig)
+    # Axes placed by hand, in fractions of the figure, so the layout never depends on the labels.
+    ax = fig.add_axes((_LEFT / w, _BOTTOM / h, _CELL * S / w, _CELL * T / h))
+    image = ax.imshow(attention.detach().float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
+                      aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(S), labels=list(src_tokens), rotation=90, fontsize=8)
+    ax.set_yticks(range(T), labels=list(tgt_tokens), fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_xlabel("source")
+    ax.xaxis.set_label_position("top")
+    ax.set_ylabel("target")
+    colorbar = fig.add_axes(((_LEFT + _CELL * S + 0.2) / w, _BOTTOM / h, 0.15 / w, _CELL * T / h))
+    fig.colorbar(image, cax=colorbar)
+    if title:
+        fig.text(0.1 / w, 0.1 / h, title, fontsize=8)
+    path = Path(path)
+    fig.savefig(path, format="png", dpi=DPI)
+    return path
+
+
+def _matplotlib():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("attention plots need matplotlib: pip install 'nmt[plot]' (make install includes it)") from None
+    return Figure, FigureCanvasAgg

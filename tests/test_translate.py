@@ -1,0 +1,296 @@
+"""Translator, its file and terminal drivers, and `nmt translate`, on tiny real checkpoints.
+
+The `checkpoints` models are randomly initialised: their translations are
+nonsense, but long and varied, which is what batching, ordering, truncation,
+n-best, ensembles and attention plots need to be exercised.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.config import config_from_dict
+from nmt.decode import Sampling
+from nmt.errors import CheckpointError, UserError
+from nmt.plot import image_size
+from nmt.translate import Translator, format_nbest, interactive, translate_lines
+from tests.conftest import tiny_config_dict
+
+runner = CliRunner()
+KINDS = ["transformer", "rnn"]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(small_corpus, tmp_path_factory) -> dict[str, Path]:
+    """Checkpoints of a seeded, randomly initialised tiny Transformer (max_positions 128) and
+    tiny LSTM Luong RNN, with a sentencepiece model trained on `small_corpus`."""
+    from nmt.config import config_to_dict
+    from nmt.data.tokenizer import PAD_ID, train_tokenizer
+    from nmt.models import build_model
+    from nmt.train.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("translate_ckpts")
+    out = {}
+    for kind in KINDS:
+        d = tiny_config_dict(small_corpus, root / kind, model_type=kind)
+        d["model"]["transformer"]["max_positions"] = 128
+        d["model"]["rnn"]["cell"] = "lstm"
+        cfg = config_from_dict(d)
+        en, de = ((small_corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))
+        tokenizer = train_tokenizer(cfg.tokenizer, en, de)
+        torch.manual_seed(0)
+        model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size,
+                            tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID)
+        out[kind] = root / f"{kind}.pt"
+        save_checkpoint({"config": config_to_dict(cfg), "tokenizer": tokenizer.to_state(),
+                         "model": model.state_dict()}, out[kind])
+    return out
+
+
+@pytest.fixture(scope="session")
+def translators(checkpoints) -> dict[str, Translator]:
+    return {kind: Translator.from_checkpoint(path, device="cpu") for kind, path in checkpoints.items()}
+
+
+@pytest.fixture(scope="session")
+def sources(small_corpus) -> list[str]:
+    return (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:8]
+
+
+# --------------------------------------------------------------------------- Translator
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batch_equals_one_by_one_and_order_is_kept(translators, sources, kind):
+    tr = translators[kind]
+    together = tr.translate_nbest(sources, beam=3, nbest=3)
+    for line, hyps in zip(sources[:5], together, strict=False):
+        alone = tr.translate_nbest([line], beam=3, nbest=3, max_tokens=10_000)[0]
+        assert [h.text for h in hyps] == [h.text for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-4)
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    # a budget that forces one sentence per batch gives the same, in input order
+    assert tr.translate(sources, beam=3, max_tokens=1) == [hyps[0].text for hyps in together]
+
+
+def test_awkward_lines_each_give_exactly_one_output(translators, caplog):
+    tr = translators["transformer"]
+    long_line = " ".join(["the man sees the dog"] * 60)  # far beyond 128 positions
+    lines = ["the dog runs .", "", "   \t ", "a\x00b\x07c\x1b[0m d", "zürich ☃ 東京 ∮", long_line, "\x0c\x0b", "the cat ."]
+    with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+        out = tr.translate_nbest(lines, beam=2, nbest=2)
+    assert len(out) == len(lines)
+    assert out[1][0].text == "" and out[2][0].text == "" and out[6][0].text == ""
+    assert len(out[1]) == 2  # empty lines fill every n-best column
+    assert "line 6 has" in caplog.text and "truncated" in caplog.text
+    assert len(out[5][0].src_tokens) == tr.max_src_len  # truncated, EOS included, translated
+    assert all("\n" not in format_nbest(h) for h in out)
+    assert tr.translate(lines, beam=2) == [h[0].text for h in out]
+
+
+def test_single_string_in_single_string_out(translators):
+    tr = translators["transformer"]
+    assert tr.translate("the dog runs .", beam=2) == tr.translate(["the dog runs ."], beam=2)[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stream_equals_translate_and_is_bounded(translators, sources, kind):
+    tr = translators[kind]
+    lines = [*sources[:4], "", *sources[4:6]]
+    consumed = []
+
+    def generator():
+        for i, line in enumerate(lines):
+            consumed.append(i)
+            yield line + "\n"
+
+    stream = tr.translate_stream(generator(), chunk_size=4, beam=2)
+    first = next(stream)
+    assert len(consumed) == 4  # only the first chunk was read
+    assert [first, *stream] == tr.translate(lines, beam=2)
+
+
+def test_sampling_is_reproducible_with_a_seed(translators, sources):
+    tr = translators["transformer"]
+    s = Sampling(temperature=1.5, seed=3)
+    a, b = tr.translate(sources, sampling=s), tr.translate(sources, sampling=s)
+    assert a == b
+    assert a != tr.translate(sources, sampling=Sampling(temperature=1.5, seed=4))
+    with pytest.raises(UserError, match="beam"):
+        tr.translate(sources, beam=2, sampling=s)
+    with pytest.raises(UserError, match="nbest"):
+        tr.translate_nbest(sources, beam=2, nbest=3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_covers_source_and_output(translators, sources, kind):
+    hyp = translators[kind].translate_nbest(sources[:2], beam=2, attention=True)[0][0]
+    assert hyp.src_tokens[-1] == "</s>"
+    assert hyp.attention.shape == (len(hyp.tokens) + 1, len(hyp.src_tokens))
+    torch.testing.assert_close(hyp.attention.sum(-1), torch.ones(len(hyp.tokens) + 1), atol=1e-4, rtol=0)
+
+
+def test_transformer_attention_layer_and_head(translators, sources):
+    tr = translators["transformer"]
+    try:
+        mean = tr.translate_nbest(sources[:1], beam=1, attention=True)[0][0].attention
+        tr.set_attention(layer=0, head=1)
+        head = tr.translate_nbest(sources[:1], beam=1, attention=True)[0][0].attention
+        assert head.shape == mean.shape and not torch.allclose(head, mean)
+        with pytest.raises(UserError, match="head"):
+            tr.set_attention(head=7)
+        with pytest.raises(UserError, match="layer"):
+            tr.set_attention(layer=3)
+    finally:
+        tr.set_attention()
+
+
+def test_bf16_autocast_runs(checkpoints, sources):
+    tr = Translator.from_checkpoint(checkpoints["transformer"], device="cpu", precision="bf16")
+    assert tr.precision == "bf16"
+    out = tr.translate_nbest(sources[:3], beam=2, attention=True)
+    assert len(out) == 3 and out[0][0].attention.dtype == torch.float32
+    assert Translator.from_checkpoint(checkpoints["rnn"], device="cpu").precision == "fp32"  # auto on CPU
+
+
+def test_uncached_gives_the_same_translations(translators, sources):
+    tr = translators["transformer"]
+    assert tr.translate(sources, beam=3, cached=False) == tr.translate(sources, beam=3)
+
+
+# --------------------------------------------------------------------------- ensembles
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ensemble_of_one_and_of_two_equal_models_is_the_model(checkpoints, translators, sources, kind):
+    single = translators[kind].translate_nbest(sources, beam=3, nbest=2)
+    for paths in ([checkpoints[kind]], [checkpoints[kind]] * 2):
+        ens = Translator.from_checkpoint(paths, device="cpu").translate_nbest(sources, beam=3, nbest=2)
+        assert [[h.text for h in n] for n in ens] == [[h.text for h in n] for n in single]
+        assert [h.log_prob for n in ens for h in n] == pytest.approx([h.log_prob for n in single for h in n], abs=1e-4)
+
+
+def test_mixed_ensemble_runs_with_attention(checkpoints, sources):
+    tr = Translator.from_checkpoint([checkpoints["transformer"], checkpoints["rnn"]], device="cpu")
+    hyp = tr.translate_nbest(sources[:2], beam=2, attention=True)[0][0]
+    assert hyp.attention.shape == (len(hyp.tokens) + 1, len(hyp.src_tokens))
+    assert tr.translate(sources[:3], beam=2, cached=False) == tr.translate(sources[:3], beam=2)
+
+
+def test_ensemble_with_another_vocabulary_is_refused(checkpoints, small_corpus, tmp_path):
+    from nmt.config import TokenizerConfig
+    from nmt.data.tokenizer import train_tokenizer
+    from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(checkpoints["transformer"])
+    text = (small_corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    other = train_tokenizer(TokenizerConfig(vocab_size=200), text, text[::-1])  # same size, other pieces
+    save_checkpoint({**payload, "tokenizer": other.to_state()}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="share one vocabulary"):
+        Translator.from_checkpoint([checkpoints["transformer"], tmp_path / "other.pt"], device="cpu")
+
+
+# --------------------------------------------------------------------------- drivers and plots
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk of a PNG."""
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_plots_have_the_expected_size(translators, tmp_path, kind):
+    tr = translators[kind]
+    lines = ["the man sees the dog .", "", "the woman runs ."]
+    out = io.StringIO()
+    assert translate_lines(tr, lines, out, plot_dir=tmp_path / "plots", beam=2) == 3
+    assert out.getvalue().count("\n") == 3
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["1.png", "3.png"]
+    hyp = tr.translate_nbest(lines[:1], beam=2)[0][0]
+    expected = image_size(len(hyp.src_tokens), len(hyp.tokens) + 1)
+    assert png_size(tmp_path / "plots" / "1.png") == expected
+
+
+def test_interactive_prompts_on_its_own_stream(translators):
+    tr = translators["transformer"]
+    out, prompts = io.StringIO(), io.StringIO()
+    n = interactive(tr, io.StringIO("the dog runs .\n\nthe cat .\n"), out, prompts, beam=2)
+    assert n == 3
+    assert out.getvalue().splitlines() == tr.translate(["the dog runs .", "", "the cat ."], beam=2)
+    assert prompts.getvalue() == "> > > > \n"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def cli(*args: str, input: str | None = None):
+    result = runner.invoke(app, list(args), input=input)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_cli_scores_and_nbest(checkpoints, sources):
+    ckpt = str(checkpoints["transformer"])
+    text = "\n".join([sources[0], "", sources[1]]) + "\n"
+    out = cli("translate", "-c", ckpt, "--beam", "3", "--nbest", "2", "--scores", input=text).stdout
+    rows = out.split("\n")
+    assert len(rows) == 4 and rows[-1] == ""
+    fields = rows[0].split("\t")
+    assert len(fields) == 4 and float(fields[0]) < 0 and float(fields[2]) < 0
+    assert rows[1] == "0.0000\t\t0.0000\t"
+    plain = cli("translate", "-c", ckpt, "--beam", "3", input=text).stdout.split("\n")
+    assert plain[0] == fields[1]  # the best hypothesis, without scores
+
+
+def test_cli_attention_plot_progress_and_ensemble(checkpoints, sources, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(sources[:3]) + "\n", encoding="utf-8")
+    ckpt = str(checkpoints["rnn"])
+    result = cli("translate", "-c", ckpt, "-c", ckpt, "-i", str(src), "--attention-plot", str(tmp_path / "att"),
+                 "--progress")
+    assert len(result.stdout.splitlines()) == 3
+    assert "3/3" in result.stderr and "3/3" not in result.stdout
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["1.png", "2.png", "3.png"]
+
+
+def test_cli_sampling_with_a_seed_is_reproducible(checkpoints, sources):
+    ckpt, text = str(checkpoints["transformer"]), "\n".join(sources) + "\n"
+    args = ["translate", "-c", ckpt, "--sample", "--temperature", "1.5", "--top-p", "0.95"]
+    a = cli(*args, "--seed", "1", input=text).stdout
+    assert a == cli(*args, "--seed", "1", input=text).stdout
+    assert a != cli(*args, "--seed", "2", input=text).stdout
+    bad = runner.invoke(app, ["translate", "-c", ckpt, "--top-k", "5"], input=text)
+    assert bad.exit_code != 0 and "need --sample" in str(bad.exception)
+
+
+def test_cli_names_the_line_of_invalid_utf8(checkpoints):
+    result = runner.invoke(app, ["translate", "-c", str(checkpoints["rnn"])], input=b"the dog .\n\xff\xfe\n")
+    assert isinstance(result.exception, UserError) and "<stdin>:2: invalid UTF-8" in str(result.exception)
+
+
+def test_import_nmt_is_light_and_exports_the_api():
+    import subprocess
+    import sys
+
+    code = ("import sys, nmt; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from nmt import Sampling, Translation, Translator; print(Translator.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "nmt.translate"
+
+
+def test_cli_missing_input_file_is_a_user_error(checkpoints, tmp_path):
+    result = runner.invoke(app, ["translate", "-c", str(checkpoints["rnn"]), "-i", str(tmp_path / "no.txt"),
+                                 "-o", str(tmp_path / "out.txt")])
+    assert isinstance(result.exception, UserError) and "input file not found" in str(result.exception)
+    assert not (tmp_path / "out.txt").exists()
