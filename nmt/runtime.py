@@ -35,9 +35,9 @@ def pick_device(name: str = "auto") -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+        raise UserError("device 'cuda' (train.device or --device): no CUDA device is available; use 'auto' or 'cpu'")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserError("train.device is 'mps' but MPS is not available; use 'auto' or 'cpu'")
+        raise UserError("device 'mps' (train.device or --device): MPS is not available; use 'auto' or 'cpu'")
     if name == "cuda":
         return torch.device("cuda", local_rank())
     return torch.device(name)

@@ -132,7 +132,7 @@ class Translator:
         if not paths:
             raise UserError("no checkpoint given")
         dev = pick_device(device)
-        loaded = [model_from_checkpoint(load_checkpoint(p, map_location="cpu"), dev) for p in paths]
+        loaded = [model_from_checkpoint(load_checkpoint(p, map_location="cpu"), dev, source=p) for p in paths]
         model, tokenizer, cfg = loaded[0]
         if len(loaded) > 1:
             from nmt.models.ensemble import Ensemble
@@ -233,6 +233,8 @@ class Translator:
     def _plan(self, beam: int | None, nbest: int, length_penalty: float | None, max_tokens: int | None,
               sampling: Sampling | None, attention: bool, cached: bool) -> _Plan:
         d = self.cfg.decode
+        if (beam is not None and beam < 1) or nbest < 1:
+            raise UserError(f"beam ({beam}) and nbest ({nbest}) must be at least 1")
         beam = beam or (1 if sampling is not None else max(d.beam, nbest))
         if nbest > beam:
             raise UserError(f"nbest ({nbest}) cannot exceed beam ({beam})")

@@ -33,11 +33,9 @@ from tests.conftest import tiny_config_dict
 
 SUB = "subprocess"
 SUB_ONLY = "subprocess only"  # what only a real process shows (here: a progress bar on stderr)
-PROPOSED = "needs the cli.py or train/checkpoint.py change proposed for issue #7"
 
-# (id, command line, exit status, words the message holds, how it runs[, proposal])
+# (id, command line, exit status, words the message holds, how it runs)
 # `{name}` fields are paths of the `bad` fixture; stdin rows read the file named after `<`.
-# Rows with a proposal describe the message once a change outside this test's files lands (strict xfail).
 CASES = [
     # config
     ("config-missing", "train {dir}/nope.yaml", 2, ["nope.yaml", "config file not found"], None),
@@ -71,7 +69,7 @@ CASES = [
     ("translate-ckpt-truncated", "translate -c {truncated}", 2, ["truncated.pt: cannot read checkpoint"], None),
     ("translate-ckpt-foreign", "translate -c {foreign}", 2, ["foreign.pt: not an nmt checkpoint"], None),
     ("translate-ckpt-misfit", "translate -c {misfit}", 2, ["weights do not fit the model its config describes"], SUB),
-    ("translate-ckpt-misfit-named", "translate -c {misfit}", 2, ["misfit.pt: ", "size mismatch for"], None, PROPOSED),
+    ("translate-ckpt-misfit-named", "translate -c {misfit}", 2, ["misfit.pt: ", "size mismatch for"], None),
     ("eval-ckpt-missing", "eval -c {dir}/none.pt --split test", 2, ["none.pt: checkpoint not found"], None),
     ("eval-ckpt-truncated", "eval -c {truncated} --split test", 2, ["truncated.pt: cannot read checkpoint"], None),
     ("eval-ckpt-foreign", "eval -c {foreign} --split test", 2, ["foreign.pt: not an nmt checkpoint"], None),
@@ -80,7 +78,7 @@ CASES = [
     ("eval-hyp-without-ref", "eval --hyp {hyp3}", 2, ["--hyp needs --ref"], None),
     ("eval-hyp-ref-counts", "eval --hyp {hyp3} --ref {corpus}/test.de", 2, ["must pair line by line"], None),
     ("eval-hyp-ref-counts-named", "eval --hyp {hyp3} --ref {corpus}/test.de", 2,
-     ["hyp3.txt has 3 lines but", "test.de has 30"], None, PROPOSED),
+     ["hyp3.txt has 3 lines but", "test.de has 30"], None),
     ("eval-hyp-utf8", "eval --hyp {hyp_utf8} --ref {hyp3}", 2, ["hyp_utf8.txt:3: invalid UTF-8"], None),
     ("eval-src-ref-counts", "eval -c {good} --src {src2} --ref {corpus}/test.de", 2,
      ["src2.txt has 2 lines but", "test.de has 30"], None),
@@ -91,16 +89,15 @@ CASES = [
     ("translate-input-utf8", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"], None),
     ("translate-stdin-utf8", "translate -c {good} < {src_utf8}", 2, ["<stdin>:6: invalid UTF-8"], SUB),
     ("translate-input-utf8-before-progress", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"],
-     SUB_ONLY, PROPOSED),
+     SUB_ONLY),
 ]
 DEBUG_CASE = ("debug-traceback", "--debug train {dir}/nope.yaml", None, [], SUB)  # see test_debug_shows_the_traceback
 
 
 def _params(cases) -> list:
     params = []
-    for case_id, command, code, needles, _, *proposal in cases:
-        marks = [pytest.mark.xfail(reason=proposal[0], strict=True)] if proposal else []
-        params.append(pytest.param(case_id, command, code, needles, id=case_id, marks=marks))
+    for case_id, command, code, needles, _ in cases:
+        params.append(pytest.param(case_id, command, code, needles, id=case_id))
     return params
 
 

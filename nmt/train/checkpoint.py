@@ -66,8 +66,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except Exception as err:  # torch raises several types for damaged files
         raise CheckpointError(f"{path}: cannot read checkpoint (truncated or not a torch file: {err})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(f"{path}: not an nmt checkpoint of format {FORMAT!r} (found {found!r})")
+        found = payload.get("format") if isinstance(payload, dict) else None
+        what = f"format {found!r}" if found else f"a {type(payload).__name__} without a 'format' entry"
+        raise CheckpointError(f"{path}: not an nmt checkpoint (expected format {FORMAT!r}, found {what})")
     return payload
 
 
@@ -143,7 +144,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = "cpu"):
+def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = "cpu", *, source: str | Path = "checkpoint"):
     """Rebuild (model, tokenizer, config) from a checkpoint payload alone.
 
     Raises:
@@ -155,16 +156,23 @@ def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = 
     from nmt.models import build_model
 
     try:
-        cfg = config_from_dict(payload["config"], source="checkpoint config")
+        cfg = config_from_dict(payload["config"], source=f"{source}: stored config")
         tokenizer = Tokenizer.from_state(payload["tokenizer"])
-    except (KeyError, ConfigError) as err:
-        raise CheckpointError(f"incompatible checkpoint: {err}") from None
+    except KeyError as err:
+        raise CheckpointError(f"{source}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None
+    except ConfigError as err:
+        raise CheckpointError(f"{err} (a checkpoint of another nmt version?)") from None
     model = build_model(
         cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID
     )
     try:
         model.load_state_dict(payload["model"])
-    except (KeyError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise CheckpointError(f"incompatible checkpoint: weights do not fit the model its config describes ({first})") from None
+    except KeyError as err:
+        raise CheckpointError(f"{source}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None
+    except RuntimeError as err:  # torch lists every mismatch, one per line after a heading
+        details = [line.strip() for line in str(err).strip().splitlines()[1:]] or [str(err)]
+        more = f"; and {len(details) - 1} more" if len(details) > 1 else ""
+        raise CheckpointError(
+            f"{source}: weights do not fit the model its config describes: {details[0][:300].rstrip('.')}{more}"
+        ) from None
     return model.to(device), tokenizer, cfg

@@ -44,10 +44,13 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
         if getattr(data, name) is None:
             raise ConfigError(f"data.{name}: required for training (a corpus section with kind and path)")
     cache = run_dir / "cache"
+    # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
+    load_pairs(data.valid, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
     tokenizer = Tokenizer.load(run_dir)
     if tokenizer is None:
         raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache))
-        tokenizer = train_tokenizer(cfg.tokenizer, _column(raw, "src"), _column(raw, "tgt"), seed=cfg.train.seed)
+        tokenizer = train_tokenizer(cfg.tokenizer, _column(raw, "src"), _column(raw, "tgt"), seed=cfg.train.seed,
+                                    where=f"data.train ({data.train.path})")
         tokenizer.save(run_dir)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True)
