@@ -149,15 +149,15 @@ def _train_one(cfg: TokenizerConfig, sentences: list[str], which: str, where: st
             unk_id=UNK_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            input_sentence_size=len(sentences),
+            input_sentence_size=0,  # all of them: the sample above already bounds the size
             shuffle_input_sentence=False,
             num_threads=2,
             minloglevel=2,
             max_sentence_length=1 << 16,
         )
     except RuntimeError as err:
-        found = re.search(r"<= (\d+)", str(err))
-        if "Vocabulary size is too large" in str(err) or found:
+        found = re.search(r"value <= (\d+)", str(err))
+        if "Vocabulary size is too large" in str(err) or "Vocabulary size too high" in str(err):
             limit = f" to at most {found.group(1)}" if found else ""
             raise DataError(
                 f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} text of {where}; lower it{limit}"
