@@ -76,6 +76,11 @@ multi30k-rnn-noattn: install
 	$(call EXPERIMENT,multi30k_rnn_noattn,$(M30K_SOURCE))
 multi30k-all: multi30k-transformer multi30k-transformer-en-de multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn
 
+# BLEU by source length and attention heatmaps of the toy models (after make toy-all).
+analysis: install
+	$(NMT) --quiet analyze $(foreach e,$(TOY_EXPERIMENTS),-c $(e:toy_%=%)=runs/$(e)/best.pt) \
+	  --report results --sentences 27,41 $(ARGS)
+
 # Render results/*.json into the README's results table.
 results: install
 	$(PY) -m nmt.results

@@ -102,3 +102,68 @@ def analyze_checkpoints(
         overall[name] = score(hyps, refs, translator.cfg.eval)
         by_length[name] = bleu_by_length(sources, hyps, refs, n_buckets=n_buckets, cfg=translator.cfg.eval)
     return {"set": set_name, "overall": overall, "by_length": by_length}
+
+
+def write_report(
+    checkpoints: dict[str, str | Path],
+    out_dir: str | Path,
+    *,
+    sentences: Sequence[int] = (0,),
+    n_buckets: int = 3,
+    beam: int | None = None,
+    device: str = "auto",
+) -> Path:
+    """`out_dir/analysis.md` with BLEU overall and by length, its plot, and attention heatmaps of
+    the chosen test sentences for every model side by side. Returns the markdown path.
+    """
+    from nmt.plot import plot_attention
+    from nmt.translate import Translator
+
+    out_dir = Path(out_dir)
+    figures = out_dir / "analysis"
+    figures.mkdir(parents=True, exist_ok=True)
+    result = analyze_checkpoints(checkpoints, n_buckets=n_buckets, beam=beam, device=device)
+    plot_bleu_by_length(result["by_length"], figures / "bleu_by_length.png",
+                        title=f"BLEU by source length ({result['set']})")
+    (figures / "analysis.json").write_text(__import__("json").dumps(result, indent=2) + "\n", encoding="utf-8")
+
+    from nmt.evaluate import eval_sets
+
+    first = Translator.from_checkpoint(next(iter(checkpoints.values())), device=device)
+    sources = next(iter(eval_sets(first.cfg, split=result["set"]).values()))[0]
+    chosen = [sources[i] for i in sentences if i < len(sources)]
+    heatmaps: dict[str, list[str]] = {}
+    for name, path in checkpoints.items():
+        translator = first if path == next(iter(checkpoints.values())) else Translator.from_checkpoint(path, device=device)
+        for k, best in enumerate(t[0] for t in translator.translate_nbest(chosen, beam=beam, attention=True)):
+            if best.attention is None:
+                heatmaps.setdefault(name, []).append("(no attention)")
+                continue
+            png = figures / f"attention_{name}_{k}.png"
+            plot_attention(best.attention, best.src_tokens, [*best.tokens, "</s>"], png, title=name)
+            heatmaps.setdefault(name, []).append(f"![{name}](analysis/{png.name})")
+
+    lines = [
+        "# What attention does",
+        "",
+        f"Test set `{result['set']}`; written by `make analysis` (`nmt.analysis.write_report`).",
+        "",
+        "| model | BLEU | chrF |",
+        "| --- | ---: | ---: |",
+        *[f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} |" for name, s in result["overall"].items()],
+        "",
+        "## BLEU by source length",
+        "",
+        markdown_table(result["by_length"]),
+        "",
+        "![BLEU by source length](analysis/bleu_by_length.png)",
+        "",
+        "## Attention",
+        "",
+    ]
+    for k, sentence in enumerate(chosen):
+        lines += [f"Sentence {k + 1}: *{sentence}*", "", "| " + " | ".join(heatmaps) + " |",
+                  "|" + " --- |" * len(heatmaps), "| " + " | ".join(h[k] for h in heatmaps.values()) + " |", ""]
+    report = out_dir / "analysis.md"
+    report.write_text("\n".join(lines), encoding="utf-8")
+    return report

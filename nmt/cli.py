@@ -215,12 +215,19 @@ def analyze(
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: each checkpoint's decode.beam).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length PNG here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,
+    report: Annotated[Optional[Path], typer.Option(help="Write DIR/analysis.md with plots and attention heatmaps.")] = None,
+    sentences: Annotated[str, typer.Option(help="Test sentences (0-based, comma-separated) for --report heatmaps.")] = "0",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
 ) -> None:
     """BLEU by source length for one or more models on one test set."""
-    from nmt.analysis import analyze_checkpoints, markdown_table, plot_bleu_by_length
+    from nmt.analysis import analyze_checkpoints, markdown_table, plot_bleu_by_length, write_report
 
     named = dict(c.split("=", 1) if "=" in c else (Path(c).parent.name or c, c) for c in checkpoints)
+    if report is not None:
+        chosen = [int(i) for i in sentences.split(",") if i.strip()]
+        path = write_report(named, report, sentences=chosen, n_buckets=buckets, beam=beam, device=device)
+        typer.echo(f"wrote {path}")
+        return
     result = analyze_checkpoints(named, split=split, src=src, ref=ref,
                                  n_buckets=buckets, beam=beam, device=device)
     if plot is not None:
