@@ -76,12 +76,13 @@ class Tokenizer:
 
     def save(self, directory: str | Path) -> None:
         """Write `spm.model` (joint) or `spm.src.model` and `spm.tgt.model`."""
+        from nmt.train.checkpoint import write_atomic  # a killed run must not leave half a model
+
         directory = Path(directory)
-        if self.joint:
-            (directory / "spm.model").write_bytes(self._src_bytes)
-        else:
-            (directory / "spm.src.model").write_bytes(self._src_bytes)
-            (directory / "spm.tgt.model").write_bytes(self._tgt_bytes)  # type: ignore[arg-type]
+        files = {"spm.model": self._src_bytes} if self.joint else {
+            "spm.src.model": self._src_bytes, "spm.tgt.model": self._tgt_bytes}
+        for name, data in files.items():
+            write_atomic(directory / name, lambda f, data=data: f.write(data))
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer | None:
