@@ -18,16 +18,6 @@ from nmt.models.attention import (
 )
 from nmt.models.masks import pad_mask_from_lengths
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: thread hand-offs cost more than they save, worst on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 B, TQ, S, D, HEADS = 2, 3, 5, 8, 2
 LENGTHS = torch.tensor([5, 3])
 

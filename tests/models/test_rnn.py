@@ -11,16 +11,6 @@ from nmt.models.contract import Memory, Seq2Seq, State
 from nmt.models.masks import pad_mask_from_tokens
 from nmt.models.rnn import RNNSeq2Seq, RNNState
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: thread hand-offs cost more than they save, worst on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 PAD, BOS, EOS = 0, 1, 2
 BASE = dict(
     src_vocab_size=13, tgt_vocab_size=11, pad_id=PAD, cell="gru", embed_dim=6, hidden_size=8,

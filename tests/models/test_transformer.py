@@ -9,15 +9,6 @@ from nmt.models.transformer import MultiHeadAttention, Transformer, TransformerS
 PAD, BOS, V = 0, 1, 13
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops run fastest on one thread, and far slower when two threads share busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
     kwargs = dict(
