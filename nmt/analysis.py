@@ -135,10 +135,11 @@ def write_report(
     heatmaps: dict[str, list[str]] = {}
     for name, path in checkpoints.items():
         translator = first if path == next(iter(checkpoints.values())) else Translator.from_checkpoint(path, device=device)
+        model_cfg = translator.cfg.model
+        if model_cfg.type == "rnn" and model_cfg.rnn.decoder == "none":
+            heatmaps[name] = ["(no attention: one fixed context vector)"] * len(chosen)
+            continue
         for k, best in enumerate(t[0] for t in translator.translate_nbest(chosen, beam=beam, attention=True)):
-            if best.attention is None:
-                heatmaps.setdefault(name, []).append("(no attention)")
-                continue
             png = figures / f"attention_{name}_{k}.png"
             plot_attention(best.attention, best.src_tokens, [*best.tokens, "</s>"], png, title=name)
             heatmaps.setdefault(name, []).append(f"![{name}](analysis/{png.name})")

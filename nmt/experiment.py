@@ -43,6 +43,13 @@ def training_speed(metrics_file: Path) -> float | None:
     return round(statistics.median(speeds), 1) if speeds else None
 
 
+def _model_label(cfg: ExperimentConfig) -> str:
+    if cfg.model.type == "transformer":
+        return "transformer"
+    rnn = cfg.model.rnn
+    return "rnn/none" if rnn.decoder == "none" else f"rnn/{rnn.decoder}/{rnn.attention}"
+
+
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
                    restart: bool = False, device: str = "auto") -> dict[str, Any]:
     """Train `cfg` (resuming an interrupted run), score its best checkpoint on every test set
@@ -67,7 +74,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     result = {
         "experiment": name,
         "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
-        "model": cfg.model.type if cfg.model.type == "transformer" else f"rnn/{cfg.model.rnn.decoder}/{cfg.model.rnn.attention}",
+        "model": _model_label(cfg),
         "checkpoint": str(checkpoint),
         "beam": cfg.decode.beam,
         "parameters": summary["parameters"],
