@@ -73,7 +73,6 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path, tiny_config_file):
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_subprocess_pipeline(tiny_config_file, small_corpus, tmp_path):
     nmt = [sys.executable, "-m", "nmt", "--quiet"]
     subprocess.run([*nmt, "train", str(tiny_config_file)], check=True, capture_output=True)
