@@ -14,7 +14,6 @@ caches; `uncached` recomputes the decoder over the whole prefix at each step.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import resource
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from nmt.evaluate import read_lines
 from nmt.translate import Translator
 
 SETTINGS = [("greedy", 1, True), ("greedy", 1, False), ("beam", None, True), ("beam", None, False)]
@@ -54,13 +54,6 @@ def _rss_mib() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:  # not Linux: the lifetime peak is the best there is
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
-
-
-def read_lines(path: str, limit: int) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
-    return lines[:limit] if limit else lines
 
 
 def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: bool, max_tokens: int | None) -> dict:
@@ -100,7 +93,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=args.precision)
-    lines = read_lines(args.file, args.limit)
+    lines = read_lines(args.file)
+    lines = lines[: args.limit] if args.limit else lines
     print(f"{len(lines)} sentences from {args.file}; device {translator.device}, precision {translator.precision}, "
           f"{torch.get_num_threads()} threads, max_tokens {args.max_tokens or translator.cfg.decode.max_tokens}")
     print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'tokens':>7} {'peak MiB':>9}")
