@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 from typer.testing import CliRunner
 
 from nmt.cli import app
