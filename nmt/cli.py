@@ -199,7 +199,8 @@ def experiment(
     from nmt.experiment import run_experiment
 
     cfg = load_config(config, overrides or [])
-    result = run_experiment(cfg, name or config.stem, results_dir=results, restart=restart)
+    result = run_experiment(cfg, name or config.stem, results_dir=results, restart=restart,
+                            overrides=[f"--set {o}" for o in overrides or []])
     for set_name, s in result["test"].items():
         typer.echo(f"{result['experiment']} {set_name}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
     typer.echo(f"wrote {results / (result['experiment'] + '.json')}")

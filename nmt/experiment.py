@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,12 @@ def _model_label(cfg: ExperimentConfig) -> str:
 
 
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
-                   restart: bool = False, device: str = "auto") -> dict[str, Any]:
+                   restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Train `cfg` (resuming an interrupted run), score its best checkpoint on every test set
     with the config's beam, and write `results_dir/<name>.json`.
+
+    `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
+    number trained with a shorter budget than its config says is never mistaken for the full run.
     """
     from nmt.analysis import bleu_by_length
     from nmt.train.loop import train
@@ -77,6 +81,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "model": _model_label(cfg),
         "checkpoint": str(checkpoint),
         "beam": cfg.decode.beam,
+        "overrides": list(overrides),
         "parameters": summary["parameters"],
         "steps": summary["step"],
         "train_seconds": summary["train_seconds"],

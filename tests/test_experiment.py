@@ -1,0 +1,80 @@
+"""`nmt experiment` writes a results file from a real (tiny) training run; `nmt.results` renders it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.results import END, START, main, results_table
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def experiment_result(tiny_config_file, tmp_path) -> dict:
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "tiny", "--results", str(results),
+                              "--set", "train.max_steps=4", "--set", "decode.beam=1"])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[-1] == f"wrote {results / 'tiny.json'}"
+    return json.loads((results / "tiny.json").read_text(encoding="utf-8"))
+
+
+def test_experiment_records_scores_cost_and_overrides(experiment_result, small_corpus, tmp_path):
+    r = experiment_result
+    assert r["experiment"] == "tiny" and r["direction"] == "en-de" and r["model"] == "transformer"
+    assert r["steps"] == 4 and r["stopped_by"] == "max_steps=4" and r["beam"] == 1
+    assert r["overrides"] == ["--set train.max_steps=4", "--set decode.beam=1"]
+    assert r["parameters"] > 0 and r["train_seconds"] > 0 and r["tokens_per_s"] > 0
+    assert r["hardware"].startswith(("CPU", "1x", "2x"))
+    test = r["test"]["test"]
+    assert 0.0 <= test["bleu"] <= 100.0 and 0.0 <= test["chrf"] <= 100.0
+    assert test["bleu_signature"].startswith("nrefs:1") and test["sentences"] == 30
+    assert sum(b["sentences"] for b in test["by_length"]) == 30
+    # the hypotheses behind the score are kept next to the checkpoint, one line per source line
+    hyps = (tmp_path / "run" / "test.hyp").read_text(encoding="utf-8").split("\n")
+    assert len(hyps) == 31 and hyps[-1] == ""
+
+
+def test_experiment_resumes_instead_of_retraining(experiment_result, tiny_config_file, tmp_path):
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "tiny", "--results",
+                              str(tmp_path / "again"), "--set", "train.max_steps=4", "--set", "decode.beam=1"])
+    assert out.exit_code == 0, out.output
+    again = json.loads((tmp_path / "again" / "tiny.json").read_text(encoding="utf-8"))
+    assert again["steps"] == 4 and again["test"] == experiment_result["test"]
+    train_steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(line)["event"] == "train"]
+    assert train_steps == sorted(set(train_steps))  # no step trained twice
+
+
+def test_results_render_into_readme_between_markers(experiment_result, tmp_path):
+    results = tmp_path / "results"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n\n{START}\nold table\n{END}\n\nafter\n", encoding="utf-8")
+    main(["--results", str(results), "--readme", str(readme)])
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old table" not in text
+    table = text.split(START)[1].split(END)[0]
+    row = next(line for line in table.splitlines() if line.startswith("| tiny |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:5] == ["tiny", "en-de", "transformer", f"{experiment_result['parameters'] / 1e6:.1f}M", "test"]
+    assert cells[5] == f"{experiment_result['test']['test']['bleu']:.1f}"
+    assert "- `tiny`: `--set train.max_steps=4 --set decode.beam=1`" in table
+    main(["--results", str(results), "--readme", str(readme)])
+    assert readme.read_text(encoding="utf-8") == text  # rendering twice changes nothing
+
+
+def test_results_without_overrides_have_no_notes(experiment_result):
+    plain = {**experiment_result, "overrides": []}
+    assert "Settings changed" not in results_table([plain])
+    assert "Settings changed" in results_table([experiment_result])
+
+
+def test_results_need_the_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="markers"):
+        main(["--results", str(tmp_path / "results"), "--readme", str(readme)])
