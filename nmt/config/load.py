@@ -1,0 +1,205 @@
+"""Loading a config: YAML, `--set` overrides, and strict typed conversion.
+
+`load_config` rejects unknown keys (with a "did you mean" suggestion), checks
+types and enums, and names the file (or `--set` item) and dotted key path of
+anything wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from nmt.config.schema import ExperimentConfig
+from nmt.errors import ConfigError
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
+    """Read a YAML file, apply `section.key=value` overrides, and validate.
+
+    Raises:
+        ConfigError: missing file, YAML syntax error, unknown key, wrong type or
+            value; the message names the file (or the `--set` item) and the
+            dotted key path.
+    """
+    path = Path(path)
+    if not path.is_file():
+        resolved = "" if path.is_absolute() else f" (resolved to {path.resolve()})"
+        raise ConfigError(f"{path}: config file not found{resolved}")
+    data = path.read_bytes()
+    try:
+        raw = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    return config_from_dict(apply_overrides(raw, overrides), source=str(path))
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """`line L, column C: YAML syntax error: PROBLEM (CONTEXT that starts at line L', column C')`."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and mark is not None and (start.line, start.column) != (mark.line, mark.column):
+        problem += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+    if "\\t" in problem or "\t" in problem:
+        problem += "; indent with spaces, not tabs"
+    return f"{where}YAML syntax error: {problem}"
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """Return a copy of `raw` with each `a.b.c=value` set (value parsed as YAML).
+
+    Raises:
+        ConfigError: an item without `=`, a key that no config section has, or a
+            value of the wrong type; the message names the `--set` item.
+    """
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        parts = key.strip().split(".")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        _check_override(item, parts, value)
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def _check_override(item: str, parts: list[str], value: Any) -> None:
+    """Check one override against the schema, so a mistake names the `--set` item, not the file."""
+    where = f"--set {item!r}"
+    tp: Any = ExperimentConfig
+    for i, part in enumerate(parts):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and inner:
+            tp = inner[0]
+        if typing.get_origin(tp) is dict:  # data.test.NAME: any name
+            tp = typing.get_args(tp)[1]
+            continue
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"{where}: {'.'.join(parts[:i])} is a value, not a section")
+        names = [f.name for f in dataclasses.fields(tp)]
+        if part not in names:
+            raise ConfigError(f"{where}: unknown key {'.'.join(parts[: i + 1])!r}{_suggest(part, names)}")
+        tp = typing.get_type_hints(tp)[part]
+    _convert(tp, value, ".".join(parts), where)
+
+
+def _suggest(key: Any, names: list[str]) -> str:
+    close = difflib.get_close_matches(str(key), names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> ExperimentConfig:
+    """Build a validated `ExperimentConfig` from plain data (YAML or a checkpoint)."""
+    return _build(ExperimentConfig, raw, "", source)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain data (lists for tuples) suitable for YAML, JSON and checkpoints."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
+    where = f"{source}: {keypath or 'top level'}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {_describe(raw)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key {join_key(keypath, key)!r}{_suggest(key, names)}")
+        kwargs[key] = _convert(hints[key], value, join_key(keypath, key), source)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        msg = str(err)
+        # Messages name their field first ("d_model (100) must ..."): prefix the section path.
+        raise ConfigError(f"{source}: {keypath + ': ' if keypath else ''}{msg}") from None
+
+
+def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, keypath, source)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value if value is not None else {}, keypath, source)
+    if origin is Literal:
+        if value not in args:
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{source}: {keypath}: {value!r} is not one of {choices}{hint}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {keypath}: expected a mapping, got {_describe(value)}")
+        return {str(k): _convert(args[1], v, f"{keypath}.{k}", source) for k, v in value.items()}
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{source}: {keypath}: expected a list of {len(args)} numbers, got {_describe(value)}")
+        return tuple(_convert(a, v, f"{keypath}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-4" as a string
+            return float(value)
+        except ValueError:
+            pass
+    if tp in (int, float, str, bool) and (type(value) is not tp):
+        raise ConfigError(f"{source}: {keypath}: expected {tp.__name__}, got {_describe(value)}")
+    return value
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if value is not None else "nothing (null)"
+
+
+def join_key(keypath: str, key: Any) -> str:
+    return f"{keypath}.{key}" if keypath else str(key)
+
+
