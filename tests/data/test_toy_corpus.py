@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 
 from nmt.data import toy_corpus as tc
-from nmt.data.toy_corpus import ADJECTIVE, NOUN, PREP, VERB, Clause, NounPhrase, PrepPhrase
+from nmt.data import toy_lexicon as lex
+from nmt.data.toy_corpus import Clause, NounPhrase, PrepPhrase
+from nmt.data.toy_lexicon import ADJECTIVE, NOUN, PREP, VERB
 
 TOY = Path(__file__).resolve().parents[2] / "data" / "toy"
 FILES = [f"{split}.{lang}" for split in tc.DEFAULT_SIZES for lang in ("en", "de")]
-CAN = next(m for m in tc.MODALS if m.en == "can")
+CAN = next(m for m in lex.MODALS if m.en == "can")
 
 
 def read(split: str, lang: str) -> list[str]:
@@ -68,7 +70,7 @@ def test_long_sentences_are_frequent() -> None:
 
 
 def test_names_are_copied_verbatim() -> None:
-    names = set(tc.NAMES)
+    names = set(lex.NAMES)
     for en, de in zip(read("valid", "en"), read("valid", "de"), strict=True):
         en_names = sorted(w.strip(".,") for w in en.split() if w.strip(".,") in names)
         assert en_names == sorted(w.strip(".,") for w in de.split() if w.strip(".,") in names), en
@@ -147,5 +149,5 @@ def test_relative_pronoun_agrees_with_head_and_gap() -> None:
 
 def test_english_plural_verb() -> None:
     forms = ["cries", "washes {o}", "goes shopping", "sees {o}", "wants to", "can", "dances"]
-    assert [tc.english_plural_verb(f) for f in forms] == ["cry", "wash {o}", "go shopping", "see {o}",
+    assert [lex.english_plural_verb(f) for f in forms] == ["cry", "wash {o}", "go shopping", "see {o}",
                                                           "want to", "can", "dance"]
