@@ -120,10 +120,19 @@ def test_compiled_training_runs(small_corpus, tmp_path):
     assert not any(k.startswith("_orig_mod") for k in weights(tmp_path / "run" / "ckpt_2.pt"))
 
 
-def test_tensorboard_event_files_when_installed(small_corpus, tmp_path):
+def test_tensorboard_scalars_match_metrics_jsonl(small_corpus, tmp_path):
     pytest.importorskip("tensorboard")
-    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=2))
-    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=4))
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for kind, key in [("train", "loss"), ("train", "lr"), ("valid", "loss"), ("valid", "ppl")]:
+        logged = [(r["step"], r[key]) for r in records if r["event"] == kind]
+        scalars = [(e.step, e.value) for e in events.Scalars(f"{kind}/{key}")]
+        assert logged and [s for s, _ in scalars] == [s for s, _ in logged]
+        assert [v for _, v in scalars] == pytest.approx([v for _, v in logged], rel=1e-6)
 
 
 @pytest.mark.gpu
