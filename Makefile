@@ -60,7 +60,7 @@ TOY_EXPERIMENTS := toy_transformer toy_rnn_noattn toy_rnn_bahdanau toy_rnn_luong
 EXPERIMENT = $(NMT) experiment configs/$(1).yaml $(2) $(ARGS)
 
 .PHONY: toy-all multi30k-all multi30k-transformer multi30k-transformer-en-de \
-        multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn results analysis
+        multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn results analysis analysis-multi30k
 
 toy-all: install
 	for c in $(TOY_EXPERIMENTS); do $(call EXPERIMENT,$$c) || exit 1; done
@@ -80,6 +80,14 @@ multi30k-all: multi30k-transformer multi30k-transformer-en-de multi30k-rnn-bahda
 analysis: install
 	$(NMT) --quiet analyze $(foreach e,$(TOY_EXPERIMENTS),-c $(e:toy_%=%)=runs/$(e)/best.pt) \
 	  --report results --sentences 27,41 $(ARGS)
+
+# The same for the Multi30k runs there are (after make multi30k-*), on test_2016_flickr:
+# results/multi30k/analysis.md. Each run is read from the checkpoint its experiment scored.
+M30K_RUNS = $(strip $(foreach e,multi30k_transformer multi30k_rnn_bahdanau multi30k_rnn_luong_general multi30k_rnn_noattn,\
+  $(if $(wildcard runs/$(e)/best.pt),$(e:multi30k_%=%)=$(firstword $(wildcard runs/$(e)/averaged.pt) runs/$(e)/best.pt))))
+analysis-multi30k: install
+	$(if $(M30K_RUNS),,$(error no Multi30k run in runs/: run make multi30k-transformer and friends first))
+	$(NMT) --quiet analyze $(foreach r,$(M30K_RUNS),-c $(r)) --report results/multi30k --sentences 3,16 $(ARGS)
 
 # Render results/*.json into the README's results table.
 results: install
