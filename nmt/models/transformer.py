@@ -285,13 +285,11 @@ class TransformerState:
 
     Attributes:
         self_kv: per decoder layer, self-attention keys and values so far (B, H, t, Dh).
-        memory_kv: per decoder layer, cross-attention keys and values (B, H, S, Dh),
-            computed once in `init_state` and never per step.
+            (The cross-attention keys and values live in `Memory.extra`, see `encode`.)
         step: t, the number of tokens decoded so far (the next token's position).
     """
 
     self_kv: list[KV]
-    memory_kv: list[KV]
     step: int
 
     def index_select(self, order: Tensor) -> TransformerState:
@@ -395,20 +393,27 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src, src_pad_mask))
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
-        """src (B, S), src_pad_mask (B, S) True at padding -> Memory with states (B, S, D)."""
-        return Memory(states=self.encoder(src, src_pad_mask), pad_mask=src_pad_mask)
+        """src (B, S), src_pad_mask (B, S) True at padding -> Memory with states (B, S, D).
+
+        extra["cross_kv"] holds every decoder layer's cross-attention keys and values
+        (B, H, S, Dh): they depend on the source alone, so they are computed once per
+        sentence and travel with the memory, which search reorders only when sentences
+        finish, never when hypotheses of one sentence change places.
+        """
+        states = self.encoder(src, src_pad_mask)
+        return Memory(states=states, pad_mask=src_pad_mask, extra={"cross_kv": self.decoder.project_memory(states)})
 
     def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
         """Logits of a whole target prefix, causally masked, no cache: tgt_in (B, T) -> (B, T, V)."""
-        states, _, _ = self.decoder(tgt_in, self.decoder.project_memory(memory.states), memory.pad_mask)
+        states, _, _ = self.decoder(tgt_in, memory.extra["cross_kv"], memory.pad_mask)
         return self.output(states)
 
     def init_state(self, memory: Memory) -> TransformerState:
-        """Empty self-attention caches and the cross-attention keys and values of every layer."""
-        memory_kv = self.decoder.project_memory(memory.states)
-        B, H, _, Dh = memory_kv[0][0].shape
-        empty = memory_kv[0][0].new_zeros(B, H, 0, Dh)  # (B, H, 0, Dh), dtype of the projections under autocast
-        return TransformerState(self_kv=[(empty, empty) for _ in memory_kv], memory_kv=memory_kv, step=0)
+        """Empty self-attention caches, one per decoder layer."""
+        k, _ = memory.extra["cross_kv"][0]
+        B, H, _, Dh = k.shape
+        empty = k.new_zeros(B, H, 0, Dh)  # (B, H, 0, Dh), dtype of the projections under autocast
+        return TransformerState(self_kv=[(empty, empty) for _ in self.decoder.layers], step=0)
 
     def decode_step(
         self, tokens: Tensor, memory: Memory, state: TransformerState, *, need_attn: bool = False
@@ -426,11 +431,12 @@ class Transformer(nn.Module):
         """
         attn_layer = self.attn_layer if need_attn else None
         states, self_kv, attn = self.decoder(  # states (B, 1, D)
-            tokens[:, None], state.memory_kv, memory.pad_mask, past=state.self_kv, start=state.step, attn_layer=attn_layer
+            tokens[:, None], memory.extra["cross_kv"], memory.pad_mask, past=state.self_kv, start=state.step,
+            attn_layer=attn_layer,
         )
         log_probs = self.output(states[:, -1]).float().log_softmax(dim=-1)  # (B, V)
         if attn is not None:
             attn = attn[:, :, -1]  # (B, H, S)
             attn = attn.mean(dim=1) if self.attn_head is None else attn[:, self.attn_head]  # (B, S)
-        new_state = TransformerState(self_kv=self_kv, memory_kv=state.memory_kv, step=state.step + 1)
+        new_state = TransformerState(self_kv=self_kv, step=state.step + 1)
         return log_probs, new_state, attn

@@ -289,5 +289,5 @@ def test_decode_step_under_bf16_autocast():
         for t in range(3):
             log_probs, state, _ = model.decode_step(tgt[:, t], memory, state)
             assert log_probs.dtype == torch.float32
-            assert state.self_kv[0][0].dtype == state.memory_kv[0][0].dtype == torch.bfloat16
+            assert state.self_kv[0][0].dtype == memory.extra["cross_kv"][0][0].dtype == torch.bfloat16
             torch.testing.assert_close(log_probs, full[:, t], atol=0.05, rtol=0)
