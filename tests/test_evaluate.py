@@ -1,0 +1,96 @@
+"""Scoring: BLEU and chrF against hand-computed values, reading hypothesis files, choosing test sets."""
+
+from __future__ import annotations
+
+import gzip
+import math
+
+import pytest
+import yaml
+
+from nmt.config import EvalConfig, load_config
+from nmt.errors import DataError, UserError
+from nmt.evaluate import eval_sets, read_lines, score, score_files
+from tests.conftest import tiny_config_dict
+
+
+def test_bleu_matches_a_hand_computation():
+    # one sentence of six tokens, the last one wrong: n-gram precisions 5/6, 4/5, 3/4, 2/3, equal lengths (BP = 1)
+    s = score(["a b c d e f"], ["a b c d e g"])
+    expected = 100 * math.exp(sum(math.log(p) for p in (5 / 6, 4 / 5, 3 / 4, 2 / 3)) / 4)
+    assert s["bleu"] == pytest.approx(expected, abs=0.01)
+    # a hypothesis half the reference's length: brevity penalty exp(1 - 12/6) on perfect precisions
+    assert score(["a b c d e f"], ["a b c d e f g h i j k l"])["bleu"] == pytest.approx(100 * math.exp(1 - 2), abs=0.01)
+
+
+def test_identical_and_disjoint_text():
+    refs = ["A man rides a bike.", "Two dogs play in the snow."]
+    same = score(refs, refs)
+    assert same["bleu"] == 100.0 and same["chrf"] == 100.0 and same["sentences"] == 2
+    assert score(["xyz qqq", "vvv www"], refs)["bleu"] == 0.0
+
+
+def test_case_and_tokenizer_follow_the_eval_config():
+    hyp, ref = ["A B C D E F"], ["a b c d e f"]
+    assert score(hyp, ref)["bleu"] == 0.0
+    lower = score(hyp, ref, EvalConfig(lowercase=True))
+    assert lower["bleu"] == 100.0 and "case:lc" in lower["bleu_signature"]
+    assert "tok:13a" in score(hyp, ref)["bleu_signature"]
+    assert "tok:char" in score(hyp, ref, EvalConfig(tokenize="char"))["bleu_signature"]
+
+
+def test_unpaired_lists_are_refused():
+    with pytest.raises(UserError, match="2 hypotheses but 1 references"):
+        score(["a", "b"], ["a"])
+
+
+def test_files_plain_gzip_bom_and_crlf(tmp_path):
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_bytes("\ufeffEin Mann fährt Rad.\r\nZwei Hunde spielen.\r\n".encode())
+    ref = tmp_path / "ref.de.gz"
+    with gzip.open(ref, "wt", encoding="utf-8") as f:
+        f.write("Ein Mann fährt Rad.\nZwei Hunde spielen.\n")
+    assert read_lines(hyp) == ["Ein Mann fährt Rad.", "Zwei Hunde spielen."] == read_lines(ref)
+    assert score_files(hyp, ref)["bleu"] == 100.0
+
+
+def test_file_errors_name_the_file_and_line(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("one\ntwo\nthree\n", encoding="utf-8")
+    short = tmp_path / "short.txt"
+    short.write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"short.txt has 2 lines but .*good.txt has 3"):
+        score_files(short, good)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nfine\n\xff broken\n")
+    with pytest.raises(DataError, match=r"bad.txt:3: invalid UTF-8 at byte 0"):
+        read_lines(bad)
+    with pytest.raises(DataError, match="nope.txt: file not found"):
+        read_lines(tmp_path / "nope.txt")
+
+
+@pytest.fixture
+def two_test_sets(small_corpus, tmp_path):
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["test"] = {"first": {"kind": "text", "path": str(small_corpus / "test")},
+                           "second": {"kind": "text", "path": str(small_corpus / "valid")}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return load_config(path)
+
+
+def test_eval_sets_choose_by_split(two_test_sets, small_corpus):
+    cfg = two_test_sets
+    assert list(eval_sets(cfg)) == ["first", "second"]  # default: every test set
+    sources, refs = eval_sets(cfg, split="second")["second"]
+    assert sources == read_lines(small_corpus / "valid.en") and refs == read_lines(small_corpus / "valid.de")
+    assert len(eval_sets(cfg, split="valid")["valid"][0]) == 30
+    with pytest.raises(UserError, match=r"--split 'third'.*choose from valid, test, first, second"):
+        eval_sets(cfg, split="third")
+
+
+def test_eval_sets_from_files_instead(two_test_sets, small_corpus):
+    src, ref = small_corpus / "test.en", small_corpus / "test.de"
+    assert eval_sets(two_test_sets, src=src, ref=ref) == {str(src): (read_lines(src), read_lines(ref))}
+    with pytest.raises(UserError, match="--src and --ref go together"):
+        eval_sets(two_test_sets, src=src)
