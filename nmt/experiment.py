@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from nmt.config import ExperimentConfig
+from nmt.errors import CheckpointError
 from nmt.evaluate import eval_sets, score
 
 
@@ -44,6 +45,36 @@ def training_speed(metrics_file: Path) -> float | None:
     return round(statistics.median(speeds), 1) if speeds else None
 
 
+def pick_checkpoint(
+    run_dir: Path, cfg: ExperimentConfig, device: str = "auto"
+) -> tuple[Path, Any, dict[str, dict[str, float]]]:
+    """A `Translator` of the checkpoint to report: `best.pt`, or `averaged.pt` where training
+    wrote one and it translates the validation set at least as well (with the config's beam;
+    BLEU first, then chrF).
+
+    Averaging pays off near convergence; over a short run the average reaches back to weak
+    early checkpoints and can lose to the best single one, so the validation set decides.
+    Returns the checkpoint, its `Translator`, and the validation BLEU and chrF of each
+    candidate ({} when there is only best.pt).
+    """
+    from nmt.translate import Translator
+
+    candidates = [p for p in (run_dir / "averaged.pt", run_dir / "best.pt") if p.is_file()]
+    if not candidates:
+        raise CheckpointError(f"{run_dir}: no best.pt to score; train first")
+    translators = [Translator.from_checkpoint(p, device=device) for p in candidates]
+    if len(translators) == 1:
+        return candidates[0], translators[0], {}
+    sources, refs = eval_sets(cfg, split="valid")["valid"]
+    scores = {}
+    for path, translator in zip(candidates, translators):
+        s = score(translator.translate(sources), refs, cfg.eval)
+        scores[path.name] = {"bleu": s["bleu"], "chrf": s["chrf"]}
+    # BLEU decides, chrF breaks a tie, and then averaged.pt (listed first) wins
+    best = max(range(len(candidates)), key=lambda i: (*scores[candidates[i].name].values(), -i))
+    return candidates[best], translators[best], scores
+
+
 def _model_label(cfg: ExperimentConfig) -> str:
     if cfg.model.type == "transformer":
         return "transformer"
@@ -53,20 +84,18 @@ def _model_label(cfg: ExperimentConfig) -> str:
 
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
                    restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Train `cfg` (resuming an interrupted run), score its best checkpoint on every test set
-    with the config's beam, and write `results_dir/<name>.json`.
+    """Train `cfg` (resuming an interrupted run), score the checkpoint `pick_checkpoint` chooses
+    on every test set with the config's beam, and write `results_dir/<name>.json`.
 
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
     """
     from nmt.analysis import bleu_by_length
     from nmt.train.loop import train
-    from nmt.translate import Translator
 
     summary = train(cfg, restart=restart)
     run_dir = Path(cfg.run_dir)
-    checkpoint = run_dir / "averaged.pt" if (run_dir / "averaged.pt").is_file() else run_dir / "best.pt"
-    translator = Translator.from_checkpoint(checkpoint, device=device)
+    checkpoint, translator, valid_scores = pick_checkpoint(run_dir, cfg, device)
     tests = {}
     for set_name, (sources, refs) in eval_sets(translator.cfg, split="test").items():
         hyps = translator.translate(sources)
@@ -80,6 +109,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
         "model": _model_label(cfg),
         "checkpoint": str(checkpoint),
+        "valid_by_checkpoint": valid_scores,
         "beam": cfg.decode.beam,
         "overrides": list(overrides),
         "parameters": summary["parameters"],

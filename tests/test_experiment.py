@@ -8,7 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from nmt.cli import app
+from nmt.config import load_config
+from nmt.experiment import pick_checkpoint
 from nmt.results import END, START, main, results_table
+from nmt.translate import Translator
 
 runner = CliRunner()
 
@@ -27,6 +30,7 @@ def test_experiment_records_scores_cost_and_overrides(experiment_result, small_c
     r = experiment_result
     assert r["experiment"] == "tiny" and r["direction"] == "en-de" and r["model"] == "transformer"
     assert r["steps"] == 4 and r["stopped_by"] == "max_steps=4" and r["beam"] == 1
+    assert r["checkpoint"] == str(tmp_path / "run" / "best.pt") and r["valid_by_checkpoint"] == {}
     assert r["overrides"] == ["--set train.max_steps=4", "--set decode.beam=1"]
     assert r["parameters"] > 0 and r["train_seconds"] > 0 and r["tokens_per_s"] > 0
     assert r["hardware"].startswith(("CPU", "1x", "2x"))
@@ -37,6 +41,35 @@ def test_experiment_records_scores_cost_and_overrides(experiment_result, small_c
     # the hypotheses behind the score are kept next to the checkpoint, one line per source line
     hyps = (tmp_path / "run" / "test.hyp").read_text(encoding="utf-8").split("\n")
     assert len(hyps) == 31 and hyps[-1] == ""
+
+
+def test_averaged_checkpoint_is_reported_only_when_it_validates_as_well(tiny_config_file, small_corpus, tmp_path):
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "avg", "--results", str(results),
+                              "--set", "train.save_every=1", "--set", "train.keep_last=4",
+                              "--set", "train.average_last=4", "--set", "decode.beam=1"])
+    assert out.exit_code == 0, out.output
+    r = json.loads((results / "avg.json").read_text(encoding="utf-8"))
+    valid = r["valid_by_checkpoint"]
+    assert set(valid) == {"averaged.pt", "best.pt"}
+    key = {name: (v["bleu"], v["chrf"]) for name, v in valid.items()}
+    chosen = "averaged.pt" if key["averaged.pt"] >= key["best.pt"] else "best.pt"
+    assert r["checkpoint"] == str(tmp_path / "run" / chosen)
+
+    # Make each candidate in turn the perfect one: validation references = its own translations.
+    run = tmp_path / "run"
+    sources = (small_corpus / "valid.en").read_text(encoding="utf-8").splitlines()
+    outputs = {name: Translator.from_checkpoint(run / name).translate(sources) for name in valid}
+    assert outputs["averaged.pt"] != outputs["best.pt"]
+    for winner in ("averaged.pt", "best.pt"):
+        prefix = tmp_path / winner / "valid"
+        prefix.parent.mkdir()
+        prefix.with_suffix(".en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+        prefix.with_suffix(".de").write_text("\n".join(outputs[winner]) + "\n", encoding="utf-8")
+        cfg = load_config(tiny_config_file, [f"data.valid.path={prefix}", "decode.beam=1"])
+        path, _, scores = pick_checkpoint(run, cfg)
+        loser = ({*valid} - {winner}).pop()
+        assert path == run / winner and scores[winner]["chrf"] == 100.0 > scores[loser]["chrf"]
 
 
 def test_experiment_resumes_instead_of_retraining(experiment_result, tiny_config_file, tmp_path):
