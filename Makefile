@@ -81,12 +81,13 @@ analysis: install
 	$(NMT) --quiet analyze $(foreach e,$(TOY_EXPERIMENTS),-c $(e:toy_%=%)=runs/$(e)/best.pt) \
 	  --report results --sentences 27,41 $(ARGS)
 
-# The same for the Multi30k runs there are (after make multi30k-*), on test_2016_flickr:
-# results/multi30k/analysis.md. Each run is read from the checkpoint its experiment scored.
+# The same for the Multi30k experiments that have results (after make multi30k-*), on
+# test_2016_flickr: results/multi30k/analysis.md, from the checkpoints those results scored.
 M30K_RUNS = $(strip $(foreach e,multi30k_transformer multi30k_rnn_bahdanau multi30k_rnn_luong_general multi30k_rnn_noattn,\
-  $(if $(wildcard runs/$(e)/best.pt),$(e:multi30k_%=%)=$(firstword $(wildcard runs/$(e)/averaged.pt) runs/$(e)/best.pt))))
+  $(if $(wildcard results/$(e).json),$(e:multi30k_%=%)=$(shell $(PYTHON) -c \
+    "import json; print(json.load(open('results/$(e).json'))['checkpoint'])"))))
 analysis-multi30k: install
-	$(if $(M30K_RUNS),,$(error no Multi30k run in runs/: run make multi30k-transformer and friends first))
+	$(if $(M30K_RUNS),,$(error no results/multi30k_*.json: run make multi30k-transformer and friends first))
 	$(NMT) --quiet analyze $(foreach r,$(M30K_RUNS),-c $(r)) --report results/multi30k --sentences 3,16 $(ARGS)
 
 # Render results/*.json into the README's results table.

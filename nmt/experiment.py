@@ -33,7 +33,8 @@ def hardware() -> str:
                 break
     except OSError:
         pass
-    return f"CPU, {os.cpu_count()} cores ({model})"
+    threads = torch.get_num_threads()
+    return f"CPU, {os.cpu_count()} cores, {threads} thread{'s' if threads > 1 else ''} ({model})"
 
 
 def training_speed(metrics_file: Path) -> float | None:
