@@ -29,7 +29,8 @@ def results_table(results: list[dict[str, Any]]) -> str:
     ]
     for r in results:
         for set_name, s in r["test"].items():
-            long = s.get("by_length", [{}])[-1].get("bleu", "")
+            long = s.get("by_length", [{}])[-1].get("bleu")
+            long = "" if long is None else f"{long:.1f}"
             minutes = f"{r['train_seconds'] / 60:.1f} min"
             lines.append(
                 f"| {r['experiment']} | {r['direction']} | {r['model']} | {r['parameters'] / 1e6:.1f}M | {set_name} "

@@ -97,7 +97,8 @@ def test_results_render_into_readme_between_markers(experiment_result, tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| tiny |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:5] == ["tiny", "en-de", "transformer", f"{experiment_result['parameters'] / 1e6:.1f}M", "test"]
-    assert cells[5] == f"{experiment_result['test']['test']['bleu']:.1f}"
+    test = experiment_result["test"]["test"]
+    assert cells[5:8] == [f"{test['bleu']:.1f}", f"{test['chrf']:.1f}", f"{test['by_length'][-1]['bleu']:.1f}"]
     assert "- `tiny`: `--set train.max_steps=4 --set decode.beam=1`" in table
     main(["--results", str(results), "--readme", str(readme)])
     assert readme.read_text(encoding="utf-8") == text  # rendering twice changes nothing
