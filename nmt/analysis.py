@@ -147,7 +147,7 @@ def write_report(
     lines = [
         "# What attention does",
         "",
-        f"Test set `{result['set']}`; written by `make analysis` (`nmt.analysis.write_report`).",
+        f"Test set `{result['set']}`; written by `nmt analyze --report` (`nmt.analysis.write_report`; `make analysis`, `make analysis-multi30k`).",
         "",
         "| model | BLEU | chrF |",
         "| --- | ---: | ---: |",
