@@ -26,3 +26,37 @@ def test_plot_writes_a_png(tmp_path):
     rows = [{"words": "1-3", "bleu": 50.0}, {"words": "4-9", "bleu": 30.0}]
     path = plot_bleu_by_length({"a": rows, "b": rows}, tmp_path / "sub" / "plot.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
+    import re
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+    from nmt.evaluate import evaluate_checkpoint
+    from tests.conftest import tiny_config_dict
+
+    runner = CliRunner()
+    ckpts = {}
+    for name, model_type in [("tr", "transformer"), ("noattn", "rnn")]:
+        raw = tiny_config_dict(small_corpus, tmp_path / name, model_type)
+        raw["model"]["rnn"]["decoder"] = "none"
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        assert runner.invoke(app, ["train", str(cfg), "--set", "train.max_steps=3"]).exit_code == 0
+        ckpts[name] = tmp_path / name / "best.pt"
+
+    out = runner.invoke(app, ["analyze", "-c", f"tr={ckpts['tr']}", "-c", f"noattn={ckpts['noattn']}",
+                              "--report", str(tmp_path / "report"), "--sentences", "0,2", "--beam", "1"])
+    assert out.exit_code == 0, out.output
+    report = tmp_path / "report" / "analysis.md"
+    text = report.read_text(encoding="utf-8")
+    expected = evaluate_checkpoint(ckpts["tr"], split="test", beam=1)["test"]
+    assert f"| tr | {expected['bleu']:.2f} | {expected['chrf']:.2f} |" in text
+    assert text.count("(no attention: one fixed context vector)") == 2  # one per chosen sentence
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert "analysis/bleu_by_length.png" in images and "analysis/attention_tr_1.png" in images
+    for image in images:
+        assert (report.parent / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
