@@ -71,8 +71,11 @@ def pick_checkpoint(
     for path, translator in zip(candidates, translators):
         s = score(translator.translate(sources), refs, cfg.eval)
         scores[path.name] = {"bleu": s["bleu"], "chrf": s["chrf"]}
-    # BLEU decides, chrF breaks a tie, and then averaged.pt (listed first) wins
-    best = max(range(len(candidates)), key=lambda i: (*scores[candidates[i].name].values(), -i))
+    def rank(i: int) -> tuple[float, float, int]:  # BLEU decides, chrF breaks a tie, then averaged.pt (listed first)
+        s = scores[candidates[i].name]
+        return s["bleu"], s["chrf"], -i
+
+    best = max(range(len(candidates)), key=rank)
     return candidates[best], translators[best], scores
 
 
