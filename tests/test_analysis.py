@@ -1,6 +1,13 @@
+import re
+
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from nmt.analysis import bleu_by_length, length_buckets, markdown_table, plot_bleu_by_length
+from nmt.cli import app
+from nmt.evaluate import evaluate_checkpoint
+from tests.conftest import tiny_config_dict
 
 
 def test_buckets_are_equal_sized_and_ordered_by_length():
@@ -29,15 +36,6 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
-    import re
-
-    import yaml
-    from typer.testing import CliRunner
-
-    from nmt.cli import app
-    from nmt.evaluate import evaluate_checkpoint
-    from tests.conftest import tiny_config_dict
-
     runner = CliRunner()
     ckpts = {}
     for name, model_type in [("tr", "transformer"), ("noattn", "rnn")]:
