@@ -59,13 +59,15 @@ M30K_SOURCE := $(if $(wildcard $(NMT_DATA)/train.de*),,\
 TOY_EXPERIMENTS := toy_transformer toy_rnn_noattn toy_rnn_bahdanau toy_rnn_luong_general toy_rnn_luong_dot
 EXPERIMENT = $(NMT) experiment configs/$(1).yaml $(2) $(ARGS)
 
-.PHONY: toy-all multi30k-all multi30k-transformer multi30k-transformer-en-de \
+.PHONY: toy-all multi30k-all multi30k-transformer multi30k-transformer-en-de multi30k-transformer-dropout01 \
         multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn results analysis analysis-multi30k
 
 toy-all: install
 	for c in $(TOY_EXPERIMENTS); do $(call EXPERIMENT,$$c) || exit 1; done
 multi30k-transformer: install
 	$(call EXPERIMENT,multi30k_transformer,$(M30K_SOURCE))
+multi30k-transformer-dropout01: install
+	$(call EXPERIMENT,multi30k_transformer_dropout01,$(M30K_SOURCE))
 multi30k-transformer-en-de: install
 	$(call EXPERIMENT,multi30k_transformer_en_de,$(M30K_SOURCE))
 multi30k-rnn-bahdanau: install
@@ -74,7 +76,7 @@ multi30k-rnn-luong: install
 	$(call EXPERIMENT,multi30k_rnn_luong_general,$(M30K_SOURCE))
 multi30k-rnn-noattn: install
 	$(call EXPERIMENT,multi30k_rnn_noattn,$(M30K_SOURCE))
-multi30k-all: multi30k-transformer multi30k-transformer-en-de multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn
+multi30k-all: multi30k-transformer multi30k-transformer-dropout01 multi30k-transformer-en-de multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn
 
 # BLEU by source length and attention heatmaps of the toy models (after make toy-all).
 analysis: install
