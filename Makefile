@@ -57,7 +57,11 @@ M30K_SOURCE := $(if $(wildcard $(NMT_DATA)/train.de*),,\
   --set 'data.train=$(call HUB_SPLIT,train)' --set 'data.valid=$(call HUB_SPLIT,validation)' \
   --set 'data.test={test_2016_flickr: $(call HUB_SPLIT,test)}')
 TOY_EXPERIMENTS := toy_transformer toy_rnn_noattn toy_rnn_bahdanau toy_rnn_luong_general toy_rnn_luong_dot
-EXPERIMENT = $(NMT) experiment configs/$(1).yaml $(2) $(ARGS)
+# NPROC=N trains with N torchrun processes; on a CPU, N processes of one thread each (torchrun's
+# default) train faster than one process with N threads.
+NPROC ?= 1
+EXPERIMENT = $(if $(filter 1,$(NPROC)),$(NMT),$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) -m nmt) \
+  experiment configs/$(1).yaml $(2) $(ARGS)
 
 .PHONY: toy-all multi30k-all multi30k-transformer multi30k-transformer-en-de multi30k-transformer-dropout01 \
         multi30k-rnn-bahdanau multi30k-rnn-luong multi30k-rnn-noattn results analysis analysis-multi30k

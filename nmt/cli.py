@@ -194,13 +194,19 @@ def experiment(
     name: Annotated[Optional[str], typer.Option(help="Experiment name (default: the config file's name).")] = None,
     results: Annotated[Path, typer.Option(help="Folder for <name>.json.")] = Path("results"),
 ) -> None:
-    """Train (or resume), score every test set, and write results/<name>.json."""
+    """Train (or resume), score every test set, and write results/<name>.json.
+
+    Under torchrun (`torchrun --standalone --nproc_per_node N -m nmt experiment CONFIG`) all
+    processes train and rank 0 scores.
+    """
     from nmt.config import load_config
     from nmt.experiment import run_experiment
 
     cfg = load_config(config, overrides or [])
     result = run_experiment(cfg, name or config.stem, results_dir=results, restart=restart,
                             overrides=[f"--set {o}" for o in overrides or []])
+    if result is None:  # a torchrun rank other than 0: it trained, rank 0 reports
+        return
     for set_name, s in result["test"].items():
         typer.echo(f"{result['experiment']} {set_name}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
     typer.echo(f"wrote {results / (result['experiment'] + '.json')}")

@@ -19,10 +19,12 @@ import torch
 from nmt.config import ExperimentConfig
 from nmt.errors import CheckpointError
 from nmt.evaluate import eval_sets, score
+from nmt.runtime import is_main_process
 
 
 def hardware() -> str:
-    """A short description of the machine the numbers come from."""
+    """A short description of the machine the numbers come from (and, under torchrun, how many processes)."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}"
     model = platform.processor() or platform.machine()
@@ -34,7 +36,10 @@ def hardware() -> str:
     except OSError:
         pass
     threads = torch.get_num_threads()
-    return f"CPU, {os.cpu_count()} cores, {threads} thread{'s' if threads > 1 else ''} ({model})"
+    per_process = f"{threads} thread{'s' if threads > 1 else ''}"
+    if processes > 1:
+        per_process = f"{processes} processes x {per_process}"
+    return f"CPU, {os.cpu_count()} cores, {per_process} ({model})"
 
 
 def training_speed(metrics_file: Path) -> float | None:
@@ -87,9 +92,11 @@ def _model_label(cfg: ExperimentConfig) -> str:
 
 
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
-                   restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any]:
+                   restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any] | None:
     """Train `cfg` (resuming an interrupted run), score the checkpoint `pick_checkpoint` chooses
     on every test set with the config's beam, and write `results_dir/<name>.json`.
+
+    Under torchrun every process trains and rank 0 alone scores and writes; the others return None.
 
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
@@ -98,6 +105,8 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     from nmt.train.loop import train
 
     summary = train(cfg, restart=restart)
+    if not is_main_process():
+        return None
     run_dir = Path(cfg.run_dir)
     checkpoint, translator, valid_scores = pick_checkpoint(run_dir, cfg, device)
     tests = {}

@@ -14,16 +14,22 @@ import torch
 import torch.multiprocessing as mp
 
 from nmt.config import ExperimentConfig
+from nmt.experiment import run_experiment
 from nmt.train.loop import Trainer, train
 from tests.conftest import ROOT
 from tests.train.helpers import same_weights, tiny_cfg, weights, write_cfg
 
 
-def _rank_main(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
-    """One rank, set up as torchrun would (environment variables), saving what the test compares."""
+def _as_rank(rank: int, world_size: int, port: int) -> None:
+    """Set this forked process up as torchrun would (environment variables), with one thread."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+
+
+def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One training rank, saving its final weights and summary for the test to compare."""
+    _as_rank(rank, world_size, port)
     trainer = Trainer.setup(cfg)
     try:
         summary = trainer.run()
@@ -32,15 +38,28 @@ def _rank_main(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out
         trainer.close()
 
 
-def run_ranks(cfg: ExperimentConfig, world_size: int, out) -> list[dict]:
-    """Train `cfg` in `world_size` gloo processes; each rank's final weights and summary."""
+def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One rank of `nmt experiment`, saving what `run_experiment` returned to it."""
+    _as_rank(rank, world_size, port)
+    result = run_experiment(cfg, "ddp", results_dir=f"{out}/results")
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
+def start_ranks(target, world_size: int, cfg: ExperimentConfig, out) -> None:
+    """Run `target(rank, world_size, port, cfg, out)` in `world_size` forked gloo processes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # fork: the children start with torch and nmt imported (spawn would import them again), and with
     # what building the first optimizer imports (torch._dynamo, seconds of it) already done here
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])
-    mp.start_processes(_rank_main, args=(world_size, port, cfg, str(out)), nprocs=world_size, start_method="fork")
+    mp.start_processes(target, args=(world_size, port, cfg, str(out)), nprocs=world_size, start_method="fork")
+
+
+def run_ranks(cfg: ExperimentConfig, world_size: int, out) -> list[dict]:
+    """Train `cfg` in `world_size` gloo processes; each rank's final weights and summary."""
+    start_ranks(_train_rank, world_size, cfg, out)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 
@@ -65,6 +84,22 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus,
     single_weights = weights(tmp_path / "single" / "ckpt_4.pt")
     for k, v in ranks[0]["model"].items():
         assert torch.allclose(v, single_weights[k], atol=1e-4), k
+
+
+def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=4, valid_every=2)
+    cfg.decode.beam = 1
+    start_ranks(_experiment_rank, 2, cfg, tmp_path)
+
+    returned = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert returned[1] is None
+    written = json.loads((tmp_path / "results" / "ddp.json").read_text(encoding="utf-8"))
+    assert written == returned[0]
+    assert written["steps"] == 4 and written["test"]["test"]["sentences"] == 30
+    if not torch.cuda.is_available():
+        assert ", 2 processes x 1 thread (" in written["hardware"]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
 
 
 @pytest.mark.slow
