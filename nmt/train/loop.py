@@ -127,7 +127,6 @@ class Trainer:
         self.optimizer, self.scheduler, self.scaler, self.p = optimizer, scheduler, scaler, progress
         self.run_dir, self.owns_group = Path(cfg.run_dir), owns_group
         self.n_params = count_parameters(model)
-        self.last_valid: dict[str, Any] = {}
         self.saved_step = progress.step if progress.step else -1
         self.bad_steps = 0
         self.metric_kind = "bleu" if self.tc.early_stop_metric == "bleu" and self.tc.valid_bleu else "loss"
@@ -200,7 +199,7 @@ class Trainer:
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,
             "train_seconds": round(p.train_seconds, 1), "parameters": self.n_params,
-            "best_metric": p.best_metric, "metric": self.metric_kind, "last_valid": self.last_valid,
+            "best_metric": p.best_metric, "metric": self.metric_kind, "last_valid": self.p.last_valid,
             "best_checkpoint": str(self.run_dir / "best.pt"),
             **({"averaged_checkpoint": str(averaged)} if averaged else {}),
         }
@@ -360,7 +359,7 @@ class Trainer:
     def _validate_and_save(self) -> None:
         """Validate, track the best metric and plateaus, and write checkpoints."""
         p = self.p
-        result = self.last_valid = self.validate()
+        result = p.last_valid = self.validate()
         kind = self.metric_kind
         metric = result[kind]
         improved = _is_better(metric, p.best_metric, kind)
@@ -389,7 +388,6 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "progress": dataclasses.asdict(self.p),
             "rng": all_gather(rng_states(), self.ctx),  # one entry per rank
-            "valid": self.last_valid,
             "parameters": self.n_params,
         }
         path = self.run_dir / f"ckpt_{self.p.step}.pt"

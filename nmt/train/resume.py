@@ -28,6 +28,7 @@ class Progress:
     bad_validations: int = 0
     train_seconds: float = 0.0
     validated_step: int = -1  # step of the last validation
+    last_valid: dict[str, float] = dataclasses.field(default_factory=dict)  # its scores
 
 
 def resume(path: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler, scaler) -> Progress:
@@ -41,6 +42,7 @@ def resume(path: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer, sched
         scaler.load_state_dict(payload["scaler"])
     known = {f.name for f in dataclasses.fields(Progress)}
     progress = Progress(**{k: v for k, v in payload["progress"].items() if k in known})
+    progress.last_valid = progress.last_valid or payload.get("valid", {})  # where older checkpoints kept it
     states = payload["rng"] if isinstance(payload["rng"], list) else [payload["rng"]]
     if len(states) == ctx.world_size:
         set_rng_states(states[ctx.rank])

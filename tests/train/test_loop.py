@@ -47,9 +47,10 @@ def test_stop_and_resume_is_bitwise_exact(small_corpus, tmp_path):
 
 def test_a_finished_run_started_again_does_nothing(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=3)
-    train(cfg)
+    first = train(cfg)
     summary = train(cfg)
     assert summary["step"] == 3 and summary["stop"] == "max_steps=3"
+    assert summary["last_valid"] == first["last_valid"] and "loss" in summary["last_valid"]
     assert len(records(tmp_path / "run", "valid")) == 1
 
 
