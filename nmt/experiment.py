@@ -24,7 +24,6 @@ from nmt.runtime import is_main_process
 
 def hardware() -> str:
     """A short description of the machine the numbers come from (and, under torchrun, how many processes)."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}"
     model = platform.processor() or platform.machine()
@@ -37,6 +36,7 @@ def hardware() -> str:
         pass
     threads = torch.get_num_threads()
     per_process = f"{threads} thread{'s' if threads > 1 else ''}"
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
     if processes > 1:
         per_process = f"{processes} processes x {per_process}"
     return f"CPU, {os.cpu_count()} cores, {per_process} ({model})"

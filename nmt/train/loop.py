@@ -199,7 +199,7 @@ class Trainer:
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,
             "train_seconds": round(p.train_seconds, 1), "parameters": self.n_params,
-            "best_metric": p.best_metric, "metric": self.metric_kind, "last_valid": self.p.last_valid,
+            "best_metric": p.best_metric, "metric": self.metric_kind, "last_valid": p.last_valid,
             "best_checkpoint": str(self.run_dir / "best.pt"),
             **({"averaged_checkpoint": str(averaged)} if averaged else {}),
         }
