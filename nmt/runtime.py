@@ -30,7 +30,7 @@ def pick_device(name: str = "auto") -> torch.device:
     """`auto`: CUDA, then MPS, then CPU. A named device that is absent is a user error."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", local_rank() if torch.cuda.device_count() > 1 else 0)
+            return _local_gpu()
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
@@ -39,8 +39,16 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise UserError("device 'mps' (train.device or --device): MPS is not available; use 'auto' or 'cpu'")
     if name == "cuda":
-        return torch.device("cuda", local_rank())
+        return _local_gpu()
     return torch.device(name)
+
+
+def _local_gpu() -> torch.device:
+    """The GPU of this process's LOCAL_RANK (0 outside torchrun), which must exist."""
+    rank, count = local_rank(), torch.cuda.device_count()
+    if rank >= count:  # rank 0 alone may use the GPU even where its node runs more processes than GPUs
+        check_gpus_per_node(rank, local_world_size(), count)
+    return torch.device("cuda", rank)
 
 
 def enable_fast_math(device: torch.device) -> None:
@@ -148,19 +156,48 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def local_world_size() -> int:
+    """Processes on this node: torchrun's LOCAL_WORLD_SIZE, else at least this process's LOCAL_RANK + 1."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank() + 1)))
+
+
+def check_gpus_per_node(local_rank: int, local_world_size: int, device_count: int) -> None:
+    """Fail unless each of this node's processes can have a CUDA device of its own.
+
+    Process `local_rank` uses `cuda:local_rank`; two processes cannot share one GPU under
+    NCCL. Checked before any CUDA call or rendezvous, so every rank fails at once with
+    the same line instead of one dying on `invalid device ordinal` and the others hanging.
+
+    Raises:
+        UserError: more processes on this node than CUDA devices, naming both counts.
+    """
+    processes = max(local_world_size, local_rank + 1)
+    if processes <= device_count:
+        return
+    gpus = f"{device_count} CUDA device{'s' if device_count != 1 else ''}"
+    raise UserError(f"torchrun --nproc_per_node: {processes} processes on this node (LOCAL_WORLD_SIZE) but {gpus}, "
+                    f"and NCCL needs a GPU per process; use --nproc_per_node {device_count} or fewer, "
+                    f"or --set train.device=cpu to train on the CPU with gloo")
+
+
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a lone process (reads the launcher's RANK, so it holds after teardown too)."""
     return int(os.environ.get("RANK", "0")) == 0
 
 
 def init_distributed(device_name: str = "auto") -> Dist:
-    """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU."""
+    """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU.
+
+    Raises:
+        UserError: NCCL with more processes on this node than GPUs (see `check_gpus_per_node`).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return Dist()
     if not dist.is_initialized():
         use_nccl = device_name in ("auto", "cuda") and torch.cuda.is_available()
-        if use_nccl:
+        if use_nccl:  # check before touching a GPU or waiting for the other ranks
+            check_gpus_per_node(local_rank(), local_world_size(), torch.cuda.device_count())
             torch.cuda.set_device(local_rank())
         dist.init_process_group(backend="nccl" if use_nccl else "gloo")
     return Dist(rank=dist.get_rank(), world_size=dist.get_world_size())
