@@ -1,4 +1,8 @@
-"""DDP on CPU with gloo: two ranks stay identical, match one process on the same batches, and only rank 0 writes."""
+"""DDP on CPU with gloo: two ranks stay identical, match one process on the same batches, and only rank 0 writes.
+
+Every run pins `train.device: cpu`, so the tests pass on a machine with one GPU (or none): with `auto`
+there, two ranks would need two GPUs. The check on processes per GPU is in tests/test_runtime.py.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from tests.train.helpers import same_weights, tiny_cfg, weights, write_cfg
 def _as_rank(rank: int, world_size: int, port: int) -> None:
     """Set this forked process up as torchrun would (environment variables), with one thread."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
 
 
@@ -41,7 +45,7 @@ def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, ou
 def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
     """One rank of `nmt experiment`, saving what `run_experiment` returned to it."""
     _as_rank(rank, world_size, port)
-    result = run_experiment(cfg, "ddp", results_dir=f"{out}/results")
+    result = run_experiment(cfg, "ddp", results_dir=f"{out}/results", device="cpu")  # scoring too, as training
     with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
         json.dump(result, f)
 
@@ -65,7 +69,7 @@ def run_ranks(cfg: ExperimentConfig, world_size: int, out) -> list[dict]:
 
 def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus, tmp_path):
     # no dropout: the two setups then compute the same function of the same data
-    settings = {"max_steps": 4, "valid_every": 2, "save_every": 1}
+    settings = {"max_steps": 4, "valid_every": 2, "save_every": 1, "device": "cpu"}
     ddp_cfg = tiny_cfg(small_corpus, tmp_path / "ddp", **settings)
     ddp_cfg.model.transformer.dropout = 0.0
     ranks = run_ranks(ddp_cfg, 2, tmp_path)
@@ -87,7 +91,7 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus,
 
 
 def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):
-    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=4, valid_every=2)
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=4, valid_every=2, device="cpu")
     cfg.decode.beam = 1
     start_ranks(_experiment_rank, 2, cfg, tmp_path)
 
@@ -105,7 +109,8 @@ def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(smal
 @pytest.mark.slow
 def test_torchrun_two_processes_on_the_command_line(small_corpus, tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=4, valid_every=2)
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=4, valid_every=2,
+                       device="cpu")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(config)]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
