@@ -90,7 +90,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
-        average_heads: bool = True,
+        average_heads: bool = True, causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from query (B, Tq, D) to keys and values from `project_kv`.
 
@@ -101,6 +101,9 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the attention weights (computed by the
                 manual path, whatever `impl` is).
             average_heads: weights averaged over heads (B, Tq, Tk), else (B, H, Tq, Tk).
+            causal: `mask` is exactly the causal mask of Tq == Tk positions; the
+                fused path then passes `is_causal` instead of the mask, which lets
+                torch use flash attention (it takes no explicit mask).
 
         Returns:
             The output (B, Tq, D) and the weights or None.
@@ -113,8 +116,8 @@ class MultiHeadAttention(nn.Module):
             context, weights = attention(q, k, v, mask, p)
         else:
             # sdpa's boolean mask means True = attend: the one place our polarity is inverted.
-            keep = None if mask is None else ~mask
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+            keep = None if mask is None or causal else ~mask
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, is_causal=causal)
         context = context.transpose(1, 2).reshape(B, Tq, self.d_model)  # (B, Tq, D)
         if weights is not None and average_heads:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
