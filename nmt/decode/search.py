@@ -217,7 +217,7 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
          step_fn: StepFn, opts: _Options) -> list[_Finished]:
     """The loop: advance every active row one token per step until all sentences are done."""
     K, device = opts.beam, src.device
-    batch = src.size(0)
+    batch, longest = src.size(0), int(max_len.max())
     rows = torch.arange(batch, device=device).repeat_interleave(K)  # (B*K,)
     memory = model.encode(src, src_pad_mask).index_select(rows)
     scores = torch.full((batch, K), -math.inf, device=device)  # identical rows: only row 0 expands
@@ -226,10 +226,12 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
         sent=torch.arange(batch, device=device), max_len=max_len.to(device),
         n_finished=torch.zeros(batch, dtype=torch.long, device=device), scores=scores,
         prefix=torch.full((batch * K, 1), opts.bos_id, dtype=torch.long, device=device),
-        attn=None, memory=memory, state=model.init_state(memory) if opts.cached else None,
+        attn=None, memory=memory,
+        # Positions 0 .. longest are fed (BOS, then up to `longest` tokens): caches can be preallocated.
+        state=model.init_state(memory, max_len=longest + 1) if opts.cached else None,
     )
     finished: list[_Finished] = []
-    for step in range(int(max_len.max()) + 1):
+    for step in range(longest + 1):
         log_probs, state, attn = _next_log_probs(model, act, opts)
         log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), opts)
         b = act.sent.numel()

@@ -92,8 +92,14 @@ class Seq2Seq(Protocol):
         """Logits for a whole target prefix without caches: tgt_in (B, T) -> (B, T, V)."""
         ...
 
-    def init_state(self, memory: Memory) -> State:
-        """The decoder state before the first target token."""
+    def init_state(self, memory: Memory, *, max_len: int | None = None) -> State:
+        """The decoder state before the first target token.
+
+        `max_len`, when given, is the most `decode_step` calls that will follow
+        (the search knows it from its length limit), so a model may preallocate
+        fixed-size caches; models whose state does not grow ignore it. Steps
+        beyond it must still work.
+        """
         ...
 
     def decode_step(

@@ -83,8 +83,10 @@ class Ensemble(nn.Module):
                      for m, mem in zip(self.members, memory.extra["members"])]
         return _mean_probs(log_probs)
 
-    def init_state(self, memory: Memory) -> EnsembleState:
-        return EnsembleState(members=[m.init_state(mem) for m, mem in zip(self.members, memory.extra["members"])])
+    def init_state(self, memory: Memory, *, max_len: int | None = None) -> EnsembleState:
+        """Each member's initial state; `max_len` is passed on (see `contract.Seq2Seq.init_state`)."""
+        return EnsembleState(members=[m.init_state(mem, max_len=max_len)
+                                      for m, mem in zip(self.members, memory.extra["members"])])
 
     def decode_step(
         self, tokens: Tensor, memory: Memory, state: EnsembleState, *, need_attn: bool = False

@@ -435,8 +435,11 @@ class RNNSeq2Seq(nn.Module):
         extra |= self.decoder.context.precompute(states)
         return Memory(states=states, pad_mask=src_pad_mask, extra=extra)
 
-    def init_state(self, memory: Memory) -> RNNState:
-        """The bridged decoder state before the first target token."""
+    def init_state(self, memory: Memory, *, max_len: int | None = None) -> RNNState:
+        """The bridged decoder state before the first target token.
+
+        `max_len` is ignored: a recurrent state has the same size at every step.
+        """
         hidden, cell = self.bridge(memory.extra["final_h"], memory.extra.get("final_c"))
         return self.decoder.start(hidden, cell)
 

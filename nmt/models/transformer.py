@@ -184,31 +184,48 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, self_mask: Tensor, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
-        need_attn: bool = False,
+        need_attn: bool = False, start: int = 0,
     ) -> tuple[Tensor, KV, Tensor | None]:
         """Run T new target positions that follow the `past` ones.
 
         Args:
             x: (B, T, D).
             self_mask: causal mask (T, t + T), True = future.
-            past: cached self-attention keys and values (B, H, t, Dh), or None (t = 0).
+            past: cached self-attention keys and values of the t = `start` earlier
+                positions, or None (t = 0). Either exactly (B, H, t, Dh), grown by
+                concatenation, or preallocated buffers (B, H, L, Dh) with L >= t + T
+                (`Transformer.init_state` with `max_len`), written in place at t .. t + T - 1.
             memory_kv: cross-attention keys and values of the source (B, H, S, Dh).
             memory_mask: source padding (B, 1, 1, S).
             need_attn: return cross-attention weights per head (B, H, T, S).
+            start: t, the position of the first of the T new tokens.
 
         Returns:
-            x (B, T, D), self-attention keys and values (B, H, t + T, Dh), weights or None.
+            x (B, T, D); the cache to carry on: the grown keys and values (B, H, t + T, Dh),
+            or the very `past` buffers (B, H, L, Dh) now filled up to t + T; weights or None.
         """
         h = self.self_res.normed(x)
         k, v = self.self_attn.project_kv(h)  # (B, H, T, Dh)
-        if past is not None:
+        end = start + x.size(1)
+        if past is None:
+            cache = (k, v)
+        elif past[0].size(2) >= end:
+            # Preallocated: no reallocation and O(t) copy per step, and the buffers keep one
+            # shape for the whole search. Attend over the filled prefix only, so the result
+            # is the growing cache's to the bit.
+            past[0][:, :, start:end] = k
+            past[1][:, :, start:end] = v
+            cache = past
+            k, v = past[0][:, :, :end], past[1][:, :, :end]  # (B, H, t + T, Dh) views
+        else:  # grown (also past a full buffer's capacity, so a short max_len is never an error)
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, t + T, Dh)
-        y, _ = self.self_attn(h, k, v, self_mask)
+            cache = (k, v)
+        y, _ = self.self_attn(h, k, v, self_mask, causal=past is None)  # no past: a whole prefix, causally masked
         x = self.self_res.add(x, y)
         h = self.cross_res.normed(x)
         y, attn = self.cross_attn(h, *memory_kv, memory_mask, need_weights=need_attn, average_heads=False)
         x = self.cross_res.add(x, y)
-        return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x))), (k, v), attn
+        return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x))), cache, attn
 
 
 class Encoder(nn.Module):
@@ -260,12 +277,13 @@ class Decoder(nn.Module):
             tokens: (B, T).
             memory_kv: from `project_memory`.
             memory_pad_mask: source padding (B, S).
-            past: per-layer cached keys and values of the `start` earlier positions, or None.
+            past: per-layer cached keys and values of the `start` earlier positions, or None;
+                grown or preallocated, see `DecoderLayer.forward`.
             start: position of the first token.
             attn_layer: index of the layer whose cross-attention weights to return.
 
         Returns:
-            States (B, T, D), per-layer keys and values (B, H, start + T, Dh),
+            States (B, T, D), per-layer caches (`DecoderLayer.forward`) holding start + T positions,
             cross-attention weights (B, H, T, S) of `attn_layer` or None.
         """
         T = tokens.size(1)
@@ -276,7 +294,8 @@ class Decoder(nn.Module):
         present, attn = [], None
         for i, layer in enumerate(self.layers):
             layer_past = None if past is None else past[i]
-            x, kv, weights = layer(x, self_mask, layer_past, memory_kv[i], memory_mask, need_attn=i == wanted)
+            x, kv, weights = layer(x, self_mask, layer_past, memory_kv[i], memory_mask, need_attn=i == wanted,
+                                   start=start)
             present.append(kv)
             attn = weights if i == wanted else attn
         return self.norm(x), present, attn
@@ -287,7 +306,9 @@ class TransformerState:
     """Incremental decoding state, every tensor batch-first.
 
     Attributes:
-        self_kv: per decoder layer, self-attention keys and values so far (B, H, t, Dh).
+        self_kv: per decoder layer, self-attention keys and values: either exactly the
+            t positions so far (B, H, t, Dh), or buffers (B, H, L, Dh) preallocated for
+            L positions of which the first t are filled (see `Transformer.init_state`).
             (The cross-attention keys and values live in `Memory.extra`, see `encode`.)
         step: t, the number of tokens decoded so far (the next token's position).
     """
@@ -411,12 +432,24 @@ class Transformer(nn.Module):
         states, _, _ = self.decoder(tgt_in, memory.extra["cross_kv"], memory.pad_mask)
         return self.output(states)
 
-    def init_state(self, memory: Memory) -> TransformerState:
-        """Empty self-attention caches, one per decoder layer."""
+    def init_state(self, memory: Memory, *, max_len: int | None = None) -> TransformerState:
+        """Empty self-attention caches, one per decoder layer.
+
+        Args:
+            memory: from `encode`.
+            max_len: the most positions `decode_step` will be called for. Given, each
+                layer's keys and values are preallocated (B, H, max_len, Dh) and every
+                step writes its position in place: one shape for the whole search, no
+                reallocation. None: the caches grow by one position per step
+                (concatenation; for callers that do not know the length). Either way
+                the results are the same, and steps beyond max_len still work (they grow).
+        """
         k, _ = memory.extra["cross_kv"][0]
         B, H, _, Dh = k.shape
-        empty = k.new_zeros(B, H, 0, Dh)  # (B, H, 0, Dh), dtype of the projections under autocast
-        return TransformerState(self_kv=[(empty, empty) for _ in self.decoder.layers], step=0)
+        L = 0 if max_len is None else max_len
+        # new_zeros takes the projections' dtype: bf16 buffers under bf16 autocast, as project_kv writes.
+        return TransformerState(self_kv=[(k.new_zeros(B, H, L, Dh), k.new_zeros(B, H, L, Dh))  # (B, H, L, Dh)
+                                         for _ in self.decoder.layers], step=0)
 
     def decode_step(
         self, tokens: Tensor, memory: Memory, state: TransformerState, *, need_attn: bool = False
@@ -426,7 +459,11 @@ class Transformer(nn.Module):
         Args:
             tokens: the previous output token of each hypothesis (B,).
             memory: from `encode`, reordered like `state`.
-            state: from `init_state` or the previous step; not modified.
+            state: from `init_state` or the previous step. Grown caches are not modified.
+                Preallocated buffers are shared with the new state and written at position
+                `state.step` only, which `state` itself never reads, so `state` stays valid;
+                but two steps from one state share that position: `index_select` (which
+                copies) before branching, as search does.
             need_attn: also return cross-attention weights (see `attn_layer`, `attn_head`).
 
         Returns:

@@ -85,7 +85,7 @@ class StubModel:
         states = src.float().unsqueeze(-1)  # (B, S, 1)
         return Memory(states=states, pad_mask=src_pad_mask, extra={"cond": src[:, 0].clone()})
 
-    def init_state(self, memory: Memory) -> StubState:
+    def init_state(self, memory: Memory, *, max_len: int | None = None) -> StubState:
         rows = memory.states.size(0)
         return StubState(prefix=torch.empty(rows, 0, dtype=torch.long))
 
