@@ -9,14 +9,23 @@ the model always sees N = b * K rows for the b sentences still active. A step:
    a sentence reaches its maximum length;
 3. a step function (`greedy_step`, `beam_step`, `sample_step`) chooses, per
    sentence, K (score, token, origin row) triples;
-4. hypotheses that chose EOS are set aside as finished and their rows set to
-   -inf, so later steps never extend them (the other rows refill the beam at
-   the next step); a sentence is done once it has K finished hypotheses
-   (fairseq's early stopping: the best of them is final, although with a
-   length penalty a longer unfinished one could in principle still beat it),
-   once it reaches its maximum length, or when no row is alive;
-5. the decoder state is reordered by origin and done sentences are dropped,
-   with one `index_select` on the N rows, so work shrinks as sentences finish.
+4. hypotheses that chose EOS are scored and copied into preallocated slots of
+   their sentence (`_Finished`) and their rows set to -inf, so later steps
+   never extend them (the other rows refill the beam at the next step); a
+   sentence is done once it has K finished hypotheses (fairseq's early
+   stopping: the best of them is final, although with a length penalty a
+   longer unfinished one could in principle still beat it), once it reaches
+   its maximum length, or when no row is alive; a done sentence's rows are
+   set to -inf too, so it is searched no further;
+5. the decoder state is reordered by origin. Every `sync_every` steps the host
+   looks at which sentences are done: the search ends when all are, and done
+   sentences are dropped with one `index_select` on the N rows, so work
+   shrinks as sentences finish.
+
+Steps 1-4 run on the device without waiting for it: every decision is a tensor
+operation (`torch.where`, scatter into the slots), none reads a tensor on the
+host. Only step 5's check does, once per `sync_every` steps, so on a GPU the
+host queues steps ahead of the kernels instead of waiting for each step.
 
 A sentence's maximum length is `floor(max_len_a * src_len + max_len_b)` tokens
 (EOS excluded) for its unpadded source length; at that step EOS is forced,
@@ -83,14 +92,25 @@ class _Options:
         return self.need_attn or self.beta > 0
 
 
+_GPU_SYNC_EVERY = 8
+"""Steps between the host's looks at which sentences are done, off the CPU.
+
+Reading a device tensor on the host waits for every queued kernel, and a small
+model's step is mostly the host queueing kernels: one wait per step leaves the
+GPU idle for most of it. Every 8 steps, the host runs up to 8 steps ahead; the
+price is at most 7 steps of extra work on sentences already done (their rows
+are at -inf: they change nothing) and a batch that shrinks in steps of 8. On
+the CPU reading a tensor costs nothing, so the search looks every step there.
+"""
+
+
 @dataclass
 class _Active:
     """The sentences still searched; each owns K consecutive rows of the N = b * K."""
 
     sent: Tensor  # (b,) position of each sentence in the input batch
     max_len: Tensor  # (b,) longest output, EOS excluded
-    n_finished: Tensor  # (b,)
-    scores: Tensor  # (b, K) cumulative log-probs; -inf marks a finished or empty row
+    scores: Tensor  # (b, K) cumulative log-probs; -inf marks a finished or empty row, or a done sentence
     prefix: Tensor  # (N, t + 1) tokens fed so far, BOS first
     attn: Tensor | None  # (N, t, S) attention of each step so far
     memory: Memory  # rows (N, ...)
@@ -99,13 +119,34 @@ class _Active:
 
 @dataclass
 class _Finished:
-    """Hypotheses set aside at one step (n of them, t tokens each)."""
+    """The finished hypotheses of every input sentence, in preallocated device tensors.
 
-    sent: Tensor  # (n,)
-    tokens: Tensor  # (n, t)
-    log_prob: Tensor  # (n,)
-    score: Tensor  # (n,)
-    attn: Tensor | None  # (n, t + 1, S)
+    A sentence has fewer than K finished hypotheses before a step (else it is
+    done) and gains at most K at a step, so 2K - 1 slots hold them all, in the
+    order they finished; slot F - 1 = 2K - 1 takes the writes of the rows that
+    did not finish, so one scatter per step serves all rows, none chosen on the host.
+    """
+
+    count: Tensor  # (B,) slots used
+    length: Tensor  # (B, F) output tokens, EOS excluded
+    tokens: Tensor  # (B, F, L + 1) output tokens, EOS at `length`
+    log_prob: Tensor  # (B, F)
+    score: Tensor  # (B, F)
+    attn: Tensor | None  # (B, F, L + 1, S) attention of each output step, allocated at the first write
+
+    @classmethod
+    def empty(cls, batch: int, beam: int, longest: int, device: torch.device) -> _Finished:
+        F = 2 * beam
+        return cls(count=torch.zeros(batch, dtype=torch.long, device=device),
+                   length=torch.zeros(batch, F, dtype=torch.long, device=device),
+                   tokens=torch.zeros(batch, F, longest + 1, dtype=torch.long, device=device),
+                   log_prob=torch.zeros(batch, F, device=device), score=torch.zeros(batch, F, device=device),
+                   attn=None)
+
+    @property
+    def discard(self) -> int:
+        """The slot that takes the writes of rows that did not finish."""
+        return self.length.size(1) - 1
 
 
 def search(
@@ -127,6 +168,7 @@ def search(
     eos_id: int = EOS_ID,
     pad_id: int = PAD_ID,
     step_fn: StepFn | None = None,
+    sync_every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch: greedy (beam=1), beam search (beam>1) or sampling.
 
@@ -148,6 +190,11 @@ def search(
         need_attn: return each hypothesis's attention.
         bos_id, eos_id, pad_id: special target ids.
         step_fn: overrides the step function chosen from beam and sampling.
+        sync_every: steps between the host's checks for done sentences (the end
+            of the search, and dropping them from the batch); None: every step on
+            the CPU, `_GPU_SYNC_EVERY` elsewhere. The hypotheses do not depend on it;
+            a seeded sampler's draws do (done sentences still draw until dropped),
+            their distribution does not.
 
     Returns:
         For each sentence, up to `nbest` hypotheses, best score first (fewer only
@@ -159,15 +206,19 @@ def search(
     """
     _check_args(src, src_pad_mask, beam, nbest, max_len_a, max_len_b, min_len,
                 coverage_penalty, sampling, cached, need_attn)
+    if sync_every is not None and sync_every < 1:
+        raise ValueError(f"sync_every ({sync_every}) must be >= 1")
     if step_fn is None:
         step_fn = _default_step_fn(beam, sampling, src.device)
+    if sync_every is None:
+        sync_every = 1 if src.device.type == "cpu" else _GPU_SYNC_EVERY
     opts = _Options(beam=beam, alpha=length_penalty, beta=coverage_penalty, min_len=min_len,
                     cached=cached, need_attn=need_attn, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     with torch.inference_mode():
         if src.size(0) == 0:
             return []
         max_len = _max_lengths(src_pad_mask, max_len_a, max_len_b)
-        finished = _run(model, src, src_pad_mask, max_len, step_fn, opts)
+        finished = _run(model, src, src_pad_mask, max_len, step_fn, opts, sync_every)
         return _assemble(finished, src_pad_mask, nbest, need_attn)
 
 
@@ -214,7 +265,7 @@ def _max_lengths(src_pad_mask: Tensor, a: float, b: int) -> Tensor:
 
 
 def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
-         step_fn: StepFn, opts: _Options) -> list[_Finished]:
+         step_fn: StepFn, opts: _Options, sync_every: int) -> _Finished:
     """The loop: advance every active row one token per step until all sentences are done."""
     K, device = opts.beam, src.device
     batch, longest = src.size(0), int(max_len.max())
@@ -223,14 +274,13 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
     scores = torch.full((batch, K), -math.inf, device=device)  # identical rows: only row 0 expands
     scores[:, 0] = 0.0
     act = _Active(
-        sent=torch.arange(batch, device=device), max_len=max_len.to(device),
-        n_finished=torch.zeros(batch, dtype=torch.long, device=device), scores=scores,
+        sent=torch.arange(batch, device=device), max_len=max_len.to(device), scores=scores,
         prefix=torch.full((batch * K, 1), opts.bos_id, dtype=torch.long, device=device),
         attn=None, memory=memory,
         # Positions 0 .. longest are fed (BOS, then up to `longest` tokens): caches can be preallocated.
         state=model.init_state(memory, max_len=longest + 1) if opts.cached else None,
     )
-    finished: list[_Finished] = []
+    finished = _Finished.empty(batch, K, longest, device)
     for step in range(longest + 1):
         log_probs, state, attn = _next_log_probs(model, act, opts)
         log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), opts)
@@ -243,14 +293,16 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
             step_attn = attn[order].unsqueeze(1)  # (N, 1, S)
             history = step_attn if act.attn is None else torch.cat([act.attn[order], step_attn], dim=1)
         ended = tokens.eq(opts.eos_id) & scores.isfinite()  # (b, K)
-        if ended.any():
-            finished.append(_set_aside(act.sent, ended, scores, prefix, history, src_pad_mask, opts))
-        act.scores = scores.masked_fill(ended, -math.inf)
-        act.n_finished = act.n_finished + ended.sum(dim=1)
-        done = (act.n_finished >= K) | (act.max_len <= step) | act.scores.isneginf().all(dim=1)
-        if done.all():
-            break
-        _advance(act, ~done, order, prefix, history, state)
+        _record(finished, act.sent, ended, scores, prefix, history, src_pad_mask, opts)
+        scores = scores.masked_fill(ended, -math.inf)
+        done = (finished.count[act.sent] >= K) | (act.max_len <= step) | scores.isneginf().all(dim=1)  # (b,)
+        act.scores = scores.masked_fill(done.unsqueeze(1), -math.inf)  # a done sentence goes no further
+        kept = None
+        if (step + 1) % sync_every == 0:
+            kept = (~done).nonzero().squeeze(1)  # (b',) the one host sync
+            if kept.numel() == 0:
+                break
+        _advance(act, kept, order, prefix, history, state)
     return finished
 
 
@@ -280,17 +332,19 @@ def _constrain(log_probs: Tensor, step: int, max_len: Tensor, opts: _Options) ->
         out[:, opts.bos_id] = -math.inf
     if step < opts.min_len:
         out[:, opts.eos_id] = -math.inf
-    at_max = max_len <= step  # (N,)
-    if at_max.any():
-        eos_only = torch.full_like(out, -math.inf)
-        eos_only[:, opts.eos_id] = log_probs[:, opts.eos_id]
-        out = torch.where(at_max.unsqueeze(1), eos_only, out)
-    return out
+    # At max_len only EOS, with the model's own log-probability (even before min_len);
+    # applied to every row by `where`, since asking which rows are there would wait for the device.
+    eos_only = torch.full_like(out, -math.inf)
+    eos_only[:, opts.eos_id] = log_probs[:, opts.eos_id]
+    return torch.where((max_len <= step).unsqueeze(1), eos_only, out)
 
 
-def _set_aside(sent: Tensor, ended: Tensor, scores: Tensor, prefix: Tensor, history: Tensor | None,
-               src_pad_mask: Tensor, opts: _Options) -> _Finished:
-    """Score the hypotheses that just chose EOS and copy them out.
+def _record(finished: _Finished, sent: Tensor, ended: Tensor, scores: Tensor, prefix: Tensor,
+            history: Tensor | None, src_pad_mask: Tensor, opts: _Options) -> None:
+    """Score the hypotheses that just chose EOS and copy them into their sentences' next free slots.
+
+    Every row is scored and written; those that did not end go to the discard
+    slot, so no row is chosen on the host.
 
     Args:
         sent: input position of each active sentence, (b,).
@@ -299,49 +353,59 @@ def _set_aside(sent: Tensor, ended: Tensor, scores: Tensor, prefix: Tensor, hist
         prefix: tokens of each row, BOS first and EOS last, (N, t + 2).
         history: attention of each row's steps, (N, t + 1, S), or None.
     """
-    rows = ended.flatten().nonzero().squeeze(1)  # (n,)
-    sent = sent[torch.div(rows, opts.beam, rounding_mode="floor")]  # (n,)
-    log_prob = scores.flatten()[rows]  # (n,)
+    b, K = ended.shape
     length = prefix.size(1) - 1  # output tokens including this EOS
-    score = log_prob / length_penalty(length, opts.alpha)
-    attn = history[rows] if history is not None else None  # (n, t + 1, S)
+    slot = finished.count[sent].unsqueeze(1) + ended.long().cumsum(dim=1) - 1  # (b, K), in row order
+    at = (sent.unsqueeze(1).expand(b, K), slot.masked_fill(~ended, finished.discard))  # indices into (B, F)
+    score = scores / length_penalty(length, opts.alpha)  # (b, K)
     if opts.beta > 0:
-        score = score + coverage_penalty(attn, src_pad_mask[sent], opts.beta)
-    return _Finished(sent=sent, tokens=prefix[rows, 1:-1], log_prob=log_prob, score=score,
-                     attn=attn if opts.need_attn else None)
+        row_pad = src_pad_mask[sent].repeat_interleave(K, dim=0)  # (N, S)
+        score = score + coverage_penalty(history, row_pad, opts.beta).view(b, K)
+    finished.log_prob[at] = scores
+    finished.score[at] = score
+    finished.length[at] = length - 1
+    finished.tokens[:, :, :length][at] = prefix[:, 1:].view(b, K, length)
+    if opts.need_attn:
+        if finished.attn is None:
+            finished.attn = history.new_zeros(*finished.tokens.shape, history.size(2))  # (B, F, L + 1, S)
+        finished.attn[:, :, :length][at] = history.view(b, K, length, -1)
+    finished.count.index_add_(0, sent, ended.sum(dim=1))
 
 
-def _advance(act: _Active, keep: Tensor, order: Tensor, prefix: Tensor,
+def _advance(act: _Active, kept: Tensor | None, order: Tensor, prefix: Tensor,
              history: Tensor | None, state: State | None) -> None:
-    """Take the reordered rows and drop the sentences not in `keep`, in place.
+    """Take the reordered rows and, when `kept` is given, only the sentences it names, in place.
 
     Args:
-        keep: sentences still searched, (b,).
+        kept: positions in the active batch of the sentences still searched, (b',),
+            or None to keep them all.
         order: the old row each new row extends, (N,); `prefix` (N, t + 2) and
             `history` (N, t + 1, S) are already in that order, `state` is not.
     """
     K = act.scores.size(1)
-    if keep.all():
+    if kept is None or kept.numel() == act.sent.numel():
         act.prefix, act.attn = prefix, history
         act.state = state.index_select(order) if state is not None and K > 1 else state
         return
-    kept = keep.nonzero().squeeze(1)  # (b',)
     rows = (kept.unsqueeze(1) * K + torch.arange(K, device=kept.device)).flatten()  # (b' * K,)
-    act.sent, act.max_len = act.sent[kept], act.max_len[kept]
-    act.n_finished, act.scores = act.n_finished[kept], act.scores[kept]
+    act.sent, act.max_len, act.scores = act.sent[kept], act.max_len[kept], act.scores[kept]
     act.prefix, act.memory = prefix[rows], act.memory.index_select(rows)
     act.attn = history[rows] if history is not None else None
     act.state = state.index_select(order[rows]) if state is not None else None
 
 
-def _assemble(finished: list[_Finished], src_pad_mask: Tensor, nbest: int,
+def _assemble(finished: _Finished, src_pad_mask: Tensor, nbest: int,
               need_attn: bool) -> list[list[Hypothesis]]:
-    """Group finished hypotheses by sentence, best first, `nbest` each."""
-    per_sentence: list[list[Hypothesis]] = [[] for _ in range(src_pad_mask.size(0))]
-    for chunk in finished:
-        columns = zip(chunk.sent.tolist(), chunk.tokens.tolist(), chunk.log_prob.tolist(),
-                      chunk.score.tolist(), strict=True)
-        for i, (sent, tokens, log_prob, score) in enumerate(columns):
-            attn = chunk.attn[i][:, ~src_pad_mask[sent]] if need_attn else None  # (T_out, S_unpadded)
-            per_sentence[sent].append(Hypothesis(tokens, score, log_prob, attn))
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in per_sentence]
+    """Each sentence's hypotheses, best first, `nbest` each: the one copy to the host."""
+    count, length = finished.count.tolist(), finished.length.tolist()
+    tokens, log_prob, score = finished.tokens.tolist(), finished.log_prob.tolist(), finished.score.tolist()
+    out = []
+    for sent, n in enumerate(count):
+        hyps = []
+        for j in range(n):  # in the order they finished, so ties keep that order
+            attn = None
+            if need_attn:
+                attn = finished.attn[sent, j, : length[sent][j] + 1][:, ~src_pad_mask[sent]]  # (T_out, S_unpadded)
+            hyps.append(Hypothesis(tokens[sent][j][: length[sent][j]], score[sent][j], log_prob[sent][j], attn))
+        out.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+    return out
