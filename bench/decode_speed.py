@@ -1,14 +1,16 @@
 """Decoding speed of a checkpoint: greedy and beam search, with and without incremental caches.
 
     python bench/decode_speed.py CHECKPOINT FILE [--limit N] [--beam 5] [--threads T] [--device cpu]
+        [--precision auto|fp32|bf16|fp16] [--max-tokens N]
 
 FILE holds one source sentence per line (plain text or .gz). Each setting
 translates the same lines through `Translator.translate_nbest` (tokenization,
 length-sorted token-budget batches, search, detokenization), after a short
 warm-up. Prints sentences/s, target tokens/s (output subwords, EOS included),
-wall time and peak memory: resident set size sampled every 5 ms on CPU,
-`torch.cuda.max_memory_allocated` on CUDA. `cached` uses `decode_step` with KV
-caches; `uncached` recomputes the decoder over the whole prefix at each step.
+wall time and peak memory (resident set size sampled every 5 ms on CPU,
+`torch.cuda.max_memory_allocated` on CUDA), and the batch budget and precision
+each row ran with, in one table. `cached` uses `decode_step` with KV caches;
+`uncached` recomputes the decoder over the whole prefix at each step.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: 
     tokens = sum(len(n[0].tokens) + 1 for n in out if n[0].text or n[0].tokens)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else rss.peak
     return {"sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds, "seconds": seconds,
+            "max_tokens": translator.max_tokens_for(max_tokens), "precision": translator.precision,
             "target_tokens": tokens, "peak_mem_mib": peak, "mem": "cuda_max_allocated" if device.type == "cuda" else "rss",
             "outputs": [n[0].text for n in out]}
 
@@ -83,8 +86,9 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--precision", default="auto")
-    parser.add_argument("--max-tokens", type=int, default=None, help="batch budget (default: the checkpoint's)")
+    parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU, else fp32), fp32, bf16, fp16")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="batch budget, padded source tokens x beam (default: the checkpoint's; 0: by device)")
     parser.add_argument("--only", choices=["greedy", "beam"], default=None, help="run one search only")
     parser.add_argument("--cached-only", action="store_true", help="skip the (slow) uncached runs")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -96,8 +100,9 @@ def main() -> None:
     lines = read_lines(args.file)
     lines = lines[: args.limit] if args.limit else lines
     print(f"{len(lines)} sentences from {args.file}; device {translator.device}, precision {translator.precision}, "
-          f"{torch.get_num_threads()} threads, max_tokens {args.max_tokens or translator.cfg.decode.max_tokens}")
-    print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'tokens':>7} {'peak MiB':>9}")
+          f"{torch.get_num_threads()} threads")
+    print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'tokens':>7} {'peak MiB':>9} "
+          f"{'max_tokens':>10} {'precision':>9}")
     results = {}
     for name, beam, cached in SETTINGS:
         if (args.only and name != args.only) or (args.cached_only and not cached):
@@ -107,8 +112,8 @@ def main() -> None:
         key = f"{name}{beam}_{'cached' if cached else 'uncached'}"
         results[key] = r
         print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "
-              f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f}",
-              flush=True)
+              f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f} "
+              f"{r['max_tokens']:10d} {r['precision']:>9}", flush=True)
     for name in ("greedy1", f"beam{args.beam}"):
         c, u = results.get(f"{name}_cached"), results.get(f"{name}_uncached")
         if c and u:

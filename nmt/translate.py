@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 """`auto`: bf16 on a CUDA device that supports it, fp32 everywhere else."""
 
+AUTO_MAX_TOKENS = {"cuda": 128_000}
+"""Batch budget (padded source tokens times beam) for `decode.max_tokens: 0`, by device type;
+`DEFAULT_MAX_TOKENS` on any other. The reasoning is in `DecodeConfig.max_tokens`."""
+DEFAULT_MAX_TOKENS = 8000
+
 
 @dataclass
 class Translation:
@@ -197,7 +202,8 @@ class Translator:
             beam: beam size; None: the checkpoint's `decode.beam`, or `nbest` if larger (1 when sampling).
             nbest: hypotheses per line, at most `beam`.
             length_penalty: GNMT alpha; None: the checkpoint's.
-            max_tokens: batch budget in source tokens times beam; None: the checkpoint's.
+            max_tokens: batch budget in padded source tokens times beam; None: the
+                checkpoint's `decode.max_tokens`; 0 there or here: by device (`max_tokens_for`).
             sampling: sample (temperature, top-k, top-p, seed) instead of searching.
             attention: fill `Translation.attention`.
             cached: incremental decoding (False recomputes every prefix; for benchmarks).
@@ -243,9 +249,14 @@ class Translator:
         return _Plan(
             beam=beam, nbest=nbest, attention=attention, cached=cached,
             length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-            budget=max(1, (max_tokens or d.max_tokens) // beam),
+            budget=max(1, self.max_tokens_for(max_tokens) // beam),
             step_fn=None if sampling is None else make_sample_step(sampling, self.device),
         )
+
+    def max_tokens_for(self, max_tokens: int | None = None) -> int:
+        """The batch budget a call with `max_tokens` uses: it, else the checkpoint's
+        `decode.max_tokens`, else (0: auto) `AUTO_MAX_TOKENS` for this device."""
+        return max_tokens or self.cfg.decode.max_tokens or AUTO_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS)
 
     def _translate(self, lines: Iterable[str], plan: _Plan, first_line: int = 1) -> list[list[Translation]]:
         lines = list(lines)  # a generator is read once

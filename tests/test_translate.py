@@ -81,6 +81,32 @@ def test_batch_equals_one_by_one_and_order_is_kept(translators, sources, kind):
     assert tr.translate(sources, beam=3, max_tokens=1) == [hyps[0].text for hyps in together]
 
 
+def test_batch_budget_is_by_device_unless_set(translators):
+    import copy
+    import dataclasses
+
+    tr = translators["transformer"]
+    assert tr.cfg.decode.max_tokens == 0  # the default: auto
+    assert tr.device.type == "cpu" and tr.max_tokens_for() == 8000
+    assert tr.max_tokens_for(500) == 500
+    on_gpu = copy.copy(tr)
+    on_gpu.device = torch.device("cuda")  # only the budget is asked: nothing runs there
+    assert on_gpu.max_tokens_for() == 128_000 and on_gpu.max_tokens_for(500) == 500
+    on_gpu.cfg = dataclasses.replace(tr.cfg, decode=dataclasses.replace(tr.cfg.decode, max_tokens=3000))
+    assert on_gpu.max_tokens_for() == 3000
+
+
+@pytest.mark.parametrize(("value", "ok"), [(0, True), (1, True), (-1, False)])
+def test_decode_max_tokens_is_zero_for_auto_or_positive(small_corpus, tmp_path, value, ok):
+    d = tiny_config_dict(small_corpus, tmp_path)
+    d["decode"] = {"max_tokens": value}
+    if ok:
+        assert config_from_dict(d).decode.max_tokens == value
+    else:
+        with pytest.raises(UserError, match=r"decode: max_tokens \(-1\) must be >= 0"):
+            config_from_dict(d)
+
+
 def test_awkward_lines_each_give_exactly_one_output(translators, caplog):
     tr = translators["transformer"]
     long_line = " ".join(["the man sees the dog"] * 60)  # far beyond 128 positions
