@@ -195,7 +195,11 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast precision; fp16 adds a gradient scaler. On CPU prefer bf16: fp16 runs there but is slow."""
     compile: bool = False
-    """Compile the model with `torch.compile` (pays off on GPUs in long runs); where compiling fails, training goes on uncompiled with a warning."""
+    """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); where compiling fails, training goes on uncompiled with a warning."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile)."""
+    pad_to_multiple: int = 0
+    """Pad batch lengths (source and target) to a multiple of this, so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
     max_tokens: int = 4096
     """Token budget of one batch (padding included, the longer side counted), per process."""
     accumulate: int = 1
@@ -258,7 +262,8 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be at least 1")
         for name in ("max_steps", "max_epochs", "max_time", "warmup_steps", "patience", "keep_last", "clip_norm",
-                     "weight_decay", "num_workers", "save_every", "average_last", "plateau_patience", "max_bad_steps"):
+                     "weight_decay", "num_workers", "save_every", "average_last", "plateau_patience", "max_bad_steps",
+                     "pad_to_multiple"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
         if self.lr <= 0:

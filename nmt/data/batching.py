@@ -64,6 +64,7 @@ def collate(
     rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]],
     indices: Sequence[int] | None = None,
     pad_id: int = PAD_ID,
+    pad_to_multiple: int = 1,
 ) -> Batch:
     """Pad tokenized pairs into a `Batch`, adding BOS and EOS to the targets.
 
@@ -72,9 +73,13 @@ def collate(
             specials), or the column dict `dataset[indices]` returns.
         indices: the rows' dataset indices; None reads an `index` key of each row.
         pad_id: the padding id.
+        pad_to_multiple: round S and T up to a multiple of this, so that GPU
+            kernels (and compiled graphs) meet a few shapes again and again
+            instead of a new one at almost every step.
 
     Returns:
-        The `Batch`, with S = longest src_ids and T = longest tgt_ids + 1.
+        The `Batch`, with S = longest src_ids and T = longest tgt_ids + 1, each
+        rounded up to `pad_to_multiple`.
     """
     if isinstance(rows, Mapping):
         src_ids, tgt_ids = list(rows["src_ids"]), list(rows["tgt_ids"])
@@ -85,8 +90,8 @@ def collate(
     n = len(src_ids)
     src_lens = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=n)
     tgt_lens = np.fromiter((len(t) + 1 for t in tgt_ids), dtype=np.int64, count=n)
-    src = np.full((n, int(src_lens.max(initial=0))), pad_id, dtype=np.int64)  # (B, S)
-    tgt_in = np.full((n, int(tgt_lens.max(initial=0))), pad_id, dtype=np.int64)  # (B, T)
+    src = np.full((n, _round_up(int(src_lens.max(initial=0)), pad_to_multiple)), pad_id, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((n, _round_up(int(tgt_lens.max(initial=0)), pad_to_multiple)), pad_id, dtype=np.int64)  # (B, T)
     tgt_out = tgt_in.copy()  # (B, T)
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         m = len(t)
@@ -104,6 +109,10 @@ def collate(
         indices=torch.as_tensor(np.asarray(indices, dtype=np.int64)),
         ntokens=int(tgt_lens.sum()),
     )
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple if multiple > 1 else n
 
 
 class TokenBatchSampler(Sampler[list[int]]):

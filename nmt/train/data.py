@@ -63,29 +63,31 @@ def _column(ds, name: str):
         yield from batch[name]
 
 
-def collated_batches(ds, batch_lists: list[list[int]]) -> Iterator[Batch]:
+def collated_batches(ds, batch_lists: list[list[int]], *, pad_to_multiple: int = 1) -> Iterator[Batch]:
     """Collated batches for lists of row indices, in this process (rows fetched from Arrow per batch)."""
     for indices in batch_lists:
-        yield collate(ds[indices], indices, pad_id=PAD_ID)
+        yield collate(ds[indices], indices, pad_id=PAD_ID, pad_to_multiple=pad_to_multiple)
 
 
 class _EpochBatches(torch.utils.data.Dataset):
     """Item i is the collated batch of `batch_lists[i]`, so DataLoader workers can build batches."""
 
-    def __init__(self, ds, batch_lists: list[list[int]]) -> None:
-        self.ds, self.batch_lists = ds, batch_lists
+    def __init__(self, ds, batch_lists: list[list[int]], pad_to_multiple: int) -> None:
+        self.ds, self.batch_lists, self.pad_to_multiple = ds, batch_lists, pad_to_multiple
 
     def __len__(self) -> int:
         return len(self.batch_lists)
 
     def __getitem__(self, i: int) -> Batch:
-        return collate(self.ds[self.batch_lists[i]], self.batch_lists[i], pad_id=PAD_ID)
+        indices = self.batch_lists[i]
+        return collate(self.ds[indices], indices, pad_id=PAD_ID, pad_to_multiple=self.pad_to_multiple)
 
 
-def batch_loader(ds, batch_lists: list[list[int]], *, num_workers: int = 0, pin_memory: bool = False):
+def batch_loader(ds, batch_lists: list[list[int]], *, num_workers: int = 0, pin_memory: bool = False,
+                 pad_to_multiple: int = 1):
     """A DataLoader yielding the batches in order, built by `num_workers` processes (0: this one)."""
     return torch.utils.data.DataLoader(
-        _EpochBatches(ds, batch_lists), batch_size=None, shuffle=False, num_workers=num_workers,
+        _EpochBatches(ds, batch_lists, pad_to_multiple), batch_size=None, shuffle=False, num_workers=num_workers,
         pin_memory=pin_memory, prefetch_factor=4 if num_workers else None,
         generator=torch.Generator(),  # the loader then draws no seed from the global generator: exact resume
         worker_init_fn=_ignore_interrupts,
