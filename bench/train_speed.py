@@ -1,21 +1,45 @@
-"""Training throughput of a config's model, against a torch.nn.Transformer step of the same shape.
+"""Training throughput: target tokens/s, model FLOP utilisation and peak memory, in one table.
 
-    python bench/train_speed.py configs/multi30k_transformer.yaml [--steps 30] [--warmup 5] [--set k=v ...]
+    python bench/train_speed.py configs/multi30k_transformer.yaml \\
+        [--shapes config,base] [--precisions fp32,bf16] [--compile off,on] \\
+        [--steps 30] [--warmup 5] [--reference] [--json results.json] [--set k=v ...]
 
-Both models run the same `nmt.train.step.train_step` on the same real batches
-(the config's training data and tokenizer), in the same process, taking turns
-step by step so that load from other processes falls on both alike. Prints
-target tokens/s, seconds per step, peak memory and, on CUDA, model FLOP utilisation.
+Each row trains one model shape at one precision, eager or compiled, on the same
+real batches (the config's training data and tokenizer), with what `nmt train`
+uses: the model and its loss as one `Objective`, `compile_model` with
+`train.compile_mode`, batch lengths padded to `train.pad_to_multiple`, and
+`nmt.train.step.train_step`. Shapes: `config` is the config's model and
+`train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
+FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
+torch.nn.Transformer of each shape (eager) as a yardstick.
+
+The steps run back to back without waiting for the device; the clock stops after
+the last one finishes (`torch.cuda.synchronize`), so the figure includes every
+host-side cost a training run has, and none it does not.
+
+FLOPs (for MFU) are counted per sentence pair from its unpadded lengths s (source,
+EOS included) and t (target + 1), as 3x the forward matrix products (forward and
+backward), with D = d_model, F = ff_dim, V = target vocabulary:
+    encoder layer:  8 s D^2 + 4 s^2 D + 4 s D F        (projections, attention, FFN)
+    decoder layer:  8 t D^2 + 2 t^2 D                   (self-attention, causal half)
+                  + 4 t D^2 + 4 s D^2 + 4 t s D         (cross-attention)
+                  + 4 t D F                             (FFN)
+    output layer:   2 t D V
+MFU is that count per second over the GPU's dense bf16 peak (fp32 rows too, so
+rows compare directly; TF32's peak is half of it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,19 +47,30 @@ from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
 from nmt.models import build_model, count_parameters
-from nmt.runtime import enable_fast_math, grad_scaler, peak_memory_mb, pick_device, seed_everything
+from nmt.runtime import (
+    batch_length_multiple,
+    compile_model,
+    enable_fast_math,
+    grad_scaler,
+    pick_device,
+    seed_everything,
+)
 from nmt.train.data import collated_batches, prepare_run
+from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.step import train_step
 
-# Dense bf16 peak of common GPUs, for MFU (FLOP/s).
+# Dense bf16 peak of common GPUs (FLOP/s).
 _PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+BASE = {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "ff_dim": 2048}
 
 
 class ReferenceTransformer(nn.Module):
     """torch.nn.Transformer with embeddings, sinusoidal positions and a tied output layer."""
 
-    def __init__(self, *, vocab: int, d_model: int, heads: int, enc: int, dec: int, ff: int, dropout: float, pre_norm: bool):
+    def __init__(self, *, vocab: int, d_model: int, heads: int, enc: int, dec: int, ff: int, dropout: float,
+                 pre_norm: bool):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model, padding_idx=PAD_ID)
         self.core = nn.Transformer(d_model, heads, enc, dec, ff, dropout, batch_first=True, norm_first=pre_norm)
@@ -57,93 +92,166 @@ class ReferenceTransformer(nn.Module):
         return self.out(h)
 
 
-class Timed:
-    """One model with its optimizer, stepped and timed one update at a time."""
+def train_flops(src_lens: np.ndarray, tgt_lens: np.ndarray, *, d: int, ff: int, enc: int, dec: int, vocab: int) -> float:
+    """Forward plus backward matrix-product FLOPs of a batch of pairs (see the module docstring)."""
+    s, t = src_lens.astype(np.float64), tgt_lens.astype(np.float64)
+    encoder = enc * (8 * s * d * d + 4 * s * s * d + 4 * s * d * ff)
+    decoder = dec * (8 * t * d * d + 2 * t * t * d + 4 * t * d * d + 4 * s * d * d + 4 * t * s * d + 4 * t * d * ff)
+    return float(3 * (encoder + decoder + 2 * t * d * vocab).sum())
 
-    def __init__(self, name: str, model: nn.Module, cfg, device: torch.device) -> None:
-        self.name, self.model, self.cfg, self.device = name, model, cfg, device
-        self.optimizer = build_optimizer(model, cfg.train, device)
-        self.scheduler = build_scheduler(self.optimizer, cfg.train)
-        self.scaler = grad_scaler(device, cfg.train.precision)
-        self.seconds, self.tokens, self.steps, self.peak_mem_mb = 0.0, 0, 0, 0.0
-        model.train()
 
-    def step(self, batch, *, timed: bool) -> None:
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        r = train_step(self.model, [batch], self.optimizer, self.scheduler, self.scaler, self.cfg.train, self.device)
-        if cuda:
-            torch.cuda.synchronize()
-            self.peak_mem_mb = max(self.peak_mem_mb, peak_memory_mb(self.device)["peak_mem_mb"])
-        if timed:
-            self.seconds += time.perf_counter() - start
-            self.tokens += r.tokens
-            self.steps += 1
+@dataclass
+class Row:
+    shape: str
+    model: str
+    precision: str
+    compiled: bool
+    max_tokens: int
+    params: int = 0
+    tokens_per_s: float = 0.0
+    seconds_per_step: float = 0.0
+    tflops: float = 0.0
+    mfu: float | None = None
+    peak_mem_mib: float | None = None
+    warmup_s: float = 0.0
+    error: str = ""
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
 
-    def line(self) -> str:
-        mem = f"  peak mem {self.peak_mem_mb:.0f} MiB" if self.device.type == "cuda" else ""
-        return (f"{self.name:22s} params {count_parameters(self.model) / 1e6:6.2f}M  {self.tokens_per_s:9.0f} tgt tok/s  "
-                f"{self.seconds / self.steps:.3f} s/step{mem}")
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: int, reference: bool,
+            peak: float | None) -> Row:
+    """Train `steps` timed updates after `warmup` ones; fill in the row's figures."""
+    tc = replace(cfg.train, precision=row.precision, max_tokens=row.max_tokens, compile=row.compiled)
+    t = cfg.model.transformer
+    tok = data.tokenizer
+    seed_everything(tc.seed)
+    if row.compiled:
+        torch._dynamo.reset()  # each compiled row compiles afresh, its warm-up timed
+    if reference:
+        model = ReferenceTransformer(vocab=tok.tgt_vocab_size, d_model=t.d_model, heads=t.heads, enc=t.encoder_layers,
+                                     dec=t.decoder_layers, ff=t.ff_dim, dropout=t.dropout, pre_norm=t.norm == "pre")
+    else:
+        model = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                            pad_id=PAD_ID)
+    model.to(device).train()
+    row.params = count_parameters(model)
+    objective = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
+    step_model = compile_model(objective, mode=tc.compile_mode) if row.compiled else objective
+    optimizer = build_optimizer(model, tc, device)
+    scheduler = build_scheduler(optimizer, tc)
+    scaler = grad_scaler(device, tc.precision)
+
+    lens = data.train.with_format("numpy")
+    src_lens, tgt_lens = np.asarray(lens["src_len"]), np.asarray(lens["tgt_len"])
+    sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=tc.max_tokens, shuffle=True,
+                                seed=tc.seed)
+    lists = sampler.batch_list(0)[: steps + warmup]
+    multiple = batch_length_multiple(tc.pad_to_multiple, device)
+    batches = [b.to(device) for b in collated_batches(data.train, lists, pad_to_multiple=multiple)]
+    # tgt_len counts target ids; the decoder sees them plus BOS (and predicts them plus EOS).
+    flops = [train_flops(src_lens[idx], tgt_lens[idx] + 1, d=t.d_model, ff=t.ff_dim, enc=t.encoder_layers,
+                         dec=t.decoder_layers, vocab=tok.tgt_vocab_size) for idx in lists]
+
+    def run(first: int, count: int) -> tuple[float, int, float]:
+        _sync(device)
+        start, tokens, work = time.perf_counter(), 0, 0.0
+        for i in range(first, first + count):
+            b = batches[i % len(batches)]
+            train_step(step_model, [b], optimizer, scheduler, scaler, tc, device)
+            tokens, work = tokens + b.ntokens, work + flops[i % len(batches)]
+        _sync(device)
+        return time.perf_counter() - start, tokens, work
+
+    row.warmup_s, _, _ = run(0, warmup)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds, tokens, work = run(warmup, steps)
+    row.tokens_per_s = tokens / seconds
+    row.seconds_per_step = seconds / steps
+    row.tflops = work / seconds / 1e12
+    row.mfu = 100 * work / seconds / peak if peak else None
+    if device.type == "cuda":
+        row.peak_mem_mib = torch.cuda.max_memory_allocated(device) / 2**20
+    return row
+
+
+def format_table(rows: list[Row]) -> str:
+    head = (f"{'shape':6s} {'model':20s} {'prec':4s} {'compile':7s} {'tokens':>6s} {'params':>7s} "
+            f"{'tgt tok/s':>10s} {'s/step':>7s} {'TFLOP/s':>8s} {'MFU %':>6s} {'peak MiB':>9s} {'warm-up s':>9s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.error:
+            lines.append(f"{r.shape:6s} {r.model:20s} {r.precision:4s} {'on' if r.compiled else 'off':7s} failed: {r.error}")
+            continue
+        mfu = f"{r.mfu:6.1f}" if r.mfu is not None else f"{'-':>6s}"
+        mem = f"{r.peak_mem_mib:9.0f}" if r.peak_mem_mib is not None else f"{'-':>9s}"
+        lines.append(f"{r.shape:6s} {r.model:20s} {r.precision:4s} {'on' if r.compiled else 'off':7s} "
+                     f"{r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
+                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
+    ap.add_argument("--shapes", default="config", help="Comma-separated: config, base.")
+    ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, fp16 (default: the config's).")
+    ap.add_argument("--compile", default="off", help="Comma-separated: off, on.")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=5, help="Untimed updates first (compiled rows take more, "
+                                                            "so that every batch shape is compiled).")
+    ap.add_argument("--base-max-tokens", type=int, default=32768)
+    ap.add_argument("--reference", action="store_true", help="Add torch.nn.Transformer rows (eager).")
+    ap.add_argument("--json", help="Also write the rows to this file.")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--no-reference", action="store_true", help="Skip the torch.nn.Transformer reference.")
     args = ap.parse_args(argv)
 
     cfg = load_config(args.config, args.overrides)
+    if cfg.model.type != "transformer" and ("base" in args.shapes or args.reference):
+        ap.error("--shapes base and --reference need a Transformer config")
     device = pick_device(cfg.train.device)
     enable_fast_math(device)
-    seed_everything(cfg.train.seed)
     run_dir = Path("runs/bench") / Path(args.config).stem
     run_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_run(cfg, run_dir)
-    lens = data.train.with_format("numpy")
-    sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=cfg.train.max_tokens,
-                                shuffle=True, seed=cfg.train.seed)
-    n_batches = min(args.steps + args.warmup, len(sampler))
-    batches = [b.to(device) for b in collated_batches(data.train, sampler.batch_list(0)[:n_batches])]
-    tok = data.tokenizer
-    print(f"device {device}, precision {cfg.train.precision}, torch threads {torch.get_num_threads()}, "
-          f"{args.steps} timed steps after {args.warmup} warm-up, max_tokens {cfg.train.max_tokens}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
+    print(f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"{args.steps} timed steps after {args.warmup} warm-up, batch lengths padded to a multiple of "
+          f"{batch_length_multiple(cfg.train.pad_to_multiple, device)}", flush=True)
 
-    ours = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, pad_id=PAD_ID)
-    runs = [Timed(f"nmt {cfg.model.type}", ours.to(device), cfg, device)]
-    if cfg.model.type == "transformer" and not args.no_reference:
-        t = cfg.model.transformer
-        if tok.src_vocab_size != tok.tgt_vocab_size:
-            print("reference skipped: it shares one vocabulary", file=sys.stderr)
-        else:
-            ref = ReferenceTransformer(vocab=tok.tgt_vocab_size, d_model=t.d_model, heads=t.heads, enc=t.encoder_layers,
-                                       dec=t.decoder_layers, ff=t.ff_dim, dropout=t.dropout, pre_norm=t.norm == "pre")
-            runs.append(Timed("torch.nn.Transformer", ref.to(device), cfg, device))
-    for i in range(args.warmup + args.steps):
-        for run in runs if i % 2 == 0 else runs[::-1]:  # alternate who goes first
-            run.step(batches[i % len(batches)], timed=i >= args.warmup)
-    for run in runs:
-        print(run.line())
-    if device.type != "cuda":
-        print(f"peak RSS of the process {peak_memory_mb(device).get('peak_rss_mb', 0):.0f} MiB")
-    else:
-        name = torch.cuda.get_device_name()
-        peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
-        # ~6 FLOPs per parameter per target token (forward + backward), a lower bound ignoring attention.
-        achieved = 6 * count_parameters(ours) * runs[0].tokens_per_s
-        if peak:
-            print(f"MFU {100 * achieved / peak:.1f}% of {name} bf16 peak ({achieved / 1e12:.1f} TFLOP/s)")
-    if len(runs) == 2:
-        print(f"ratio nmt / torch.nn.Transformer: {runs[0].tokens_per_s / runs[1].tokens_per_s:.2f}")
+    rows: list[Row] = []
+    for shape in args.shapes.split(","):
+        shape_cfg, max_tokens = cfg, cfg.train.max_tokens
+        if shape == "base":
+            shape_cfg = replace(cfg, model=replace(cfg.model, transformer=replace(cfg.model.transformer, **BASE)))
+            max_tokens = args.base_max_tokens
+        elif shape != "config":
+            ap.error(f"unknown shape {shape!r}: use config or base")
+        for precision in (args.precisions or cfg.train.precision).split(","):
+            for compiled in (c == "on" for c in args.compile.split(",")):
+                for reference in (False, True) if args.reference else (False,):
+                    if reference and compiled:
+                        continue
+                    model = "torch.nn.Transformer" if reference else f"nmt {cfg.model.type}"
+                    row = Row(shape, model, precision, compiled, max_tokens)
+                    warmup = max(args.warmup, 10) if compiled else args.warmup
+                    try:
+                        run_row(row, shape_cfg, data, device, steps=args.steps, warmup=warmup,
+                                reference=reference, peak=peak)
+                    except Exception as err:  # one failing row (e.g. out of memory) must not lose the others
+                        row.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+                    rows.append(row)
+                    print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from nmt.runtime import (
     all_reduce,
     autocast,
     barrier,
+    batch_length_multiple,
     compile_model,
     enable_fast_math,
     grad_scaler,
@@ -64,7 +65,7 @@ from nmt.train.faults import (
     check_free_space,
     out_of_memory,
 )
-from nmt.train.loss import label_smoothed_loss, perplexity
+from nmt.train.loss import Objective, label_smoothed_loss, perplexity
 from nmt.train.metrics import MetricsLog
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.resume import Progress, prepare_run_dir, resume
@@ -78,13 +79,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Window:
-    """Sums over the updates since the last log line."""
+    """Sums over the updates since the last log line (loss, nll and grad_norm stay on the device until logged)."""
 
-    loss: float = 0.0
-    nll: float = 0.0
+    loss: Any = 0.0
+    nll: Any = 0.0
     tokens: int = 0
     update_tokens: int = 0
-    grad_norm: float = 0.0
+    grad_norm: Any = 0.0
     steps: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
@@ -123,7 +124,7 @@ class Trainer:
     def __init__(self, *, cfg: ExperimentConfig, ctx: Dist, device: torch.device, data: RunData, model, train_model,
                  optimizer, scheduler, scaler, progress: Progress, owns_group: bool) -> None:
         self.cfg, self.tc, self.ctx, self.device, self.data = cfg, cfg.train, ctx, device, data
-        self.model, self.train_model = model, train_model  # the raw module (saved), and the DDP/compiled one
+        self.model, self.train_model = model, train_model  # the raw module (saved); it with its loss, DDP, compiled
         self.optimizer, self.scheduler, self.scaler, self.p = optimizer, scheduler, scaler, progress
         self.run_dir, self.owns_group = Path(cfg.run_dir), owns_group
         self.n_params = count_parameters(model)
@@ -168,12 +169,12 @@ class Trainer:
         if resume_from is not None:
             progress = resume(resume_from, cfg, ctx, model, optimizer, scheduler, scaler)
 
-        train_model = model
+        train_model = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
         if ctx.enabled:
             train_model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
+                train_model, device_ids=[device.index] if device.type == "cuda" else None)
         if tc.compile:
-            train_model = compile_model(train_model)
+            train_model = compile_model(train_model, mode=tc.compile_mode)
         trainer = cls(cfg=cfg, ctx=ctx, device=device, data=data, model=model, train_model=train_model,
                       optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress, owns_group=owns_group)
         if ctx.is_main:
@@ -220,7 +221,8 @@ class Trainer:
         while not (tc.max_epochs and p.epoch >= tc.max_epochs):
             batch_lists = self.sampler.batch_list(p.epoch)[p.batch_in_epoch:]
             loader = batch_loader(self.data.train, batch_lists, num_workers=tc.num_workers,
-                                  pin_memory=self.device.type == "cuda")
+                                  pin_memory=self.device.type == "cuda",
+                                  pad_to_multiple=batch_length_multiple(tc.pad_to_multiple, self.device))
             group: list[Batch] = []
             for batch in loader:
                 group.append(batch.to(self.device, non_blocking=True))
@@ -234,28 +236,57 @@ class Trainer:
             p.epoch, p.batch_in_epoch = p.epoch + 1, 0
 
     def _train(self, groups: Iterator[list[Batch]], signals: StopSignals) -> str:
+        """Update after update until a stop condition.
+
+        The outcome of an update (applied, or skipped as non-finite) is read one
+        update late: the next update is already queued on the device when the
+        loop waits for the previous one, so the GPU never idles on the host. It is
+        read at once when the next step number is a log, validation, checkpoint or
+        stop point, so those always see every update before them.
+        """
         p, tc = self.p, self.tc
         bar = tqdm(total=tc.max_steps or None, initial=p.step, disable=None if self.ctx.is_main else True,
                    unit="step", dynamic_ncols=True, leave=False)
         self.window = _Window()
+        pending: StepResult | None = None
         try:
             for group in groups:
                 result = self._update(group)
-                if result.updated:
-                    self.bad_steps = 0
-                    p.step += 1
-                    self.window.add(result)
-                    bar.update(1)
-                    self._after_update(bar)
-                else:
-                    self._skipped(result)
+                if pending is not None:
+                    self._settle(pending, bar)
+                pending = result
                 p.train_seconds = time.perf_counter() - self.session_start
-                reason = self._stop_reason(signals.signum)
+                signum = signals.signum  # read once: a signal arriving now waits for the next update
+                if self._is_checkpoint(p.step + 1) or signum or (tc.max_time and p.train_seconds >= tc.max_time):
+                    self._settle(pending, bar)
+                    pending = None
+                reason = self._stop_reason(signum)
                 if reason:
                     return reason
+            if pending is not None:
+                self._settle(pending, bar)
             return f"max_epochs={tc.max_epochs}"
         finally:
             bar.close()
+
+    def _is_checkpoint(self, step: int) -> bool:
+        """Whether reaching `step` logs, validates, saves or stops, so it must be known at once."""
+        tc = self.tc
+        return (step % tc.log_every == 0 or step == 1 or step % tc.valid_every == 0
+                or bool(tc.save_every and step % tc.save_every == 0) or bool(tc.max_steps and step >= tc.max_steps)
+                or self.ctx.enabled)  # ranks agree on stopping every step (_stop_reason)
+
+    def _settle(self, result: StepResult, bar) -> None:
+        """Count an update whose outcome is now read (this waits for it on the device)."""
+        if result.updated:
+            self.bad_steps = 0
+            self.p.step += 1
+            self.window.add(result)
+            bar.update(1)
+            self._after_update(bar)
+        else:
+            self.scheduler.unstep()
+            self._skipped(result)
 
     def _update(self, group: list[Batch]) -> StepResult:
         try:
@@ -283,7 +314,7 @@ class Trainer:
         if self.ctx.is_main:  # fp16 overflows now and then by design: the scaler then lowers its scale
             log.log(logging.INFO if fp16 else logging.WARNING,
                     "step %d: non-finite loss or gradient (loss %.4g, gradient norm %.4g); update skipped%s",
-                    self.p.step + 1, r.loss, r.grad_norm,
+                    self.p.step + 1, float(r.loss), float(r.grad_norm),
                     f", fp16 loss scale lowered to {self.scaler.get_scale():g}" if fp16 else "")
         if self.tc.max_bad_steps and self.bad_steps >= self.tc.max_bad_steps:
             last = latest_checkpoint(self.run_dir)
@@ -315,8 +346,8 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         record = {
             "event": "train", "step": p.step, "epoch": p.epoch,
-            "loss": round(w.loss / max(w.tokens, 1), 4), "ppl": round(perplexity(w.nll, max(w.tokens, 1)), 2),
-            "lr": lr, "grad_norm": round(w.grad_norm / max(w.steps, 1), 4),
+            "loss": round(float(w.loss) / max(w.tokens, 1), 4), "ppl": round(perplexity(float(w.nll), max(w.tokens, 1)), 2),
+            "lr": lr, "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
             "tokens_per_s": round(w.update_tokens / seconds, 1),
             "tokens_per_update": round(w.update_tokens / max(w.steps, 1), 1),
             **peak_memory_mb(self.device),
@@ -340,7 +371,7 @@ class Trainer:
                 with autocast(self.device, tc.precision):
                     logits = self.model(b.src, b.src_pad_mask, b.tgt_in)
                 out = label_smoothed_loss(logits, b.tgt_out, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-                loss_sum, nll_sum, ntok = loss_sum + float(out.loss), nll_sum + float(out.nll), ntok + out.ntokens
+                loss_sum, nll_sum, ntok = loss_sum + float(out.loss), nll_sum + float(out.nll), ntok + int(out.ntokens)
         loss_sum, nll_sum, ntok = all_reduce([loss_sum, nll_sum, ntok], self.device, ctx)
         result: dict[str, Any] = {"loss": round(loss_sum / max(ntok, 1), 4), "ppl": round(perplexity(nll_sum, ntok), 2)}
         if tc.valid_bleu:

@@ -3,6 +3,19 @@
 With smoothing eps the target distribution puts 1 - eps on the reference token
 and spreads eps uniformly over the whole vocabulary (Szegedy et al., 2016,
 sec. 7), so the loss is (1 - eps) * NLL + eps * mean_v(-log p_v).
+
+Written with log p_v = x_v - logsumexp(x) for logits x:
+
+    NLL            = lse - x_y
+    mean_v(-log p) = lse - mean_v(x)
+    d loss / d x_v = softmax(x)_v - (1 - eps) [v = y] - eps / V
+
+so the forward pass needs only lse and two gathers per row, and the backward
+pass recomputes the softmax from the logits. `_SmoothedCrossEntropy` does this
+over chunks of rows in fp32 while the logits stay in their own dtype (bf16 under
+autocast): no fp32 copy of the (B, T, V) logits nor of their log-softmax is ever
+held whole, which for large batches and vocabularies is the largest tensor of a
+training step.
 """
 
 from __future__ import annotations
@@ -10,31 +23,105 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+# Rows of logits converted to fp32 at once: 2^24 elements (64 MiB) per chunk.
+_CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass
 class LossOutput:
-    """Sums over the non-pad tokens of a batch; divide by `ntokens` for means."""
+    """Sums over the non-pad tokens of a batch; divide by `ntokens` for means.
+
+    All three are tensors on the logits' device, so computing them never waits on a GPU.
+    """
 
     loss: Tensor  # smoothed loss, summed (differentiable)
     nll: Tensor  # plain negative log-likelihood, summed (for perplexity)
-    ntokens: int
+    ntokens: Tensor  # non-pad target tokens
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed loss and NLL of logits (N, V) against targets (N,), chunk by chunk in fp32."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
+        rows = max(1, _CHUNK_ELEMENTS // logits.size(1))
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
+        lse = torch.empty(logits.size(0), dtype=dtype, device=logits.device)  # (N,)
+        nll = logits.new_zeros((), dtype=dtype)
+        uniform = logits.new_zeros((), dtype=dtype)  # sum of mean_v(-log p_v)
+        for i in range(0, logits.size(0), rows):
+            x = logits[i : i + rows].to(dtype)  # (n, V)
+            k = keep[i : i + rows]  # (n,) 1.0 at real tokens
+            chunk_lse = torch.logsumexp(x, dim=-1)  # (n,)
+            lse[i : i + rows] = chunk_lse
+            nll = nll + ((chunk_lse - x.gather(-1, target[i : i + rows, None]).squeeze(-1)) * k).sum()
+            if smoothing > 0:
+                uniform = uniform + ((chunk_lse - x.mean(dim=-1)) * k).sum()
+        loss = (1.0 - smoothing) * nll + smoothing * uniform if smoothing > 0 else nll.clone()
+        ctx.save_for_backward(logits, target, keep, lse)
+        ctx.smoothing = smoothing
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, target, keep, lse = ctx.saved_tensors
+        eps, V = ctx.smoothing, logits.size(1)
+        rows = max(1, _CHUNK_ELEMENTS // V)
+        grad = torch.empty_like(logits)  # (N, V), the logits' dtype
+        for i in range(0, logits.size(0), rows):
+            g = (logits[i : i + rows].to(lse.dtype) - lse[i : i + rows, None]).exp_()  # softmax (n, V)
+            if eps > 0:
+                g.sub_(eps / V)
+            g.scatter_add_(-1, target[i : i + rows, None],
+                           torch.full_like(g[:, :1], -(1.0 - eps)))
+            g.mul_((keep[i : i + rows] * grad_loss)[:, None])
+            grad[i : i + rows] = g
+        return grad, None, None, None
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, *, pad_id: int, smoothing: float) -> LossOutput:
-    """Loss of logits (B, T, V) against target (B, T); positions equal to `pad_id` count for nothing."""
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V) in fp32 even under autocast
-    keep = target.ne(pad_id)  # (B, T)
-    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    nll = nll.masked_fill(~keep, 0.0).sum()
-    if smoothing > 0:
-        uniform = -lprobs.mean(dim=-1).masked_fill(~keep, 0.0).sum()
+    """Loss of logits (B, T, V) against target (B, T); positions equal to `pad_id` count for nothing.
+
+    The logits may be bf16 or fp16: the arithmetic is done in fp32 a chunk of rows at a time.
+    """
+    V = logits.size(-1)
+    flat_target = target.reshape(-1)  # (B*T,)
+    keep = flat_target.ne(pad_id)  # (B*T,)
+    if torch.compiler.is_compiling():
+        # The compiler fuses these reductions into a few kernels that read the logits
+        # once, so it needs no chunks (whose count would make it recompile for every
+        # batch size); autograd derives the same gradient.
+        x = logits.reshape(-1, V).float()  # (B*T, V)
+        lse = torch.logsumexp(x, dim=-1)  # (B*T,)
+        nll = ((lse - x.gather(-1, flat_target[:, None]).squeeze(-1)) * keep).sum()
+        uniform = ((lse - x.mean(dim=-1)) * keep).sum()
         loss = (1.0 - smoothing) * nll + smoothing * uniform
-    else:
-        loss = nll
-    return LossOutput(loss=loss, nll=nll.detach(), ntokens=int(keep.sum()))
+        return LossOutput(loss=loss, nll=nll.detach(), ntokens=keep.sum())
+    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), flat_target, keep.to(torch.float32), smoothing)
+    return LossOutput(loss=loss, nll=nll, ntokens=keep.sum())
+
+
+class Objective(nn.Module):
+    """A model and its training loss as one module, so DDP and `torch.compile` see the whole step's graph.
+
+    Args:
+        model: any `Seq2Seq`; its parameters are this module's.
+        pad_id: target padding id.
+        smoothing: label smoothing eps.
+    """
+
+    def __init__(self, model: nn.Module, *, pad_id: int, smoothing: float) -> None:
+        super().__init__()
+        self.model, self.pad_id, self.smoothing = model, pad_id, smoothing
+
+    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor]:
+        """Summed smoothed loss (differentiable) and summed NLL of one batch."""
+        logits = self.model(src, src_pad_mask, tgt_in)  # (B, T, V)
+        out = label_smoothed_loss(logits, tgt_out, pad_id=self.pad_id, smoothing=self.smoothing)
+        return out.loss, out.nll
 
 
 def perplexity(nll_sum: float, ntokens: int) -> float:

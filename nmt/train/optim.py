@@ -78,6 +78,11 @@ class Schedule:
         self.steps += 1
         self._apply()
 
+    def unstep(self) -> None:
+        """Take back one `step()`: the training loop learns of a skipped update after stepping."""
+        self.steps -= 1
+        self._apply()
+
     def observe(self, metric: float, *, higher_is_better: bool) -> bool:
         """Feed one validation result; True when the plateau schedule lowered the rate."""
         if self.cfg.schedule != "plateau":

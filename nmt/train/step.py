@@ -1,4 +1,10 @@
-"""One optimizer update over a group of batches: mixed precision, accumulation, DDP, clipping, fault checks."""
+"""One optimizer update over a group of batches: mixed precision, accumulation, DDP, clipping, fault checks.
+
+Nothing here waits for the GPU: the loss, the gradient norm and the "skipped"
+flag stay on the device, and a non-finite update is skipped there too (the fused
+Adam kernels take a `found_inf` flag, as with a gradient scaler). The training
+loop reads these values later, when the device has moved on (`nmt.train.loop`).
+"""
 
 from __future__ import annotations
 
@@ -7,59 +13,87 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from nmt.data.batching import Batch
-from nmt.data.tokenizer import PAD_ID
 from nmt.runtime import Dist, all_reduce, autocast
-from nmt.train.loss import label_smoothed_loss
 
 
 @dataclass
 class StepResult:
-    """What one call of `train_step` did."""
+    """What one call of `train_step` did; the tensors live on the training device.
 
-    loss: float  # summed smoothed loss of this rank's batches
-    nll: float  # summed negative log-likelihood of this rank's batches
+    `skipped` is True when the loss or the gradients were not finite: the
+    parameters and the optimizer state were then left unchanged.
+    """
+
+    loss: Tensor  # summed smoothed loss of this rank's batches
+    nll: Tensor  # summed negative log-likelihood of this rank's batches
     tokens: int  # target tokens of this rank's batches
     update_tokens: int  # target tokens of the whole update, over all ranks
-    grad_norm: float  # before clipping; not finite when the update was skipped
+    grad_norm: Tensor  # before clipping
+    skipped: Tensor  # bool
 
     @property
     def updated(self) -> bool:
-        return math.isfinite(self.grad_norm)
+        """Whether the update was applied (reading it waits for the device)."""
+        return not bool(self.skipped)
 
 
-def train_step(model, group: list[Batch], optimizer, scheduler, scaler, tc, device: torch.device,
+def train_step(objective, group: list[Batch], optimizer, scheduler, scaler, tc, device: torch.device,
                *, ctx: Dist = Dist()) -> StepResult:
-    """One optimizer update over the batches in `group` (gradient accumulation), or none if gradients are not finite.
+    """One optimizer update over the batches in `group` (gradient accumulation); skipped if gradients are not finite.
+
+    Args:
+        objective: an `nmt.train.loss.Objective` (maybe wrapped by DDP or torch.compile):
+            batch tensors -> (summed loss, summed NLL).
 
     The loss is normalised by the target tokens of the whole update on all ranks,
     so accumulating k batches, or k ranks with one batch each, equals one batch k
     times larger. Under DDP, gradients are synchronised only on the last batch.
-    A non-finite gradient norm skips the optimizer and the schedule (for fp16 the
-    scaler also lowers its scale); the norm is the same on every rank, so is the choice.
+    A non-finite gradient norm skips the optimizer on the device (for fp16 the
+    scaler also lowers its scale); the norm is the same on every rank, so is the
+    choice. The schedule is stepped in any case: the loop, which learns of a
+    skipped update later, steps it back (`Schedule.unstep`).
     """
     tokens = sum(b.ntokens for b in group)
     update_tokens = int(all_reduce([tokens], device, ctx)[0])
     weight = ctx.world_size / max(update_tokens, 1)  # DDP averages over ranks; undo that
     loss_sum = nll_sum = torch.zeros((), device=device)
     for i, b in enumerate(group):
-        sync = model.no_sync() if ctx.enabled and i < len(group) - 1 else contextlib.nullcontext()
+        sync = objective.no_sync() if ctx.enabled and i < len(group) - 1 else contextlib.nullcontext()
         with sync:
             with autocast(device, tc.precision):
-                logits = model(b.src, b.src_pad_mask, b.tgt_in)
-                out = label_smoothed_loss(logits, b.tgt_out, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-            scaler.scale(out.loss * weight).backward()
-        loss_sum = loss_sum + out.loss.detach().float()
-        nll_sum = nll_sum + out.nll.detach().float()
+                loss, nll = objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+            scaler.scale(loss * weight).backward()
+        loss_sum = loss_sum + loss.detach().float()
+        nll_sum = nll_sum + nll.detach().float()
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.clip_norm if tc.clip_norm > 0 else math.inf))
-    if math.isfinite(grad_norm):
-        scaler.step(optimizer)
-        scheduler.step()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_norm if tc.clip_norm > 0 else math.inf)
+    skipped = ~torch.isfinite(grad_norm)
+    if scaler.is_enabled():
+        scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
+    else:
+        step_unless(optimizer, skipped)
+    scheduler.step()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(float(loss_sum), float(nll_sum), tokens, update_tokens, grad_norm)
+    return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm.detach(), skipped)
 
 
+def step_unless(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
+    """`optimizer.step()` unless `skip` (a bool tensor), decided on the device where the optimizer can.
+
+    Fused Adam/AdamW read a `found_inf` attribute (how `torch.amp.GradScaler`
+    drives them): with it set they leave parameters, moments and step counts
+    unchanged, with no host synchronisation. Other optimizers are asked on the host.
+    """
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = skip.to(torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not bool(skip):
+        optimizer.step()
