@@ -278,7 +278,9 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
         prefix=torch.full((batch * K, 1), opts.bos_id, dtype=torch.long, device=device),
         attn=None, memory=memory,
         # Positions 0 .. longest are fed (BOS, then up to `longest` tokens): caches can be preallocated.
-        state=model.init_state(memory, max_len=longest + 1) if opts.cached else None,
+        # Static shapes pay on a GPU; on the CPU, caches grown step by step are cheaper to reorder.
+        state=(model.init_state(memory, max_len=None if device.type == "cpu" else longest + 1)
+               if opts.cached else None),
     )
     finished = _Finished.empty(batch, K, longest, device)
     for step in range(longest + 1):
