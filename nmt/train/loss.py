@@ -77,7 +77,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 g.sub_(eps / V)
             g.scatter_add_(-1, target[i : i + rows, None],
                            torch.full_like(g[:, :1], -(1.0 - eps)))
-            g.mul_((keep[i : i + rows] * grad_loss)[:, None])
+            g.mul_((keep[i : i + rows].to(g.dtype) * grad_loss.to(g.dtype))[:, None])
             grad[i : i + rows] = g
         return grad, None, None, None
 

@@ -33,3 +33,35 @@ def test_perplexity_of_uniform_model_is_vocab_size():
     target = torch.randint(1, 13, (2, 3))
     out = label_smoothed_loss(logits, target, pad_id=0, smoothing=0.0)
     assert perplexity(float(out.nll), out.ntokens) == pytest.approx(13.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_elements", [1 << 24, 23, 11])  # one chunk; chunks splitting rows unevenly; one row each
+def test_chunked_loss_and_gradient_match_torch_in_float64(eps, chunk_elements, monkeypatch):
+    monkeypatch.setattr("nmt.train.loss._CHUNK_ELEMENTS", chunk_elements)
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5, 11, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 11, (3, 5))
+    target[1, 2:] = 0
+    out = label_smoothed_loss(logits, target, pad_id=0, smoothing=eps)
+    ref = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=eps, reduction="sum")
+    (grad,) = torch.autograd.grad(out.loss * 0.7, logits)
+    (ref_grad,) = torch.autograd.grad(ref * 0.7, logits)
+    assert torch.allclose(out.loss, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(grad, ref_grad, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: label_smoothed_loss(x, target, pad_id=0, smoothing=eps).loss, (logits,))
+
+
+def test_bf16_logits_are_scored_in_fp32_and_get_a_bf16_gradient():
+    torch.manual_seed(2)
+    logits = torch.randn(4, 6, 50).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(1, 50, (4, 6))
+    out = label_smoothed_loss(logits, target, pad_id=0, smoothing=0.1)
+    exact = logits.detach().float().requires_grad_()  # the same bf16 values, in fp32
+    ref = F.cross_entropy(exact.view(-1, 50), target.view(-1), ignore_index=0, label_smoothing=0.1, reduction="sum")
+    out.loss.backward()
+    ref.backward()
+    assert out.loss.dtype == torch.float32
+    assert torch.allclose(out.loss, ref, rtol=1e-6)  # fp32 arithmetic: no bf16 rounding of log-probabilities
+    assert logits.grad.dtype == torch.bfloat16
+    assert torch.allclose(logits.grad.float(), exact.grad, atol=1e-2)  # gradient rounded to bf16 once

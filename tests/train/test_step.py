@@ -1,0 +1,115 @@
+"""One training update: the same loss eager and compiled, non-finite updates skipped on the device."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from nmt.config import TrainConfig
+from nmt.data.batching import collate
+from nmt.data.tokenizer import PAD_ID
+from nmt.models.transformer import Transformer
+from nmt.runtime import batch_length_multiple, compile_model
+from nmt.train.loss import Objective
+from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.step import step_unless, train_step
+
+
+def _model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(src_vocab_size=23, tgt_vocab_size=23, pad_id=PAD_ID, d_model=16, heads=2, encoder_layers=1,
+                       decoder_layers=1, ff_dim=32, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                       activation="relu", norm="pre", positions="sinusoidal", max_positions=64,
+                       attention_impl="sdpa", tie_embeddings="none")
+
+
+def _batch(seed: int = 0, n: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        s, t = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        rows.append({"src_ids": torch.randint(4, 23, (s,), generator=g).tolist() + [2],
+                     "tgt_ids": torch.randint(4, 23, (t,), generator=g).tolist(), "index": i})
+    return collate(rows, pad_to_multiple=8)
+
+
+def test_compiled_objective_gives_the_eager_loss_and_gradients():
+    batch = _batch()
+    eager = Objective(_model(), pad_id=PAD_ID, smoothing=0.1)
+    compiled = compile_model(Objective(copy.deepcopy(eager.model), pad_id=PAD_ID, smoothing=0.1))
+    assert compiled is not eager  # compiling is available here; otherwise the fallback would hide the test
+    args = (batch.src, batch.src_pad_mask, batch.tgt_in, batch.tgt_out)
+    loss, nll = eager(*args)
+    c_loss, c_nll = compiled(*args)
+    loss.backward()
+    c_loss.backward()
+    assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
+    for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_padding_to_a_multiple_changes_shapes_not_the_loss():
+    model = Objective(_model(), pad_id=PAD_ID, smoothing=0.1).eval()
+    rows = [{"src_ids": [5, 6, 2], "tgt_ids": [7, 8, 9], "index": 0}, {"src_ids": [9, 2], "tgt_ids": [4], "index": 1}]
+    tight, padded = collate(rows), collate(rows, pad_to_multiple=8)
+    assert tight.src.shape == (2, 3) and padded.src.shape == (2, 8) and padded.tgt_in.shape == (2, 8)
+    assert padded.ntokens == tight.ntokens == 6
+    with torch.no_grad():
+        a = model(tight.src, tight.src_pad_mask, tight.tgt_in, tight.tgt_out)
+        b = model(padded.src, padded.src_pad_mask, padded.tgt_in, padded.tgt_out)
+    assert torch.allclose(a[0], b[0], rtol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-5)
+
+
+def test_batch_length_multiple_is_8_on_cuda_only_by_default():
+    assert batch_length_multiple(0, torch.device("cpu")) == 1
+    assert batch_length_multiple(0, torch.device("cuda", 0)) == 8
+    assert batch_length_multiple(16, torch.device("cpu")) == 16
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_non_finite_update_leaves_weights_and_adam_state_alone(fused):
+    model = _model()
+    tc = TrainConfig(lr=1e-3, warmup_steps=0, clip_norm=1.0)
+    optimizer = build_optimizer(model, tc, torch.device("cpu"))
+    if not fused:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scheduler = build_scheduler(optimizer, tc)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    objective = Objective(model, pad_id=PAD_ID, smoothing=0.1)
+    good = train_step(objective, [_batch(1)], optimizer, scheduler, scaler, tc, torch.device("cpu"))
+    assert not bool(good.skipped) and good.updated and math.isfinite(float(good.grad_norm))
+    before = copy.deepcopy(model.state_dict())
+    state_before = copy.deepcopy(optimizer.state_dict()["state"])
+    model.output.weight.register_hook(lambda g: torch.full_like(g, math.nan))  # a poisoned gradient
+    bad = train_step(objective, [_batch(2)], optimizer, scheduler, scaler, tc, torch.device("cpu"))
+    assert bool(bad.skipped) and not bad.updated
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    state_after = optimizer.state_dict()["state"]
+    for k, s in state_before.items():
+        for name, v in s.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(state_after[k][name])), (k, name)
+
+
+def test_step_unless_decides_on_the_device_for_fused_adam():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([p], lr=0.1, fused=True)
+    p.grad = torch.ones(3)
+    step_unless(opt, torch.tensor(True))
+    assert torch.equal(p.detach(), torch.ones(3)) and not hasattr(opt, "found_inf")
+    step_unless(opt, torch.tensor(False))
+    assert (p.detach() < 1).all()
+
+
+def test_schedule_unstep_takes_back_one_step():
+    p = torch.nn.Parameter(torch.ones(1))
+    tc = TrainConfig(lr=1.0, warmup_steps=10)
+    opt = torch.optim.Adam([p])
+    sched = build_scheduler(opt, tc)
+    first = sched.get_last_lr()
+    sched.step()
+    sched.unstep()
+    assert sched.get_last_lr() == first and sched.steps == 0
