@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--precision", default="auto", help="auto (bf16 on a capable GPU, else fp32), fp32, bf16, fp16")
+    parser.add_argument("--precision", default="auto", help="auto (fp32), fp32, bf16, fp16")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="batch budget, padded source tokens x beam (default: the checkpoint's; 0: by device)")
     parser.add_argument("--only", choices=["greedy", "beam"], default=None, help="run one search only")

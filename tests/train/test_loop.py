@@ -25,7 +25,7 @@ def records(run_dir, event: str) -> list[dict]:
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_each_precision_trains_on_cpu(precision, small_corpus, tmp_path):
     run = tmp_path / "run"
-    summary = train(tiny_cfg(small_corpus, run, precision=precision, max_steps=4))
+    summary = train(tiny_cfg(small_corpus, run, precision=precision, max_steps=4, device="cpu"))
     assert summary["step"] == 4 and math.isfinite(summary["last_valid"]["loss"])
     logged = records(run, "train")
     assert [r["step"] for r in logged] == [1, 2, 3, 4]
