@@ -100,7 +100,7 @@ def translate(
     """
     from nmt.decode import Sampling
     from nmt.evaluate import decode_lines
-    from nmt.translate import Translator, interactive, translate_lines
+    from nmt.translate import Translator, check_output, interactive, translate_lines, write_output
 
     if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
         raise UserError("--temperature, --top-k, --top-p and --seed need --sample")
@@ -109,28 +109,33 @@ def translate(
     except ValueError as err:
         raise UserError(str(err)) from None
     raw = None if input == "-" else _open_input(input)  # a missing input fails before the model loads
-    translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
-    translator.set_attention(layer=attention_layer, head=attention_head)
-    options = dict(beam=beam, nbest=nbest, scores=scores, length_penalty=length_penalty, max_tokens=max_tokens,
-                   sampling=sampling, plot_dir=attention_plot)
-    dst = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")
     try:
-        if raw is not None:
-            total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
-            raw.seek(0)
-            if progress is None:
-                progress = logging.getLogger().getEffectiveLevel() <= logging.INFO  # not --quiet
-            translate_lines(translator, decode_lines(raw, input), dst, progress=progress, total=total, **options)
-        elif sys.stdin.isatty():
-            interactive(translator, sys.stdin, dst, sys.stderr, **options)
+        if output != "-":
+            check_output(output, None if input == "-" else input)  # never overwrite the input
+        translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
+        translator.set_attention(layer=attention_layer, head=attention_head)
+        options = dict(beam=beam, nbest=nbest, scores=scores, length_penalty=length_penalty, max_tokens=max_tokens,
+                       sampling=sampling, plot_dir=attention_plot)
+
+        def run(dst) -> None:
+            if raw is not None:
+                total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
+                raw.seek(0)
+                show = logging.getLogger().getEffectiveLevel() <= logging.INFO if progress is None else progress
+                translate_lines(translator, decode_lines(raw, input), dst, progress=show, total=total, **options)
+            elif sys.stdin.isatty():
+                interactive(translator, sys.stdin, dst, sys.stderr, **options)
+            else:
+                lines = decode_lines(sys.stdin.buffer, "<stdin>")
+                translate_lines(translator, lines, dst, flush=dst is sys.stdout, progress=bool(progress), **options)
+
+        if output == "-":
+            run(sys.stdout)  # streamed line by line, as typed or piped
         else:
-            lines = decode_lines(sys.stdin.buffer, "<stdin>")
-            translate_lines(translator, lines, dst, flush=dst is sys.stdout, progress=bool(progress), **options)
+            write_output(output, run)  # all or nothing: renamed over `output` once complete
     finally:
         if raw is not None:
             raw.close()
-        if dst is not sys.stdout:
-            dst.close()
 
 
 @app.command("eval")

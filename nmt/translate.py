@@ -21,13 +21,17 @@ warning, never dropped). `translate_stream` reads `chunk_size` lines at a time,
 so memory stays bounded on files of any size. Decoding runs under
 `torch.inference_mode()`, in fp32 (TF32 matrix products on a GPU) unless a precision is asked for.
 
-`translate_lines` and `interactive` are the file and terminal drivers of `nmt translate`.
+`translate_lines` and `interactive` are the file and terminal drivers of `nmt translate`;
+`check_output` and `write_output` keep its output file from clobbering the input or being left half written.
 """
 
 from __future__ import annotations
 
+import io
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -42,7 +46,7 @@ from nmt.decode import Hypothesis, Sampling, StepFn, search
 from nmt.decode.sampling import make_sample_step
 from nmt.errors import CheckpointError, UserError
 from nmt.runtime import autocast, inference, pick_device
-from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +348,70 @@ def translate_lines(
                 _plot(hyps[0], plot_path / f"{n}.png", n)
             bar.update(1)
     return n
+
+
+def check_output(output: str | Path, input: str | Path | None = None) -> None:
+    """Refuse an output file that is the input file, or that cannot be created.
+
+    Called before the model loads, so a mistake costs no time. `input` None means
+    standard input, checked too when it is redirected from a file.
+
+    Raises:
+        UserError: `output` is `input` (same path, a symlink or a hard link to it), a folder,
+            or in a folder that does not exist or is not writable.
+    """
+    path = Path(output)
+    if path.is_dir():
+        raise UserError(f"{output}: output is a folder; give a file name")
+    folder = Path(os.path.realpath(path)).parent
+    if not folder.is_dir():
+        raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another -o")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{output}: output folder {folder} is not writable; choose another -o")
+    if not path.exists():
+        return
+    out_stat = path.stat()
+    if input is not None:
+        if not Path(input).exists():
+            return
+        in_stat, name = Path(input).stat(), str(input)
+    else:
+        try:
+            in_stat, name = os.fstat(0), "standard input"  # `< doc.txt -o doc.txt`
+        except OSError:  # no standard input at all
+            return
+        if not stat.S_ISREG(in_stat.st_mode):
+            return
+    if (in_stat.st_dev, in_stat.st_ino) == (out_stat.st_dev, out_stat.st_ino):
+        raise UserError(f"{output}: output is the same file as the input {name}; "
+                        "translating would overwrite it, so write to another file")
+
+
+def write_output(output: str | Path, write: Callable[[TextIO], object]) -> None:
+    """Call `write(text_file)` on a temporary file beside `output`, then rename it over `output`.
+
+    An error or Ctrl-C removes the temporary file and leaves an existing `output`
+    as it was: never a half-written file. A symlink is followed, so its target is
+    replaced. The file keeps the mode of the one it replaces; a new one gets the
+    mode `open()` would give it (0666 less the umask), not `mkstemp`'s 0600.
+    """
+    path = Path(os.path.realpath(output))
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+
+    def write_text(raw) -> None:
+        os.fchmod(raw.fileno(), mode)
+        text = io.TextIOWrapper(raw, encoding="utf-8")
+        write(text)
+        text.flush()
+        text.detach()  # `write_atomic` still syncs and closes `raw`
+
+    write_atomic(path, write_text)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:

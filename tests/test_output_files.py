@@ -1,0 +1,188 @@
+"""`nmt translate -o FILE`: never the input file, never half written (issue #17, item 1).
+
+Through the real CLI (`nmt.cli.main`, and `python -m nmt` where only a process
+shows it) on the randomly initialised checkpoint of `tests/test_translate.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nmt import cli
+from nmt import translate as translate_module
+from tests import test_translate
+
+checkpoints = test_translate.checkpoints  # the fixture: randomly initialised tiny models, no training
+
+SOURCE = "the man sees the dog .\na woman rides a bike .\n\ntwo dogs play in the park .\n"
+OLD = "an earlier translation\nkept byte for byte\n"
+
+
+def nmt(monkeypatch, *args: str) -> tuple[int, list[str]]:
+    """(exit status, stderr lines other than progress logs) of `nmt ARGS` through the console entry point."""
+    monkeypatch.setattr(sys, "argv", ["nmt", "--quiet", *args])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as ex:
+        cli.main()
+    return ex.value.code, [line for line in err.getvalue().splitlines() if not line.startswith("[nmt] ")]
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".tmp-"))
+
+
+@pytest.fixture
+def doc(tmp_path) -> Path:
+    path = tmp_path / "doc.txt"
+    path.write_bytes(SOURCE.encode())
+    return path
+
+
+def _same(doc: Path) -> str:
+    return str(doc)
+
+
+def _spelled_otherwise(doc: Path) -> str:
+    (doc.parent / "sub").mkdir()
+    return str(doc.parent / "sub" / ".." / doc.name)
+
+
+def _symlink(doc: Path) -> str:
+    (doc.parent / "link.txt").symlink_to(doc)
+    return str(doc.parent / "link.txt")
+
+
+def _hard_link(doc: Path) -> str:
+    os.link(doc, doc.parent / "hard.txt")
+    return str(doc.parent / "hard.txt")
+
+
+@pytest.mark.parametrize("alias", [_same, _spelled_otherwise, _symlink, _hard_link],
+                         ids=["same-path", "other-spelling", "symlink", "hard-link"])
+@pytest.mark.parametrize("model", ["good", "missing"])
+def test_output_that_is_the_input_is_refused_before_the_model_loads(alias, model, doc, checkpoints, monkeypatch):
+    ckpt = checkpoints["transformer"] if model == "good" else doc.parent / "none.pt"  # not even read
+    out = alias(doc)
+    status, errors = nmt(monkeypatch, "translate", "-c", str(ckpt), "-i", str(doc), "-o", out)
+    assert status == 2 and len(errors) == 1, errors
+    assert errors[0] == (f"nmt: error: {out}: output is the same file as the input {doc}; "
+                         "translating would overwrite it, so write to another file")
+    assert doc.read_bytes() == SOURCE.encode()
+    assert leftovers(doc.parent) == []
+
+
+def test_standard_input_redirected_from_the_output_is_refused(doc, checkpoints):
+    with open(doc, "rb") as stdin:
+        proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["transformer"]),
+                               "-o", str(doc)], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"nmt: error: {doc}: output is the same file as the input standard input; "
+                                        "translating would overwrite it, so write to another file"]
+    assert doc.read_bytes() == SOURCE.encode()
+
+
+def test_missing_output_folder_is_one_line(doc, checkpoints, monkeypatch):
+    out = doc.parent / "nodir" / "out.txt"
+    status, errors = nmt(monkeypatch, "translate", "-c", str(checkpoints["transformer"]), "-i", str(doc), "-o", str(out))
+    assert status == 2
+    assert errors == [f"nmt: error: {out}: output folder {out.parent} does not exist; create it or choose another -o"]
+
+
+def test_output_that_is_a_folder_is_one_line(doc, checkpoints, monkeypatch):
+    status, errors = nmt(monkeypatch, "translate", "-c", str(checkpoints["transformer"]), "-i", str(doc),
+                         "-o", str(doc.parent))
+    assert status == 2
+    assert errors == [f"nmt: error: {doc.parent}: output is a folder; give a file name"]
+
+
+def test_success_replaces_the_output_with_the_usual_file_mode(doc, checkpoints, monkeypatch):
+    ckpt = str(checkpoints["transformer"])
+    new, old = doc.parent / "new.txt", doc.parent / "old.txt"
+    old.write_text(OLD)
+    old.chmod(0o640)
+    for out in (new, old):
+        status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(out), "--beam", "1")
+        assert status == 0, errors
+    assert new.read_text() == old.read_text() != OLD
+    assert len(new.read_text().split("\n")) == len(SOURCE.split("\n"))  # one line per input line
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask  # as `open(..., "w")` makes it, not 0600
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640  # a replaced file keeps its mode
+    assert leftovers(doc.parent) == []
+
+
+def test_output_through_a_symlink_replaces_the_target(doc, checkpoints, monkeypatch):
+    target = doc.parent / "target.txt"
+    target.write_text(OLD)
+    (doc.parent / "out.txt").symlink_to(target)
+    status, errors = nmt(monkeypatch, "translate", "-c", str(checkpoints["transformer"]), "-i", str(doc),
+                         "-o", str(doc.parent / "out.txt"), "--beam", "1")
+    assert status == 0, errors
+    assert (doc.parent / "out.txt").is_symlink() and target.read_text() != OLD
+
+
+def test_bad_input_leaves_the_previous_output_and_no_temporary_file(tmp_path, checkpoints, monkeypatch):
+    src, out = tmp_path / "src.txt", tmp_path / "out.txt"
+    src.write_bytes(SOURCE.encode() + b"caf\xe9 .\n")
+    out.write_text(OLD)
+    status, errors = nmt(monkeypatch, "translate", "-c", str(checkpoints["transformer"]), "-i", str(src), "-o", str(out))
+    assert status == 2 and len(errors) == 1 and errors[0].startswith(f"nmt: error: {src}:5: invalid UTF-8"), errors
+    assert out.read_text() == OLD
+    assert leftovers(tmp_path) == []
+
+
+def test_a_run_stopped_after_some_lines_leaves_the_previous_output(doc, checkpoints, monkeypatch):
+    """Ctrl-C once two translations are written: exit 130 (Typer's), the old file untouched, no temporary file."""
+    out = doc.parent / "out.txt"
+    out.write_text(OLD)
+    format_nbest, written = translate_module.format_nbest, []
+
+    def then_ctrl_c(*args, **kwargs):
+        if len(written) == 2:
+            assert leftovers(doc.parent)  # the lines went to the temporary file
+            raise KeyboardInterrupt
+        written.append(format_nbest(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(translate_module, "format_nbest", then_ctrl_c)
+    status, errors = nmt(monkeypatch, "translate", "-c", str(checkpoints["transformer"]), "-i", str(doc),
+                         "-o", str(out), "--beam", "1")
+    assert status == 130 and not any("Traceback" in line for line in errors), errors
+    assert len(written) == 2
+    assert out.read_text() == OLD
+    assert leftovers(doc.parent) == []
+
+
+def test_sigint_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoints):
+    src, out = tmp_path / "src.txt", tmp_path / "out.txt"
+    src.write_text(SOURCE * 1000)
+    out.write_text(OLD)
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(checkpoints["transformer"]),
+                             "-i", str(src), "-o", str(out), "--beam", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not leftovers(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert leftovers(tmp_path), "the translation never started writing"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert out.read_text() == OLD
+    assert leftovers(tmp_path) == []
