@@ -28,3 +28,15 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A missing, truncated or incompatible checkpoint."""
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """`text` if it has at most `limit` characters, else its start and end around the count.
+
+    Messages quote what the user wrote; a 1 MB value must not make a 1 MB line.
+    `shorten("x" * 10_000, 20)` is `"xxxxxxxxxx ... (10000 characters) ... xxxxxxxxxx"`.
+    """
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ... ({len(text)} characters) ... {text[len(text) - half:]}"

@@ -1,5 +1,6 @@
 """Strict config loading: good files, unknown keys, wrong types, invariants, overrides."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,60 @@ def test_defaults_are_valid():
 def test_readme_config_reference_is_in_sync():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert reference_markdown() in readme, "regenerate the README table with `nmt config-reference`"
+
+
+BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+MEGA = "x" * 1_000_000
+
+# (id, file text, pattern the one-line message must match); each line stays short.
+REFUSED_YAML = [
+    ("duplicate-section", "train:\n  lr: 0.1\ndata:\n  src_lang: en\ntrain:\n  lr: 0.2\n",
+     r"exp.yaml: line 5: duplicate key 'train' \(first at line 1\); remove one$"),
+    ("duplicate-nested-key", "model:\n  transformer:\n    d_model: 64\n    heads: 4\n    d_model: 32\n",
+     r"exp.yaml: line 5: duplicate key 'd_model' \(first at line 3\); remove one$"),
+    ("duplicate-in-flow-mapping", "train: {lr: 1, lr: 2}\n", r"exp.yaml: line 1: duplicate key 'lr' \(first at line 1\)"),
+    ("alias-bomb", BOMB, r"exp.yaml: line 2: YAML alias \*a is not supported .*; write the value out in full$"),
+    ("alias-merge-key", "data:\n  test:\n    a: &t {path: x}\n    b:\n      <<: *t\n", r"exp.yaml: line 5: YAML alias \*t"),
+    ("huge-integer", "train:\n  max_steps: 1" + "0" * 5000 + "\n", r"exp.yaml: line 2: an integer of 5001 digits is too large$"),
+    ("mega-value-of-wrong-type", f"train:\n  max_steps: {MEGA}\n",
+     r"exp.yaml: train.max_steps: expected int, got str 'xxx+ \.\.\. \(1000002 characters\) \.\.\. xxx+'$"),
+    ("mega-value-not-in-enum", f"model:\n  type: {MEGA}\n", r"model.type: 'xxx+ \.\.\. \(1000002 characters\) .* is not one of"),
+    ("mega-value-in-an-invariant", f"data:\n  src_lang: {MEGA}\n  tgt_lang: {MEGA}\n",
+     r"exp.yaml: data: src_lang and tgt_lang are both 'xxx+ \.\.\. \(1000033 characters\) \.\.\. xxx+"),
+    ("mega-unknown-key", f"model:\n  ? {MEGA}\n  : 1\n", r"unknown key 'model.xxx+ \.\.\. \(1000008 characters\) \.\.\. xxx+'; known keys: type"),
+    ("mega-test-set-name", f"data:\n  test:\n    ? {MEGA}\n    : 3\n",
+     r"data.test.xxx+ \.\.\. \(1000000 characters\) \.\.\. xxx+: expected a mapping, got int 3$"),
+]
+
+
+@pytest.mark.parametrize(("text", "pattern"), [pytest.param(t, p, id=i) for i, t, p in REFUSED_YAML])
+def test_refused_yaml_is_one_short_line(tmp_path, text, pattern):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 500 + len(str(tmp_path)), message[:1000]
+    assert re.search(pattern, message), message[:1000]
+
+
+# (id, --set item, pattern the message must match)
+REFUSED_OVERRIDES = [
+    ("alias", "train.lr=[&a [1, 1], *a]", r"^--set 'train.lr=\[&a \[1, 1\], \*a\]': YAML alias \*a is not supported"),
+    ("duplicate-key", "data.test={a: {path: x}, a: {path: y}}", r"^--set '.*': duplicate key 'a' \(first at line 1\)"),
+    ("mega-value", f"train.max_steps={MEGA}", r"^--set 'train.max_steps=xxx+ \.\.\. \(1000018 characters\) .*"
+                                             r"expected int, got str 'xxx+ \.\.\. \(1000002 characters\)"),
+]
+
+
+@pytest.mark.parametrize(("item", "pattern"), [pytest.param(t, p, id=i) for i, t, p in REFUSED_OVERRIDES])
+def test_refused_override_is_one_short_line(tmp_path, item, pattern):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "train:\n  lr: 0.1\n"), [item])
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 500, message[:1000]
+    assert re.search(pattern, message), message[:1000]
+
+
+def test_anchors_without_aliases_and_equal_values_under_different_keys_load(tmp_path):
+    cfg = load_config(write(tmp_path, "data:\n  test:\n    a: &t {path: x}\n    b: {path: x}\n"), ["data.test.c={path: x}"])
+    assert [t.path for t in cfg.data.test.values()] == ["x", "x", "x"]

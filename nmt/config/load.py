@@ -2,7 +2,9 @@
 
 `load_config` rejects unknown keys (with a "did you mean" suggestion), checks
 types and enums, and names the file (or `--set` item) and dotted key path of
-anything wrong.
+anything wrong. YAML is read by `_StrictLoader`: a duplicate key is an error,
+not a silently dropped value, and aliases (`*name`) are refused, so a few bytes
+cannot expand into millions of values. Quoted values are capped by `shorten`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,57 @@ from typing import Any, Literal
 import yaml
 
 from nmt.config.schema import ExperimentConfig
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, shorten
+
+
+class _Refused(Exception):
+    """YAML that parses but that we refuse: `line` (1-based) and what is wrong."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses duplicate mapping keys and aliases.
+
+    Aliases are refused rather than bounded: no shipped config uses them, a
+    config of a few dozen keys never needs them, and refusing means nothing
+    downstream (overrides, type checks, error messages) ever walks a shared
+    subtree that expands exponentially ("billion laughs").
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(event.start_mark.line + 1,
+                           f"YAML alias {shorten('*' + str(event.anchor), 60)} is not supported "
+                           "(aliases can expand without bound); write the value out in full")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                continue
+            if seen is not key_node:
+                raise _Refused(key_node.start_mark.line + 1, f"duplicate key {shorten(repr(key), 80)} "
+                               f"(first at line {seen.start_mark.line + 1}); remove one")
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # Python refuses to parse integers of over 4300 digits
+            raise _Refused(node.start_mark.line + 1, f"an integer of {len(node.value)} digits is too large") from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
@@ -35,7 +87,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
         raise ConfigError(f"{path}: config file not found{resolved}")
     data = path.read_bytes()
     try:
-        raw = yaml.safe_load(data.decode("utf-8"))
+        raw = _parse_yaml(data.decode("utf-8"))
+    except _Refused as err:
+        raise ConfigError(f"{path}: line {err.line}: {err.problem}") from None
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
         raise ConfigError(f"{path}: line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
@@ -48,6 +102,10 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
     return config_from_dict(apply_overrides(raw, overrides), source=str(path))
 
 
+def _parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain data only
+
+
 def _yaml_problem(err: yaml.YAMLError) -> str:
     """`line L, column C: YAML syntax error: PROBLEM (CONTEXT that starts at line L', column C')`."""
     mark = getattr(err, "problem_mark", None)
@@ -58,7 +116,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
         problem += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
     if "\\t" in problem or "\t" in problem:
         problem += "; indent with spaces, not tabs"
-    return f"{where}YAML syntax error: {problem}"
+    return f"{where}YAML syntax error: {shorten(problem, 300)}"
 
 
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
@@ -70,12 +128,15 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
     """
     raw = copy.deepcopy(raw)
     for item in overrides:
+        where = _set_item(item)
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected section.key=value")
+            raise ConfigError(f"{where}: expected section.key=value")
         parts = key.strip().split(".")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = _parse_yaml(text) if text.strip() else None
+        except _Refused as err:
+            raise ConfigError(f"{where}: {err.problem}") from None
         except yaml.YAMLError:
             value = text
         _check_override(item, parts, value)
@@ -85,7 +146,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+                raise ConfigError(f"{where}: {shorten('.'.join(parts[: i + 1]))} is not a section")
             node = child
         node[parts[-1]] = value
     return raw
@@ -93,7 +154,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
 
 def _check_override(item: str, parts: list[str], value: Any) -> None:
     """Check one override against the schema, so a mistake names the `--set` item, not the file."""
-    where = f"--set {item!r}"
+    where = _set_item(item)
     tp: Any = ExperimentConfig
     for i, part in enumerate(parts):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -103,12 +164,16 @@ def _check_override(item: str, parts: list[str], value: Any) -> None:
             tp = typing.get_args(tp)[1]
             continue
         if not dataclasses.is_dataclass(tp):
-            raise ConfigError(f"{where}: {'.'.join(parts[:i])} is a value, not a section")
+            raise ConfigError(f"{where}: {shorten('.'.join(parts[:i]))} is a value, not a section")
         names = [f.name for f in dataclasses.fields(tp)]
         if part not in names:
-            raise ConfigError(f"{where}: unknown key {'.'.join(parts[: i + 1])!r}{_suggest(part, names)}")
+            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, names)}")
         tp = typing.get_type_hints(tp)[part]
     _convert(tp, value, ".".join(parts), where)
+
+
+def _set_item(item: str) -> str:
+    return f"--set {shorten(repr(item), 100)}"
 
 
 def _suggest(key: Any, names: list[str]) -> str:
@@ -148,12 +213,12 @@ def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in names:
-            raise ConfigError(f"{source}: unknown key {join_key(keypath, key)!r}{_suggest(key, names)}")
+            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{_suggest(key, names)}")
         kwargs[key] = _convert(hints[key], value, join_key(keypath, key), source)
     try:
         return cls(**kwargs)
     except ValueError as err:
-        msg = str(err)
+        msg = shorten(str(err), 300)  # the schema's messages quote values
         # Messages name their field first ("d_model (100) must ..."): prefix the section path.
         raise ConfigError(f"{source}: {keypath + ': ' if keypath else ''}{msg}") from None
 
@@ -173,12 +238,12 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
             close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             choices = ", ".join(repr(a) for a in args)
-            raise ConfigError(f"{source}: {keypath}: {value!r} is not one of {choices}{hint}")
+            raise ConfigError(f"{source}: {keypath}: {shorten(repr(value))} is not one of {choices}{hint}")
         return value
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {keypath}: expected a mapping, got {_describe(value)}")
-        return {str(k): _convert(args[1], v, f"{keypath}.{k}", source) for k, v in value.items()}
+        return {str(k): _convert(args[1], v, f"{keypath}.{shorten(str(k), 80)}", source) for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{source}: {keypath}: expected a list of {len(args)} numbers, got {_describe(value)}")
@@ -196,7 +261,7 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
 
 
 def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}" if value is not None else "nothing (null)"
+    return f"{type(value).__name__} {shorten(repr(value))}" if value is not None else "nothing (null)"
 
 
 def join_key(keypath: str, key: Any) -> str:
