@@ -65,6 +65,7 @@ from nmt.train.faults import (
     check_free_space,
     out_of_memory,
 )
+from nmt.train.lock import lock_run_dir
 from nmt.train.loss import Objective, label_smoothed_loss, perplexity
 from nmt.train.metrics import MetricsLog
 from nmt.train.optim import build_optimizer, build_scheduler
@@ -144,46 +145,54 @@ class Trainer:
         ctx = init_distributed(tc.device)
         device = pick_device(tc.device)
         enable_fast_math(device)
-        if not ctx.is_main:
-            logging.getLogger("nmt").setLevel(logging.WARNING)
-        if ctx.is_main:  # the others wait: no races on the run directory, the tokenizer or the caches
-            prepare_run_dir(run_dir, restart)
-            save_config(cfg, run_dir / "config.yaml")
-            data = prepare_run(cfg, run_dir)
-        barrier(ctx)
-        if not ctx.is_main:
-            data = prepare_run(cfg, run_dir)
+        # rank 0 locks before it touches the run directory; a second training there stops here, on every rank
+        run_lock = lock_run_dir(run_dir, ctx)
+        try:
+            if not ctx.is_main:
+                logging.getLogger("nmt").setLevel(logging.WARNING)
+            if ctx.is_main:  # the others wait: no races on the run directory, the tokenizer or the caches
+                prepare_run_dir(run_dir, restart)
+                save_config(cfg, run_dir / "config.yaml")
+                data = prepare_run(cfg, run_dir)
+            barrier(ctx)
+            if not ctx.is_main:
+                data = prepare_run(cfg, run_dir)
 
-        seed_everything(tc.seed)
-        tok = data.tokenizer
-        model = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, pad_id=PAD_ID)
-        model.to(device)
-        if ctx.is_main:
-            check_free_space(run_dir, count_parameters(model), tc.keep_last)
-        optimizer = build_optimizer(model, tc, device)
-        scheduler = build_scheduler(optimizer, tc)
-        scaler = grad_scaler(device, tc.precision)
-        seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
-        progress = Progress()
-        resume_from = latest_checkpoint(run_dir)
-        if resume_from is not None:
-            progress = resume(resume_from, cfg, ctx, model, optimizer, scheduler, scaler)
+            seed_everything(tc.seed)
+            tok = data.tokenizer
+            model = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, pad_id=PAD_ID)
+            model.to(device)
+            if ctx.is_main:
+                check_free_space(run_dir, count_parameters(model), tc.keep_last)
+            optimizer = build_optimizer(model, tc, device)
+            scheduler = build_scheduler(optimizer, tc)
+            scaler = grad_scaler(device, tc.precision)
+            seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
+            progress = Progress()
+            resume_from = latest_checkpoint(run_dir)
+            if resume_from is not None:
+                progress = resume(resume_from, cfg, ctx, model, optimizer, scheduler, scaler)
 
-        train_model = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-        if ctx.enabled:
-            train_model = torch.nn.parallel.DistributedDataParallel(
-                train_model, device_ids=[device.index] if device.type == "cuda" else None)
-        if tc.compile:
-            train_model = compile_model(train_model, mode=tc.compile_mode)
-        trainer = cls(cfg=cfg, ctx=ctx, device=device, data=data, model=model, train_model=train_model,
-                      optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress, owns_group=owns_group)
-        if ctx.is_main:
-            per_update = tc.max_tokens * tc.accumulate * ctx.world_size
-            log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
-                     cfg.model.type, trainer.n_params, len(data.train), len(trainer.sampler.batch_list(0)))
-            log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
-                     "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
-        return trainer
+            train_model = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
+            if ctx.enabled:
+                train_model = torch.nn.parallel.DistributedDataParallel(
+                    train_model, device_ids=[device.index] if device.type == "cuda" else None)
+            if tc.compile:
+                train_model = compile_model(train_model, mode=tc.compile_mode)
+            trainer = cls(cfg=cfg, ctx=ctx, device=device, data=data, model=model, train_model=train_model,
+                          optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress, owns_group=owns_group)
+            trainer.run_lock = run_lock
+            if ctx.is_main:
+                per_update = tc.max_tokens * tc.accumulate * ctx.world_size
+                log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
+                         cfg.model.type, trainer.n_params, len(data.train), len(trainer.sampler.batch_list(0)))
+                log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
+                         "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
+            return trainer
+        except BaseException:
+            if run_lock is not None:
+                run_lock.release()
+            raise
 
     def run(self) -> dict[str, Any]:
         """Train until a stop condition, validate once more if needed, and return the summary."""
@@ -211,9 +220,13 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        self.metrics.close()
-        if self.owns_group:
-            shutdown_distributed()
+        try:
+            self.metrics.close()
+            if self.owns_group:
+                shutdown_distributed()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
 
     def _groups(self) -> Iterator[list[Batch]]:
         """Groups of `accumulate` batches on the device, from the saved position on, epoch after epoch."""

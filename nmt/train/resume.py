@@ -56,7 +56,11 @@ def resume(path: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer, sched
 
 
 def prepare_run_dir(run_dir: Path, restart: bool) -> None:
-    """Create the run directory and make sure it is writable before any work starts."""
+    """Create the run directory and make sure it is writable before any work starts.
+
+    The caller holds the run directory's lock (`nmt.train.lock`); `restart` deletes the run's
+    outputs but never `.lock`, which another process may be waiting on.
+    """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
