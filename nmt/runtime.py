@@ -141,10 +141,16 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    """Every random generator's state, for exact resumption."""
+    """Every random generator's state, for exact resumption, as tensors and plain data.
+
+    Checkpoints load with `torch.load(weights_only=True)`, which refuses numpy
+    arrays: numpy's state `(name, keys, pos, has_gauss, cached)` is kept with its
+    624 uint32 keys as an int64 tensor.
+    """
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": random.getstate(),  # (version, tuple of ints, None)
+        "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -153,8 +159,12 @@ def rng_states() -> dict[str, Any]:
 
 
 def set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    """Restore what `rng_states` returned (or, from older checkpoints, numpy's own state tuple)."""
+    random.setstate(tuple(states["python"]))
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    if isinstance(keys, torch.Tensor):
+        keys = keys.numpy()
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

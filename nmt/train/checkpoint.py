@@ -12,17 +12,31 @@ renamed over the target: a crash at any moment leaves the previous good file.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
+from numpy._core.multiarray import _reconstruct
 
 from nmt.errors import CheckpointError
 
 FORMAT = "nmt-checkpoint-1"
+
+_OLD_RNG_GLOBALS: list[Any] = [
+    _reconstruct,
+    (_reconstruct, "numpy.core.multiarray._reconstruct"),  # its name under numpy 1
+    np.ndarray,
+    np.dtype,
+    np.dtypes.UInt32DType,
+]
+"""The only globals `torch.load(weights_only=True)` may build beyond tensors and plain data:
+checkpoints of earlier versions hold numpy's random state, `np.random.get_state()`, whose
+keys are a uint32 ndarray. Newer checkpoints keep it as a tensor (`runtime.rng_states`)."""
 _PERIODIC = re.compile(r"^ckpt_(\d+)\.pt$")
 TMP_PREFIX = ".tmp-"
 
@@ -62,8 +76,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(_OLD_RNG_GLOBALS):
+            payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for damaged files
+        if isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in str(err):
+            # weights_only met a class or function it does not allow: refused before anything of it ran
+            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(err))
+            what = f" ({found.group(1) or found.group(2)})" if found else ""
+            raise CheckpointError(f"{path}: not an nmt checkpoint: it holds Python objects{what}, not only tensors "
+                                  "and plain data; refused unread, since loading them could run code") from None
         raise CheckpointError(f"{path}: cannot read checkpoint (truncated or not a torch file: {err})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else None
@@ -114,21 +135,73 @@ def remove_stale_temporaries(run_dir: str | Path) -> None:
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
-    """The first checkpoint with its model weights replaced by the mean over all `paths`."""
+    """The first checkpoint with its model weights replaced by the mean over all `paths`.
+
+    Each checkpoint is checked against the first before its weights are added: the
+    same `model` config, the same sentencepiece models and the same parameter
+    shapes. A file given twice is refused, since it would silently count double.
+
+    Raises:
+        CheckpointError: no paths, a path given twice, or a checkpoint that does not fit the first.
+    """
     if not paths:
         raise CheckpointError("no checkpoints to average")
+    _refuse_duplicates([Path(p) for p in paths])
     first = load_checkpoint(paths[0])
     sums = {k: v.double().clone() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path in paths[1:]:
-        state = load_checkpoint(path)["model"]
-        if state.keys() != sums.keys():
-            raise CheckpointError(f"{path}: different parameters from {paths[0]}; cannot average")
+        payload = load_checkpoint(path)
+        check_averageable(first, payload, first_path=paths[0], path=path)
+        state = payload["model"]
         for k, v in state.items():
             if v.is_floating_point():
                 sums[k] += v.double()
     model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
     keep = ("config", "tokenizer", "progress", "parameters")
     return {**{k: first[k] for k in keep if k in first}, "model": model, "averaged": [str(p) for p in paths]}
+
+
+def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_path: str | Path, path: str | Path) -> None:
+    """Refuse to average `other` (read from `path`) with `first` unless they are one model.
+
+    Raises:
+        CheckpointError: naming both files and the first thing that differs.
+    """
+    where = f"{path} and {first_path}"
+    difference = _first_difference(first.get("config", {}).get("model"), other.get("config", {}).get("model"), "model")
+    if difference:
+        raise CheckpointError(f"{where}: different model configs ({difference}); "
+                              "only checkpoints of one model can be averaged")
+    if first.get("tokenizer") != other.get("tokenizer"):
+        raise CheckpointError(f"{where}: different sentencepiece models; only checkpoints of one run can be averaged")
+    mine, theirs = first["model"], other["model"]
+    if mine.keys() != theirs.keys():
+        extra = sorted(theirs.keys() - mine.keys()) or sorted(mine.keys() - theirs.keys())
+        raise CheckpointError(f"{where}: different parameters (such as {extra[0]!r}); cannot average")
+    for k, v in theirs.items():
+        if v.shape != mine[k].shape:
+            raise CheckpointError(f"{where}: {k} has shape {tuple(v.shape)} vs {tuple(mine[k].shape)}; cannot average")
+
+
+def _first_difference(a: Any, b: Any, key: str) -> str | None:
+    """`"key.path: A vs B"` for the first place where the plain data `a` and `b` differ, else None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(a.keys() | b.keys(), key=str):
+            found = _first_difference(a.get(k), b.get(k), f"{key}.{k}")
+            if found:
+                return found
+        return None
+    return None if a == b else f"{key}: {a!r} vs {b!r}"
+
+
+def _refuse_duplicates(paths: list[Path]) -> None:
+    for i, path in enumerate(paths):
+        for earlier in paths[:i]:
+            same = path.resolve() == earlier.resolve()
+            if not same and path.exists() and earlier.exists():
+                same = os.path.samefile(path, earlier)
+            if same:
+                raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the average")
 
 
 def _fsync_dir(directory: Path) -> None:
