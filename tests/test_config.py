@@ -59,7 +59,7 @@ def test_ints_are_accepted_for_floats_and_exponent_strings_parse(tmp_path):
 def test_invariants_raise_with_values_and_key_path(tmp_path):
     with pytest.raises(ConfigError, match=r"model.transformer: d_model \(100\) must be divisible by heads \(3\)"):
         load_config(write(tmp_path, "model:\n  transformer:\n    d_model: 100\n    heads: 3\n"))
-    with pytest.raises(ConfigError, match=r"dropout \(-0.1\) must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"exp.yaml: model.rnn.dropout: -0.1 must be in \[0, 1\)"):
         load_config(write(tmp_path, "model:\n  rnn:\n    dropout: -0.1\n"))
     with pytest.raises(ConfigError, match="tokenizer.joint"):
         load_config(write(tmp_path, "tokenizer:\n  joint: false\nmodel:\n  tie_embeddings: all\n"))

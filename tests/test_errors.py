@@ -45,7 +45,7 @@ CASES = [
     ("config-unknown-key", "train {unknown_key}", 2, ["unknown key 'train.max_stepz'; did you mean 'max_steps'?"], None),
     ("config-wrong-type", "train {wrong_type}", 2, ["wrong_type.yaml: train.max_steps: expected int, got str 'lots'"], None),
     ("config-negative-dropout", "train {tiny} --set model.transformer.dropout=-0.1", 2,
-     ["model.transformer: dropout (-0.1) must be in [0, 1)"], None),
+     ["model.transformer.dropout: -0.1 must be in [0, 1)"], None),
     ("config-heads-divide", "train {tiny} --set model.transformer.heads=3", 2,
      ["model.transformer: d_model (32) must be divisible by heads (3)"], None),
     ("set-unknown-section", "train {tiny} --set trian.lr=1", 2,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from nmt.config.schema import ExperimentConfig
+from nmt.config.schema import ExperimentConfig, range_of
 from nmt.errors import ConfigError, shorten
 
 
@@ -165,11 +165,11 @@ def _check_override(item: str, parts: list[str], value: Any) -> None:
             continue
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"{where}: {shorten('.'.join(parts[:i]))} is a value, not a section")
-        names = [f.name for f in dataclasses.fields(tp)]
-        if part not in names:
-            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, names)}")
-        tp = typing.get_type_hints(tp)[part]
-    _convert(tp, value, ".".join(parts), where)
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        if part not in fields:
+            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, list(fields))}")
+        field, tp = fields[part], typing.get_type_hints(tp)[part]
+    _check_range(field, _convert(tp, value, ".".join(parts), where), ".".join(parts), where)
 
 
 def _set_item(item: str) -> str:
@@ -209,18 +209,27 @@ def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping, got {_describe(raw)}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in raw.items():
-        if key not in names:
-            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{_suggest(key, names)}")
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{_suggest(key, list(fields))}")
         kwargs[key] = _convert(hints[key], value, join_key(keypath, key), source)
+        _check_range(fields[key], kwargs[key], join_key(keypath, key), source)
     try:
         return cls(**kwargs)
     except ValueError as err:
         msg = shorten(str(err), 300)  # the schema's messages quote values
         # Messages name their field first ("d_model (100) must ..."): prefix the section path.
         raise ConfigError(f"{source}: {keypath + ': ' if keypath else ''}{msg}") from None
+
+
+def _check_range(field: dataclasses.Field, value: Any, keypath: str, where: str) -> None:
+    """Refuse a number outside the field's schema `Range` (NaN and infinity included)."""
+    rng = range_of(field)
+    problem = rng.problem(value) if rng else None
+    if problem:
+        raise ConfigError(f"{where}: {keypath}: {shorten(problem, 300)}")
 
 
 def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:

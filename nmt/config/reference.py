@@ -1,4 +1,4 @@
-"""The config reference: every key, its default and its meaning, as a markdown table."""
+"""The config reference: every key, its default, its valid range and its meaning, as a markdown table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typing
 import yaml
 
 from nmt.config.load import join_key
-from nmt.config.schema import ExperimentConfig
+from nmt.config.schema import ExperimentConfig, range_of
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -25,8 +25,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def reference_markdown() -> str:
-    """A markdown table of every config key, its default and its meaning."""
-    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    """A markdown table of every config key, its default, its valid range (numbers) and its meaning."""
+    lines = ["| key | default | range | meaning |", "| --- | --- | --- | --- |"]
 
     def walk(cls: type, prefix: str) -> None:
         docs = field_docs(cls)
@@ -47,7 +47,8 @@ def reference_markdown() -> str:
             if isinstance(default, tuple):
                 default = list(default)
             shown = "(required)" if default is None and dataclasses.is_dataclass(inner[0]) else f"`{yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}`"
-            lines.append(f"| `{key}` | {shown} | {docs.get(f.name, '')} |")
+            rng = range_of(f)
+            lines.append(f"| `{key}` | {shown} | {f'`{rng}`' if rng else ''} | {docs.get(f.name, '')} |")
 
     walk(ExperimentConfig, "")
     return "\n".join(lines)

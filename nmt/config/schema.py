@@ -1,16 +1,93 @@
 """The config schema: one dataclass per YAML section.
 
 Every default lives here and nowhere else. Each field is documented by the string
-right under it (`nmt.config.reference` turns those into the README's table);
-`__post_init__` checks values that a type alone cannot.
+right under it (`nmt.config.reference` turns those into the README's table).
+Each numeric field states its valid `Range` once, in its metadata (`num`): the
+loader checks it for every key it reads, naming file, key and value, and the
+reference prints it. `__post_init__` checks the same ranges for configs built in
+code, then the invariants that tie several fields together.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric key: from `lo` to `hi` (None: unbounded), ends open or closed.
+
+    Floats must also be finite: NaN and infinity are never a valid setting.
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, x: float) -> bool:
+        if isinstance(x, float) and not math.isfinite(x):
+            return False
+        above = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
+        below = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
+        return above and below
+
+    def __str__(self) -> str:
+        """`>= 1`, `> 0`, `in [0, 1)`, or `finite` where unbounded."""
+        lo, hi = _number(self.lo), _number(self.hi)
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '<='} {hi}"
+        return "finite"
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` (a number, or a tuple of numbers) is out of range; None if it is in range."""
+        items = value if isinstance(value, tuple) else (value,)
+        for i, x in enumerate(items):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or x in self:
+                continue
+            shown = f"{x!r} (item {i} of {list(items)})" if isinstance(value, tuple) else repr(x)
+            if isinstance(x, float) and not math.isfinite(x):
+                return f"{shown} is not a finite number"
+            return f"{shown} must be {self}"
+        return None
+
+
+def _number(x: float | None) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+PROB = {"lo": 0, "hi": 1, "hi_open": True}
+"""A dropout-like probability: [0, 1)."""
+MAX_POSITIONS = 1 << 16
+"""Longest position table a Transformer may ask for (65536: sinusoidal or learned, far beyond any sentence)."""
+
+
+def num(default: Any, **bounds: Any) -> Any:
+    """A numeric field with its default and its valid `Range(**bounds)`."""
+    return field(default=default, metadata={"range": Range(**bounds)})
+
+
+def range_of(f: dataclasses.Field) -> Range | None:
+    """The valid range of a config field, or None for a non-numeric one."""
+    return f.metadata.get("range")
+
+
+def check_ranges(obj: Any) -> None:
+    """Raise ValueError `name: value must be RANGE` for the first field of `obj` out of its range."""
+    for f in dataclasses.fields(obj):
+        rng = range_of(f)
+        problem = rng.problem(getattr(obj, f.name)) if rng else None
+        if problem:
+            raise ValueError(f"{f.name}: {problem}")
 
 
 @dataclass
@@ -52,16 +129,13 @@ class DataConfig:
     """Validation split (required): loss, perplexity and BLEU during training."""
     test: dict[str, CorpusConfig] = field(default_factory=dict)
     """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them)."""
-    max_len: int = 100
+    max_len: int = num(100, lo=1)
     """Training pairs with more subword tokens than this on either side are dropped."""
-    max_ratio: float = 3.0
+    max_ratio: float = num(3.0, lo=0)
     """Training pairs whose token-length ratio (longer/shorter) exceeds this are dropped; 0 disables."""
 
     def __post_init__(self) -> None:
-        if self.max_len < 1:
-            raise ValueError(f"max_len ({self.max_len}) must be at least 1")
-        if self.max_ratio < 0:
-            raise ValueError(f"max_ratio ({self.max_ratio}) must be >= 0 (0 disables the filter)")
+        check_ranges(self)
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {self.src_lang!r}")
 
@@ -72,41 +146,38 @@ class TokenizerConfig:
 
     type: Literal["bpe", "unigram"] = "bpe"
     """sentencepiece model type."""
-    vocab_size: int = 8000
+    vocab_size: int = num(8000, lo=8)
     """Vocabulary size (per side when `joint` is false), special symbols included."""
     joint: bool = True
     """One vocabulary for both languages (needed for `model.tie_embeddings: all`)."""
-    character_coverage: float = 1.0
+    character_coverage: float = num(1.0, lo=0, hi=1, lo_open=True)
     """Share of characters covered by the vocabulary; rarer ones map to <unk>."""
-    max_sentences: int = 1_000_000
+    max_sentences: int = num(1_000_000, lo=1)
     """At most this many sentences (per side) are sampled to train the tokenizer."""
 
     def __post_init__(self) -> None:
-        if self.vocab_size < 8:
-            raise ValueError(f"vocab_size ({self.vocab_size}) must be at least 8")
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise ValueError(f"character_coverage ({self.character_coverage}) must be in (0, 1]")
+        check_ranges(self)
 
 
 @dataclass
 class TransformerConfig:
     """Transformer encoder-decoder (Vaswani et al., 2017)."""
 
-    d_model: int = 512
+    d_model: int = num(512, lo=1)
     """Model width."""
-    heads: int = 8
+    heads: int = num(8, lo=1)
     """Attention heads; must divide `d_model`."""
-    encoder_layers: int = 6
+    encoder_layers: int = num(6, lo=1)
     """Encoder layers."""
-    decoder_layers: int = 6
+    decoder_layers: int = num(6, lo=1)
     """Decoder layers."""
-    ff_dim: int = 2048
+    ff_dim: int = num(2048, lo=1)
     """Hidden width of the position-wise feed-forward block."""
-    dropout: float = 0.1
+    dropout: float = num(0.1, **PROB)
     """Dropout on embeddings and on each sub-layer's output."""
-    attention_dropout: float = 0.0
+    attention_dropout: float = num(0.0, **PROB)
     """Dropout on attention weights."""
-    activation_dropout: float = 0.0
+    activation_dropout: float = num(0.0, **PROB)
     """Dropout inside the feed-forward block."""
     activation: Literal["relu", "gelu"] = "relu"
     """Feed-forward activation."""
@@ -114,18 +185,17 @@ class TransformerConfig:
     """Layer norm before each sub-layer (pre, stabler) or after the residual sum (post, the paper's)."""
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
     """Positional encoding."""
-    max_positions: int = 1024
+    max_positions: int = num(1024, lo=1, hi=MAX_POSITIONS)
     """Longest sequence the positional encoding covers."""
     attention_impl: Literal["manual", "sdpa"] = "sdpa"
     """`manual`: attention written out; `sdpa`: torch's fused scaled_dot_product_attention (same maths)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
-        for name in ("encoder_layers", "decoder_layers", "ff_dim", "max_positions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be at least 1")
-        _check_dropout(self, "dropout", "attention_dropout", "activation_dropout")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"d_model ({self.d_model}) must be even for sinusoidal positions")
 
 
 @dataclass
@@ -134,17 +204,17 @@ class RNNConfig:
 
     cell: Literal["gru", "lstm"] = "gru"
     """Recurrent cell."""
-    embed_dim: int = 256
+    embed_dim: int = num(256, lo=1)
     """Embedding width."""
-    hidden_size: int = 512
+    hidden_size: int = num(512, lo=1)
     """Hidden state width of the decoder (and of the encoder, summed over directions)."""
-    encoder_layers: int = 1
+    encoder_layers: int = num(1, lo=1)
     """Encoder layers."""
-    decoder_layers: int = 1
+    decoder_layers: int = num(1, lo=1)
     """Decoder layers."""
     bidirectional: bool = True
     """Bidirectional encoder."""
-    dropout: float = 0.2
+    dropout: float = num(0.2, **PROB)
     """Dropout on embeddings, between layers and before the output layer."""
     bridge: Literal["zeros", "learned"] = "learned"
     """Decoder initial state: zeros, or a learned projection of the final encoder state."""
@@ -152,22 +222,17 @@ class RNNConfig:
     """`none`: fixed context vector fed to every step; `bahdanau`: attention from the previous state feeds the cell; `luong`: attention after the cell, tanh(W[c; s]) predicts."""
     attention: Literal["dot", "scaled_dot", "general", "additive", "cosine", "qkv", "multihead"] = "general"
     """Score function (ignored by `decoder: none`)."""
-    attention_heads: int = 4
+    attention_heads: int = num(4, lo=1)
     """Heads of the `multihead` score."""
-    local_window: int = 0
+    local_window: int = num(0, lo=0)
     """Luong's local-p attention: half-width D of the Gaussian window; 0 means global attention."""
     input_feeding: bool = True
     """Luong decoder: feed the previous attentional state into the cell."""
 
     def __post_init__(self) -> None:
-        for name in ("embed_dim", "hidden_size", "encoder_layers", "decoder_layers", "attention_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be at least 1")
-        if self.local_window < 0:
-            raise ValueError(f"local_window ({self.local_window}) must be >= 0")
+        check_ranges(self)
         if self.bidirectional and self.hidden_size % 2:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be even for a bidirectional encoder")
-        _check_dropout(self, "dropout")
 
 
 @dataclass
@@ -188,7 +253,7 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, validation, checkpointing and the hardware it runs on."""
 
-    seed: int = 1234
+    seed: int = num(1234, lo=0, hi=2**32 - 1)
     """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """`auto` picks CUDA, then MPS, then CPU. Under torchrun each process takes the GPU of its LOCAL_RANK."""
@@ -198,82 +263,69 @@ class TrainConfig:
     """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); where compiling fails, training goes on uncompiled with a warning."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile)."""
-    pad_to_multiple: int = 0
+    pad_to_multiple: int = num(0, lo=0)
     """Pad batch lengths (source and target) to a multiple of this, so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
-    max_tokens: int = 4096
+    max_tokens: int = num(4096, lo=1)
     """Token budget of one batch (padding included, the longer side counted), per process."""
-    accumulate: int = 1
+    accumulate: int = num(1, lo=1)
     """Batches whose gradients are summed before one update; an update sees up to `max_tokens * accumulate * processes` tokens."""
-    num_workers: int = 0
+    num_workers: int = num(0, lo=0)
     """Background processes that collate batches (0: the training process does it); on CUDA batches are pinned and copied asynchronously."""
-    max_steps: int = 100_000
+    max_steps: int = num(100_000, lo=0)
     """Stop after this many updates (0: no limit)."""
-    max_epochs: int = 0
+    max_epochs: int = num(0, lo=0)
     """Stop after this many epochs (0: no limit)."""
-    max_time: float = 0.0
+    max_time: float = num(0.0, lo=0)
     """Stop after this many seconds of training (0: no limit); validation and a checkpoint follow."""
     optimizer: Literal["adam", "adamw"] = "adam"
     """Optimizer (fused kernels where torch has them: CUDA, and CPU in recent versions)."""
-    lr: float = 5e-4
+    lr: float = num(5e-4, lo=0, lo_open=True)
     """Peak learning rate."""
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[float, float] = num((0.9, 0.98), **PROB)
     """Adam betas."""
-    eps: float = 1e-9
+    eps: float = num(1e-9, lo=0)
     """Adam epsilon."""
-    weight_decay: float = 0.0
+    weight_decay: float = num(0.0, lo=0)
     """Weight decay (decoupled with adamw)."""
     schedule: Literal["inverse_sqrt", "cosine", "linear", "constant", "plateau"] = "inverse_sqrt"
     """Learning-rate schedule after linear warm-up; cosine and linear decay to 0 at `max_steps`; plateau multiplies the rate by `plateau_factor` when `early_stop_metric` stops improving."""
-    warmup_steps: int = 4000
+    warmup_steps: int = num(4000, lo=0)
     """Linear warm-up steps."""
-    plateau_factor: float = 0.5
+    plateau_factor: float = num(0.5, lo=0, hi=1, lo_open=True, hi_open=True)
     """`schedule: plateau`: factor applied to the learning rate at each plateau."""
-    plateau_patience: int = 2
+    plateau_patience: int = num(2, lo=0)
     """`schedule: plateau`: validations without improvement tolerated before the rate is lowered."""
-    label_smoothing: float = 0.1
+    label_smoothing: float = num(0.1, **PROB)
     """Label smoothing of the cross-entropy."""
-    clip_norm: float = 1.0
+    clip_norm: float = num(1.0, lo=0)
     """Gradient norm clipping (0 disables)."""
-    max_bad_steps: int = 10
+    max_bad_steps: int = num(10, lo=0)
     """Updates with a non-finite loss or gradient are skipped with a warning; this many in a row stop the run with an error (0: never stop)."""
-    log_every: int = 100
+    log_every: int = num(100, lo=1)
     """Steps between log lines in `metrics.jsonl` (and TensorBoard)."""
     tensorboard: bool = True
     """Also write TensorBoard event files to `run_dir/tensorboard` when the `tensorboard` package is installed."""
-    valid_every: int = 1000
+    valid_every: int = num(1000, lo=1)
     """Steps between validations (each writes a checkpoint); training also validates once when it ends."""
     valid_bleu: bool = True
     """Compute greedy BLEU on the validation set at each validation."""
-    valid_max_sentences: int = 0
+    valid_max_sentences: int = num(0, lo=0)
     """Decode at most this many validation sentences for BLEU (0: all)."""
     early_stop_metric: Literal["bleu", "loss"] = "bleu"
     """Metric that picks the best checkpoint, drives early stopping and the plateau schedule."""
-    patience: int = 0
+    patience: int = num(0, lo=0)
     """Stop after this many validations without improvement (0: never)."""
-    save_every: int = 0
+    save_every: int = num(0, lo=0)
     """Steps between extra checkpoints written without validation, for frequent resume points (0: only at validation)."""
-    keep_last: int = 2
+    keep_last: int = num(2, lo=0)
     """Periodic checkpoints kept besides `best.pt`."""
-    average_last: int = 0
+    average_last: int = num(0, lo=0)
     """At the end of training, write `averaged.pt`: the mean weights of the last this many periodic checkpoints (0: none)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "accumulate", "log_every", "valid_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be at least 1")
-        for name in ("max_steps", "max_epochs", "max_time", "warmup_steps", "patience", "keep_last", "clip_norm",
-                     "weight_decay", "num_workers", "save_every", "average_last", "plateau_patience", "max_bad_steps",
-                     "pad_to_multiple"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
-        if self.lr <= 0:
-            raise ValueError(f"lr ({self.lr}) must be positive")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
+        check_ranges(self)
         if self.schedule in ("cosine", "linear") and self.max_steps == 0:
             raise ValueError(f"schedule {self.schedule!r} decays to max_steps, which must then be > 0")
-        if not 0.0 < self.plateau_factor < 1.0:
-            raise ValueError(f"plateau_factor ({self.plateau_factor}) must be in (0, 1)")
         if self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= {self.average_last} "
                              f"(now {self.keep_last}): only kept checkpoints can be averaged")
@@ -283,24 +335,21 @@ class TrainConfig:
 class DecodeConfig:
     """Search settings for `translate`, `eval` and validation BLEU."""
 
-    beam: int = 5
+    beam: int = num(5, lo=1)
     """Beam size (1: greedy search)."""
-    length_penalty: float = 1.0
+    length_penalty: float = num(1.0)
     """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha; 0 disables."""
-    max_len_a: float = 1.5
+    max_len_a: float = num(1.5, lo=0)
     """Longest output is `max_len_a * source_length + max_len_b` tokens."""
-    max_len_b: int = 10
+    max_len_b: int = num(10, lo=0)
     """See `max_len_a`."""
-    max_tokens: int = 0
+    max_tokens: int = num(0, lo=0)
     """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. On CPU larger batches gain nothing and cost memory."""
 
     def __post_init__(self) -> None:
-        if self.beam < 1:
-            raise ValueError(f"beam ({self.beam}) must be at least 1")
-        if self.max_len_a < 0 or self.max_len_b < 0 or self.max_len_a == self.max_len_b == 0:
-            raise ValueError("max_len_a and max_len_b must be >= 0 and not both 0")
-        if self.max_tokens < 0:
-            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 0 (0: auto)")
+        check_ranges(self)
+        if self.max_len_a == self.max_len_b == 0:
+            raise ValueError("max_len_a and max_len_b are both 0: no output could be produced")
 
 
 @dataclass
@@ -335,6 +384,10 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError("model.tie_embeddings 'all' needs tokenizer.joint: true (one shared vocabulary)")
+        positions, max_len = self.model.transformer.max_positions, self.data.max_len
+        if self.model.type == "transformer" and positions < max_len:
+            raise ValueError(f"model.transformer.max_positions ({positions}) must be at least data.max_len "
+                             f"({max_len}): training sequences are up to max_len tokens long")
 
 
 _VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")
@@ -345,11 +398,5 @@ def expand_vars(text: str) -> str:
     text = _VAR.sub(lambda m: os.environ.get(m.group(1)) or m.group(2), text)
     return os.path.expanduser(os.path.expandvars(text))
 
-
-def _check_dropout(obj: Any, *names: str) -> None:
-    for name in names:
-        p = getattr(obj, name)
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"{name} ({p}) must be in [0, 1)")
 
 

@@ -1,0 +1,136 @@
+"""Every numeric key's range is checked at load: one line naming file, key and value (issue 17).
+
+Each bad value below once passed the config check and failed deep inside torch
+or sentencepiece with exit 1; the valid edge values must still load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nmt.config import ExperimentConfig, TransformerConfig, load_config, reference_markdown
+from nmt.config.schema import range_of
+from nmt.errors import ConfigError
+
+# (id, YAML text, pattern the one-line message must match after "FILE: ")
+REFUSED = [
+    ("lr-nan", "train:\n  lr: .nan\n", r"train.lr: nan is not a finite number$"),
+    ("lr-nan-string", "train:\n  lr: nan\n", r"train.lr: nan is not a finite number$"),
+    ("lr-inf", "train:\n  lr: .inf\n", r"train.lr: inf is not a finite number$"),
+    ("lr-minus-inf", "train:\n  lr: -.inf\n", r"train.lr: -inf is not a finite number$"),
+    ("lr-zero", "train:\n  lr: 0\n", r"train.lr: 0.0 must be > 0$"),
+    ("heads-zero", "model:\n  transformer:\n    heads: 0\n", r"model.transformer.heads: 0 must be >= 1$"),
+    ("heads-negative", "model:\n  transformer:\n    heads: -4\n", r"model.transformer.heads: -4 must be >= 1$"),
+    ("d_model-zero", "model:\n  transformer:\n    d_model: 0\n", r"model.transformer.d_model: 0 must be >= 1$"),
+    ("d_model-odd-sinusoidal", "model:\n  transformer:\n    d_model: 9\n    heads: 3\n",
+     r"model.transformer: d_model \(9\) must be even for sinusoidal positions$"),
+    ("beta1-one", "train:\n  betas: [1.0, 0.98]\n", r"train.betas: 1.0 \(item 0 of \[1.0, 0.98\]\) must be in \[0, 1\)$"),
+    ("beta2-above-one", "train:\n  betas: [0.9, 1.5]\n", r"train.betas: 1.5 \(item 1 of \[0.9, 1.5\]\) must be in \[0, 1\)$"),
+    ("beta-negative", "train:\n  betas: [-0.1, 0.98]\n", r"train.betas: -0.1 \(item 0 of .*\) must be in \[0, 1\)$"),
+    ("beta-nan", "train:\n  betas: [.nan, 0.98]\n", r"train.betas: nan \(item 0 of .*\) is not a finite number$"),
+    ("eps-negative", "train:\n  eps: -1e-8\n", r"train.eps: -1e-08 must be >= 0$"),
+    ("seed-negative", "train:\n  seed: -1\n", r"train.seed: -1 must be in \[0, 4294967295\]$"),
+    ("seed-too-large", "train:\n  seed: 4294967296\n", r"train.seed: 4294967296 must be in \[0, 4294967295\]$"),
+    ("valid_max_sentences-negative", "train:\n  valid_max_sentences: -1\n", r"train.valid_max_sentences: -1 must be >= 0$"),
+    ("max_positions-below-max_len", "data:\n  max_len: 100\nmodel:\n  transformer:\n    max_positions: 50\n",
+     r"model.transformer.max_positions \(50\) must be at least data.max_len \(100\)"),
+    ("max_positions-absurd", "model:\n  transformer:\n    max_positions: 1000000000\n",
+     r"model.transformer.max_positions: 1000000000 must be in \[1, 65536\]$"),
+    ("tokenizer-max_sentences-zero", "tokenizer:\n  max_sentences: 0\n", r"tokenizer.max_sentences: 0 must be >= 1$"),
+    ("device-tpu", "train:\n  device: tpu\n", r"train.device: 'tpu' is not one of 'auto', 'cpu', 'cuda', 'mps'"),
+    ("character_coverage-zero", "tokenizer:\n  character_coverage: 0\n",
+     r"tokenizer.character_coverage: 0.0 must be in \(0, 1\]$"),
+    ("length_penalty-inf", "decode:\n  length_penalty: .inf\n", r"decode.length_penalty: inf is not a finite number$"),
+    ("max_time-nan", "train:\n  max_time: .nan\n", r"train.max_time: nan is not a finite number$"),
+]
+
+# Valid edge values: each must load unchanged.
+ACCEPTED = [
+    ("lr-tiny", "train:\n  lr: 1e-12\n", ("train", "lr"), 1e-12),
+    ("beta-zero", "train:\n  betas: [0, 0.999]\n", ("train", "betas"), (0.0, 0.999)),
+    ("eps-zero", "train:\n  eps: 0\n", ("train", "eps"), 0.0),
+    ("seed-zero", "train:\n  seed: 0\n", ("train", "seed"), 0),
+    ("seed-largest", "train:\n  seed: 4294967295\n", ("train", "seed"), 4294967295),
+    ("valid_max_sentences-zero", "train:\n  valid_max_sentences: 0\n", ("train", "valid_max_sentences"), 0),
+    ("tokenizer-max_sentences-one", "tokenizer:\n  max_sentences: 1\n", ("tokenizer", "max_sentences"), 1),
+    ("character_coverage-one", "tokenizer:\n  character_coverage: 1\n", ("tokenizer", "character_coverage"), 1.0),
+    ("length_penalty-negative", "decode:\n  length_penalty: -0.5\n", ("decode", "length_penalty"), -0.5),
+]
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("text", "pattern"), [pytest.param(t, p, id=i) for i, t, p in REFUSED])
+def test_out_of_range_value_is_one_line_naming_file_key_and_value(tmp_path, text, pattern):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "\n" not in message, message
+    assert re.match(re.escape(f"{path}: ") + pattern, message), message
+
+
+@pytest.mark.parametrize(("text", "keys", "value"), [pytest.param(t, k, v, id=i) for i, t, k, v in ACCEPTED])
+def test_valid_edge_values_load(tmp_path, text, keys, value):
+    cfg = load_config(write(tmp_path, text))
+    assert getattr(getattr(cfg, keys[0]), keys[1]) == value
+
+
+def test_max_positions_equal_to_max_len_and_any_for_rnn_load(tmp_path):
+    text = "data:\n  max_len: 64\nmodel:\n  transformer:\n    max_positions: 64\n"
+    assert load_config(write(tmp_path, text)).model.transformer.max_positions == 64
+    text = "data:\n  max_len: 200\nmodel:\n  type: rnn\n  transformer:\n    max_positions: 50\n"
+    assert load_config(write(tmp_path, text)).model.type == "rnn"
+
+
+def test_override_out_of_range_names_the_set_item(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--set 'model.transformer.heads=0': model.transformer.heads: 0 must be >= 1$"):
+        load_config(write(tmp_path, "train:\n  lr: 0.1\n"), ["model.transformer.heads=0"])
+    with pytest.raises(ConfigError, match=r"^--set 'train.lr=nan': train.lr: nan is not a finite number$"):
+        load_config(write(tmp_path, "train:\n  lr: 0.1\n"), ["train.lr=nan"])
+
+
+def test_configs_built_in_code_are_checked_too():
+    with pytest.raises(ValueError, match=r"^heads: 0 must be >= 1$"):
+        TransformerConfig(heads=0)
+
+
+def test_every_numeric_key_has_a_range_shown_in_the_reference():
+    def walk(cls):
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+                yield from walk(f.default_factory)
+            elif isinstance(default, (int, float, tuple)) and not isinstance(default, bool):
+                yield f
+
+    numeric = list(walk(ExperimentConfig))
+    assert len(numeric) > 40
+    missing = [f.name for f in numeric if range_of(f) is None]
+    assert not missing, f"numeric keys without a Range: {missing}"
+    assert "| `train.betas` | `[0.9, 0.98]` | `in [0, 1)` |" in reference_markdown()
+    assert "| `model.transformer.heads` | `8` | `>= 1` |" in reference_markdown()
+
+
+@pytest.mark.parametrize(("item", "pattern"), [
+    ("train.lr=nan", r"train.lr: nan is not a finite number"),
+    ("model.transformer.heads=0", r"model.transformer.heads: 0 must be >= 1"),
+])
+def test_cli_refuses_out_of_range_with_one_line_and_exit_2(tmp_path, item, pattern):
+    path = write(tmp_path, "train:\n  seed: -3\n")
+    proc = subprocess.run([sys.executable, "-m", "nmt", "train", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"nmt: error: {path}: train.seed: -3 must be in [0, 4294967295]"
+    path = write(tmp_path, "train:\n  lr: 0.1\n")
+    proc = subprocess.run([sys.executable, "-m", "nmt", "train", str(path), "--set", item], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and re.search(pattern, proc.stderr), proc.stderr
