@@ -134,3 +134,21 @@ def test_cli_refuses_out_of_range_with_one_line_and_exit_2(tmp_path, item, patte
     proc = subprocess.run([sys.executable, "-m", "nmt", "train", str(path), "--set", item], capture_output=True, text=True)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and re.search(pattern, proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize(("run_dir", "expected"), [
+    ("~/runs/x", "{home}/runs/x"),
+    ("$NMT_TEST_ROOT/x", "/data/nmt/x"),
+    ("${NMT_TEST_ROOT}/x", "/data/nmt/x"),
+    ("${NMT_TEST_UNSET:-/fallback}/x", "/fallback/x"),
+    ("runs/plain", "runs/plain"),
+])
+def test_run_dir_expands_like_corpus_paths(tmp_path, monkeypatch, run_dir, expected):
+    monkeypatch.setenv("HOME", "/home/tester")
+    monkeypatch.setenv("NMT_TEST_ROOT", "/data/nmt")
+    monkeypatch.delenv("NMT_TEST_UNSET", raising=False)
+    text = f"run_dir: '{run_dir}'\ndata:\n  train: {{path: '{run_dir}/train'}}\n"
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.run_dir == expected.format(home="/home/tester")
+    assert cfg.data.train.path == cfg.run_dir + "/train"
+    assert load_config(write(tmp_path, "train:\n  lr: 0.1\n"), [f"run_dir={run_dir}"]).run_dir == cfg.run_dir

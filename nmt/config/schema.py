@@ -367,7 +367,7 @@ class ExperimentConfig:
     """One experiment: everything `nmt train` needs, and what checkpoints carry."""
 
     run_dir: str = "runs/default"
-    """Where the tokenizer, checkpoints, logs and the resolved config are written."""
+    """Where the tokenizer, checkpoints, logs and the resolved config are written. `$VAR`, `${VAR:-default}` and `~` are expanded, as in corpus paths."""
     data: DataConfig = field(default_factory=DataConfig)
     """The corpus."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -382,6 +382,7 @@ class ExperimentConfig:
     """Scoring."""
 
     def __post_init__(self) -> None:
+        self.run_dir = expand_vars(self.run_dir)
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError("model.tie_embeddings 'all' needs tokenizer.joint: true (one shared vocabulary)")
         positions, max_len = self.model.transformer.max_positions, self.data.max_len
