@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from nmt.errors import UserError
+from nmt.errors import UserError, shorten
 
 app = typer.Typer(
     add_completion=False,
@@ -30,6 +30,15 @@ SetOption = Annotated[
     Optional[list[str]],
     typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable)."),
 ]
+
+
+def _check_device(name: str) -> str:
+    """`--device`: one of the devices `train.device` accepts, refused before any work starts."""
+    from nmt.config.schema import DEVICES
+
+    if name not in DEVICES:
+        raise UserError(f"--device {shorten(repr(name), 60)}: not one of {', '.join(map(repr, DEVICES))}")
+    return name
 
 
 @app.callback()
@@ -79,7 +88,7 @@ def translate(
     scores: Annotated[bool, typer.Option("--scores", help="Put each translation's log-probability and a tab before it.")] = False,
     length_penalty: Annotated[Optional[float], typer.Option(help="GNMT length penalty alpha (default: the checkpoint's).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one batch (source tokens x beam).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
     precision: Annotated[str, typer.Option(help="auto (fp32, the fastest measured for decoding, also on GPUs), fp32, bf16 or fp16.")] = "auto",
     sample: Annotated[bool, typer.Option("--sample", help="Sample translations instead of searching (back-translation).")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
@@ -147,7 +156,7 @@ def evaluate(
     hyp: Annotated[Optional[Path], typer.Option(help="Ready translations to score (no checkpoint needed).")] = None,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """Score with sacreBLEU: a checkpoint on a split or on --src/--ref, or --hyp against --ref."""
     from nmt.evaluate import evaluate_checkpoint, format_scores, score_files
@@ -229,7 +238,7 @@ def analyze(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write DIR/analysis.md with plots and attention heatmaps.")] = None,
     sentences: Annotated[str, typer.Option(help="Test sentences (0-based, comma-separated) for --report heatmaps.")] = "0",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """BLEU by source length for one or more models on one test set."""
     from nmt.analysis import analyze_checkpoints, markdown_table, plot_bleu_by_length, write_report

@@ -152,3 +152,21 @@ def test_run_dir_expands_like_corpus_paths(tmp_path, monkeypatch, run_dir, expec
     assert cfg.run_dir == expected.format(home="/home/tester")
     assert cfg.data.train.path == cfg.run_dir + "/train"
     assert load_config(write(tmp_path, "train:\n  lr: 0.1\n"), [f"run_dir={run_dir}"]).run_dir == cfg.run_dir
+
+
+@pytest.mark.parametrize("command", [
+    ["translate", "-c", "model.pt"], ["eval", "-c", "model.pt"], ["analyze", "-c", "model.pt"],
+])
+def test_cli_device_outside_the_known_ones_is_one_line_and_exit_2(command):
+    proc = subprocess.run([sys.executable, "-m", "nmt", *command, "--device", "tpu"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == "nmt: error: --device 'tpu': not one of 'auto', 'cpu', 'cuda', 'mps'\n"
+
+
+def test_pick_device_refuses_an_unknown_name():
+    from nmt.errors import UserError
+    from nmt.runtime import pick_device
+
+    with pytest.raises(UserError, match=r"^device 'tpu' \(train.device or --device\): not one of 'auto', 'cpu'"):
+        pick_device("tpu")
+    assert pick_device("cpu").type == "cpu"

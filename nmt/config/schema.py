@@ -15,7 +15,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+Device = Literal["auto", "cpu", "cuda", "mps"]
+DEVICES: tuple[str, ...] = get_args(Device)
+"""The devices `train.device` and `--device` accept."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,7 @@ class TrainConfig:
 
     seed: int = num(1234, lo=0, hi=2**32 - 1)
     """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    device: Device = "auto"
     """`auto` picks CUDA, then MPS, then CPU. Under torchrun each process takes the GPU of its LOCAL_RANK."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast precision; fp16 adds a gradient scaler. On CPU prefer bf16: fp16 runs there but is slow."""
