@@ -69,7 +69,7 @@ from nmt.train.lock import lock_run_dir
 from nmt.train.loss import Objective, label_smoothed_loss, perplexity
 from nmt.train.metrics import MetricsLog
 from nmt.train.optim import build_optimizer, build_scheduler
-from nmt.train.resume import Progress, prepare_run_dir, resume
+from nmt.train.resume import Progress, prepare_run_dir, resume_run
 from nmt.train.step import StepResult, train_step
 
 log = logging.getLogger(__name__)
@@ -168,10 +168,7 @@ class Trainer:
             scheduler = build_scheduler(optimizer, tc)
             scaler = grad_scaler(device, tc.precision)
             seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
-            progress = Progress()
-            resume_from = latest_checkpoint(run_dir)
-            if resume_from is not None:
-                progress = resume(resume_from, cfg, ctx, model, optimizer, scheduler, scaler)
+            progress = resume_run(run_dir, cfg, ctx, model, optimizer, scheduler, scaler)
 
             train_model = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
             if ctx.enabled:
@@ -408,7 +405,7 @@ class Trainer:
         metric = result[kind]
         improved = _is_better(metric, p.best_metric, kind)
         if improved:
-            p.best_metric, p.bad_validations = metric, 0
+            p.best_metric, p.best_step, p.bad_validations = metric, p.step, 0
         else:
             p.bad_validations += 1
         p.validated_step = p.step
@@ -436,6 +433,8 @@ class Trainer:
         }
         path = self.run_dir / f"ckpt_{self.p.step}.pt"
         if self.ctx.is_main:
+            # This order keeps best.pt recoverable: a kill before best.pt is written leaves ckpt_<best_step>.pt
+            # for resume_run to copy, and pruning, which could remove it, only runs once best.pt is written.
             save_checkpoint(payload, path)
             if best:
                 save_checkpoint(payload, self.run_dir / "best.pt")

@@ -10,9 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import ExperimentConfig, config_to_dict
-from nmt.errors import UserError
-from nmt.runtime import Dist, seed_everything, set_rng_states
-from nmt.train.checkpoint import load_checkpoint, remove_stale_temporaries
+from nmt.errors import CheckpointError, UserError
+from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
+from nmt.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    periodic_checkpoints,
+    remove_stale_temporaries,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +35,101 @@ class Progress:
     train_seconds: float = 0.0
     validated_step: int = -1  # step of the last validation
     last_valid: dict[str, float] = dataclasses.field(default_factory=dict)  # its scores
+    best_step: int = -1  # step of the best validation, the step best.pt holds; -1 in checkpoints before it was kept
 
 
-def resume(path: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler, scaler) -> Progress:
-    """Load every piece of training state from `path`; return the progress it records."""
-    payload = load_checkpoint(path)
+def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler, scaler) -> Progress:
+    """Resume from the newest readable checkpoint of `run_dir`; a fresh `Progress` when it has none.
+
+    Rank 0 first sets unreadable newer checkpoints aside and makes `best.pt` agree with the
+    progress it resumes from (`restore_best`); the other ranks wait, then read the same file.
+
+    Raises:
+        CheckpointError: `run_dir` has periodic checkpoints but none of them is readable.
+    """
+    path, payload, failed = None, None, None
+    if ctx.is_main:
+        try:
+            path, payload = newest_readable_checkpoint(run_dir)
+        except CheckpointError as err:
+            failed = err  # raised after the barrier, where the other ranks fail on the same file
+        if payload is not None:
+            restore_best(run_dir, payload["progress"])
+    barrier(ctx)
+    if failed is not None:
+        raise failed
+    if not ctx.is_main:
+        path = latest_checkpoint(run_dir)
+        payload = load_checkpoint(path) if path is not None else None
+    if path is None or payload is None:
+        return Progress()
+    return resume(path, payload, cfg, ctx, model, optimizer, scheduler, scaler)
+
+
+def newest_readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest periodic checkpoint that loads, and its payload; (None, None) when there are none.
+
+    Newer ones that do not load (truncated, empty, not a checkpoint) are renamed to
+    `ckpt_<step>.pt.damaged`, never deleted, with one warning each. When none loads, nothing is
+    renamed: the run stops with the newest one's error instead of silently starting over.
+
+    Raises:
+        CheckpointError: no periodic checkpoint of `run_dir` loads.
+    """
+    found = periodic_checkpoints(run_dir)
+    damaged: list[tuple[Path, CheckpointError]] = []
+    for path in reversed(found):
+        try:
+            payload = load_checkpoint(path)
+        except CheckpointError as err:
+            damaged.append((path, err))
+            continue
+        for bad, err in damaged:
+            aside = bad.with_name(bad.name + ".damaged")
+            bad.replace(aside)
+            log.warning("%s; set aside as %s, resuming from %s", err, aside.name, path.name)
+        return path, payload
+    if damaged:
+        raise CheckpointError(f"{damaged[0][1]}; no earlier checkpoint in {run_dir} is readable either: "
+                              "move the damaged files away, or use --restart to start over")
+    return None, None
+
+
+def restore_best(run_dir: Path, progress: dict[str, Any]) -> None:
+    """Make `best.pt` the checkpoint of the best step that `progress` records.
+
+    `Trainer._save` writes `ckpt_<step>.pt`, then `best.pt`, then prunes, each atomically: a kill
+    between the first two leaves a `best.pt` of an earlier step, or none, while the progress and
+    `metrics.jsonl` already name the new best step; its `ckpt_<step>.pt` is still there, since
+    pruning comes last. Copying it over `best.pt` (atomically) repairs the run directory.
+    """
+    best_step = progress.get("best_step", -1)
+    if best_step < 0:  # no validation yet, or a checkpoint from before best_step was kept
+        return
+    best = run_dir / "best.pt"
+    try:
+        held_step = load_checkpoint(best)["progress"]["step"]
+        if held_step == best_step:
+            return
+        held = f"holds step {held_step}"
+    except CheckpointError as err:
+        held = "is missing" if not best.exists() else f"is unreadable ({err})"
+    except (KeyError, TypeError):
+        held = "holds no progress record"
+    source = run_dir / f"ckpt_{best_step}.pt"
+    if not source.is_file():
+        log.warning("%s %s, but the best validation was at step %d and %s is gone: best.pt is not that "
+                    "step's model until a later validation improves on it", best, held, best_step, source.name)
+        return
+    with source.open("rb") as f:
+        write_atomic(best, lambda out: shutil.copyfileobj(f, out))
+    log.warning("%s %s, but the best validation was at step %d (an interrupted save?): rebuilt it from %s",
+                best, held, best_step, source.name)
+
+
+def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler,
+           scaler) -> Progress:
+    """Load every piece of training state from `payload`, read from `path`; return the progress it records."""
     check_same_model(payload, cfg, path)
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
