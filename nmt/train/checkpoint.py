@@ -11,9 +11,11 @@ renamed over the target: a crash at any moment leaves the previous good file.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +23,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from numpy._core.multiarray import _reconstruct
 
-from nmt.errors import CheckpointError
+try:
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # numpy 1
+    from numpy.core.multiarray import _reconstruct
+
+from nmt.errors import CheckpointError, UserError
 
 FORMAT = "nmt-checkpoint-1"
 
@@ -32,7 +38,7 @@ _OLD_RNG_GLOBALS: list[Any] = [
     (_reconstruct, "numpy.core.multiarray._reconstruct"),  # its name under numpy 1
     np.ndarray,
     np.dtype,
-    np.dtypes.UInt32DType,
+    type(np.dtype(np.uint32)),  # numpy.dtypes.UInt32DType
 ]
 """The only globals `torch.load(weights_only=True)` may build beyond tensors and plain data:
 checkpoints of earlier versions hold numpy's random state, `np.random.get_state()`, whose
@@ -60,10 +66,25 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if _disk_full(err):
+            free = shutil.disk_usage(path.parent).free
+            raise UserError(f"{path}: disk full ({free / 2**20:.1f} MiB free there); nothing was written and "
+                            "the previous file is unchanged: free some space or write elsewhere") from None
         raise
     _fsync_dir(path.parent)
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    """Whether a write failed for want of space: ENOSPC/EDQUOT on the error or on any error behind it
+    (torch.save raises "[enforce fail at inline_container.cc...]" with the OSError as its context)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -1,0 +1,40 @@
+"""A checkpoint write on a full disk: one clear line, the previous file intact, no temporary left."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from nmt.errors import UserError
+from nmt.train.checkpoint import load_checkpoint, save_checkpoint, write_atomic
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB filesystem (tmpfs); needs root, as this project's machines and CI have."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()[:200]}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_checkpoint_too_big_for_the_disk_says_disk_full_and_keeps_the_old_one(small_disk):
+    path = small_disk / "ckpt_1.pt"
+    save_checkpoint({"model": {"w": torch.zeros(100)}}, path)  # fits
+    with pytest.raises(UserError, match=r"ckpt_1\.pt: disk full .* MiB free there.*previous file is unchanged"):
+        save_checkpoint({"model": {"w": torch.zeros(1_000_000)}}, path)  # 4 MB does not
+    assert load_checkpoint(path)["model"]["w"].shape == (100,)
+    assert [p.name for p in small_disk.iterdir()] == ["ckpt_1.pt"]
+
+
+def test_plain_writes_that_fill_the_disk_say_so_too(small_disk):
+    with pytest.raises(UserError, match="disk full"):
+        write_atomic(small_disk / "out.txt", lambda f: f.write(b"x" * 1_000_000))
+    assert list(small_disk.iterdir()) == []
