@@ -243,6 +243,8 @@ def analyze(
     """BLEU by source length for one or more models on one test set."""
     from nmt.analysis import analyze_checkpoints, markdown_table, plot_bleu_by_length, write_report
 
+    if buckets < 1:  # before any translating
+        raise UserError(f"--buckets ({buckets}) must be at least 1")
     named = dict(c.split("=", 1) if "=" in c else (Path(c).parent.name or c, c) for c in checkpoints)
     if report is not None:
         chosen = [int(i) for i in sentences.split(",") if i.strip()]

@@ -21,6 +21,8 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: EvalConfig | None = Non
     cfg = cfg or EvalConfig()
     if len(hyps) != len(refs):
         raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: they must pair line by line")
+    if not hyps:
+        raise UserError("nothing to score: no hypotheses and no references (empty files?)")
     bleu = BLEU(tokenize=cfg.tokenize, lowercase=cfg.lowercase)
     chrf = CHRF()
     b = bleu.corpus_score(list(hyps), [list(refs)])
@@ -43,6 +45,8 @@ def score_files(hyp: str | Path, ref: str | Path, cfg: EvalConfig | None = None)
     """
     hyps, refs = read_lines(hyp), read_lines(ref)
     _check_pairing(hyp, hyps, ref, refs, "translations and references")
+    if not hyps:
+        raise DataError(f"{hyp} and {ref}: both empty, nothing to score")
     return score(hyps, refs, cfg)
 
 

@@ -252,6 +252,8 @@ class Translator:
             raise UserError(f"nbest ({nbest}) cannot exceed beam ({beam})")
         if sampling is not None and beam != 1:
             raise UserError(f"sampling draws one translation per line; beam ({beam}) must be 1")
+        if max_tokens is not None and max_tokens < 0:
+            raise UserError(f"max_tokens ({max_tokens}) must be >= 0 (0: the checkpoint's, else by device)")
         return _Plan(
             beam=beam, nbest=nbest, attention=attention, cached=cached,
             length_penalty=d.length_penalty if length_penalty is None else length_penalty,

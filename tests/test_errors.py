@@ -88,6 +88,13 @@ CASES = [
     ("translate-input-missing", "translate -c {good} -i {dir}/nope.txt", 2, ["nope.txt: input file not found"], None),
     ("translate-input-utf8", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"], None),
     ("translate-stdin-utf8", "translate -c {good} < {src_utf8}", 2, ["<stdin>:6: invalid UTF-8"], SUB),
+    # folders, empty files and out-of-range options (issue #17)
+    ("config-is-folder", "train {dir}", 2, ["is a folder, not a config file"], None),
+    ("translate-ckpt-folder", "translate -c {dir}", 2, ["is a folder, not a checkpoint", "best.pt"], None),
+    ("eval-empty-files", "eval --hyp {empty} --ref {empty2}", 2, ["empty.txt and", "empty2.txt: both empty"], None),
+    ("translate-max-tokens-negative", "translate -c {good} -i {src2} --max-tokens -5", 2,
+     ["max_tokens (-5) must be >= 0"], None),
+    ("analyze-buckets-zero", "analyze -c {good} --buckets 0", 2, ["--buckets (0) must be at least 1"], None),
     ("translate-input-utf8-before-progress", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"],
      SUB_ONLY),
 ]
@@ -148,6 +155,7 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     paths["hyp3"] = lines("hyp3.txt", (small_corpus / "test.de").read_bytes().splitlines()[:3])
     paths["hyp_utf8"] = lines("hyp_utf8.txt", [b"ok", b"ok", b"caf\xe9"])
     paths["src2"] = lines("src2.txt", en[:2])
+    paths["empty"], paths["empty2"] = lines("empty.txt", []), lines("empty2.txt", [])
     paths["src_utf8"] = lines("src_utf8.txt", [b"the man sees the dog ."] * 5 + [b"caf\xe9 ."])
 
     cfg = config_from_dict(base)

@@ -82,6 +82,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
             dotted key path.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a config file; give the YAML file itself")
     if not path.is_file():
         resolved = "" if path.is_absolute() else f" (resolved to {path.resolve()})"
         raise ConfigError(f"{path}: config file not found{resolved}")

@@ -94,6 +94,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         CheckpointError: the file is missing, truncated, or not an `nmt` checkpoint.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint; give a .pt file in it (e.g. best.pt)")
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:

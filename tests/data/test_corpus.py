@@ -131,6 +131,11 @@ def test_tsv_row_with_wrong_field_count_names_the_line(tmp_path: Path) -> None:
         load(tmp_path, "tsv", tmp_path / "c.tsv")
 
 
+def test_tsv_lone_carriage_return_is_text_and_shifts_no_pair(tmp_path: Path) -> None:
+    (tmp_path / "c.tsv").write_bytes(b"de\ten\nein\rHund\ta\rdog\nKatze\tcat\r\n")
+    assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv")) == [("ein\rHund", "a\rdog"), ("Katze", "cat")]
+
+
 def test_jsonl_flat_nested_and_dotted_fields(tmp_path: Path) -> None:
     write_lines(tmp_path / "flat.jsonl", [json.dumps({"de": d, "en": e, "id": 1}) for d, e in PAIRS])
     nested = [json.dumps({"translation": {"de": d, "en": e}}) for d, e in PAIRS]
