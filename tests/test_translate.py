@@ -103,7 +103,7 @@ def test_decode_max_tokens_is_zero_for_auto_or_positive(small_corpus, tmp_path, 
     if ok:
         assert config_from_dict(d).decode.max_tokens == value
     else:
-        with pytest.raises(UserError, match=r"decode: max_tokens \(-1\) must be >= 0"):
+        with pytest.raises(UserError, match=r"decode\.max_tokens: -1 must be >= 0"):
             config_from_dict(d)
 
 
