@@ -41,25 +41,39 @@ class LossOutput:
     ntokens: Tensor  # non-pad target tokens
 
 
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    """fp32 for bf16, fp16 and fp32 logits; fp64 for fp64 ones."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _sums(x: Tensor, target: Tensor, keep: Tensor, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row lse (n,), summed NLL and summed smoothed loss of logits x (n, V) already in the compute dtype.
+
+    `keep` (n,) is 1 at real tokens and 0 at padding (bool or float).
+    """
+    lse = torch.logsumexp(x, dim=-1)  # (n,)
+    nll = ((lse - x.gather(-1, target[:, None]).squeeze(-1)) * keep).sum()
+    if smoothing == 0:
+        return lse, nll, nll
+    uniform = ((lse - x.mean(dim=-1)) * keep).sum()  # sum of mean_v(-log p_v)
+    return lse, nll, (1.0 - smoothing) * nll + smoothing * uniform
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed loss and NLL of logits (N, V) against targets (N,), chunk by chunk in fp32."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
         rows = max(1, _CHUNK_ELEMENTS // logits.size(1))
-        dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
+        dtype = _compute_dtype(logits)
         lse = torch.empty(logits.size(0), dtype=dtype, device=logits.device)  # (N,)
+        loss = logits.new_zeros((), dtype=dtype)
         nll = logits.new_zeros((), dtype=dtype)
-        uniform = logits.new_zeros((), dtype=dtype)  # sum of mean_v(-log p_v)
         for i in range(0, logits.size(0), rows):
-            x = logits[i : i + rows].to(dtype)  # (n, V)
-            k = keep[i : i + rows]  # (n,) 1.0 at real tokens
-            chunk_lse = torch.logsumexp(x, dim=-1)  # (n,)
+            chunk_lse, chunk_nll, chunk_loss = _sums(logits[i : i + rows].to(dtype), target[i : i + rows],
+                                                     keep[i : i + rows], smoothing)
             lse[i : i + rows] = chunk_lse
-            nll = nll + ((chunk_lse - x.gather(-1, target[i : i + rows, None]).squeeze(-1)) * k).sum()
-            if smoothing > 0:
-                uniform = uniform + ((chunk_lse - x.mean(dim=-1)) * k).sum()
-        loss = (1.0 - smoothing) * nll + smoothing * uniform if smoothing > 0 else nll.clone()
+            loss, nll = loss + chunk_loss, nll + chunk_nll
         ctx.save_for_backward(logits, target, keep, lse)
         ctx.smoothing = smoothing
         ctx.mark_non_differentiable(nll)
@@ -94,11 +108,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, *, pad_id: int, smoothin
         # The compiler fuses these reductions into a few kernels that read the logits
         # once, so it needs no chunks (whose count would make it recompile for every
         # batch size); autograd derives the same gradient.
-        x = logits.reshape(-1, V).float()  # (B*T, V)
-        lse = torch.logsumexp(x, dim=-1)  # (B*T,)
-        nll = ((lse - x.gather(-1, flat_target[:, None]).squeeze(-1)) * keep).sum()
-        uniform = ((lse - x.mean(dim=-1)) * keep).sum()
-        loss = (1.0 - smoothing) * nll + smoothing * uniform
+        _, nll, loss = _sums(logits.reshape(-1, V).to(_compute_dtype(logits)), flat_target, keep, smoothing)
         return LossOutput(loss=loss, nll=nll.detach(), ntokens=keep.sum())
     loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), flat_target, keep.to(torch.float32), smoothing)
     return LossOutput(loss=loss, nll=nll, ntokens=keep.sum())
