@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from nmt.errors import UserError
+from nmt.runtime import all_gather
 
 try:
     import fcntl
@@ -120,12 +121,7 @@ def lock_run_dir(run_dir: Path, ctx) -> RunLock | None:
             lock = RunLock.acquire(run_dir)
         except UserError as err:
             refusal = str(err)
-    if ctx.enabled:
-        import torch.distributed as dist
-
-        outcome = [refusal]
-        dist.broadcast_object_list(outcome, src=0)
-        refusal = outcome[0]
+    refusal = all_gather(refusal, ctx)[0]  # rank 0's outcome, on every rank
     if refusal is not None:
         raise UserError(refusal)
     return lock
