@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nmt.config.schema import DEVICES
 from nmt.errors import UserError, shorten
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,6 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def pick_device(name: str = "auto") -> torch.device:
     """`auto`: CUDA, then MPS, then CPU. An unknown or absent device is a user error."""
-    from nmt.config.schema import DEVICES
-
     if name not in DEVICES:
         raise UserError(f"device {shorten(repr(name), 60)} (train.device or --device): not one of "
                         f"{', '.join(map(repr, DEVICES))}")
