@@ -185,7 +185,7 @@ def average(
         "--last", help="Average the newest N periodic checkpoints (ckpt_<step>.pt) of the run directory given.")] = 0,
 ) -> None:
     """Average the weights of several checkpoints of one run."""
-    from nmt.train.checkpoint import average_checkpoints, last_checkpoints, save_checkpoint
+    from nmt.checkpoint import average_checkpoints, last_checkpoints, save_checkpoint
 
     if last:
         if len(paths) != 1 or not paths[0].is_dir():

@@ -39,14 +39,15 @@ from typing import TextIO, overload
 
 import torch
 
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.config import ExperimentConfig
 from nmt.data.batching import inference_batches
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from nmt.decode import Hypothesis, Sampling, StepFn, search
 from nmt.decode.sampling import make_sample_step
 from nmt.errors import CheckpointError, UserError
+from nmt.fileio import write_atomic
 from nmt.runtime import autocast, inference, pick_device
-from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -394,26 +395,17 @@ def write_output(output: str | Path, write: Callable[[TextIO], object]) -> None:
 
     An error or Ctrl-C removes the temporary file and leaves an existing `output`
     as it was: never a half-written file. A symlink is followed, so its target is
-    replaced. The file keeps the mode of the one it replaces; a new one gets the
-    mode `open()` would give it (0666 less the umask), not `mkstemp`'s 0600.
+    replaced, and its mode kept (`write_atomic`).
     """
     path = Path(os.path.realpath(output))
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
 
     def write_text(raw) -> None:
-        os.fchmod(raw.fileno(), mode)
         text = io.TextIOWrapper(raw, encoding="utf-8")
         write(text)
         text.flush()
         text.detach()  # `write_atomic` still syncs and closes `raw`
 
     write_atomic(path, write_text)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it
-    os.umask(mask)
-    return mask
 
 
 def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:

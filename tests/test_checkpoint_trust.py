@@ -18,10 +18,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from nmt.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.errors import CheckpointError
 from nmt.runtime import rng_states, set_rng_states
-from nmt.train.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from tests.test_translate import checkpoints  # noqa: F401  (the tiny Transformer and RNN checkpoints)
 
 runner = CliRunner()

@@ -8,8 +8,8 @@ import sys
 
 from typer.testing import CliRunner
 
+from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
-from nmt.train.checkpoint import load_checkpoint
 
 runner = CliRunner()
 

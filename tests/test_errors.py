@@ -25,10 +25,10 @@ import torch
 import yaml
 
 from nmt import cli
+from nmt.checkpoint import save_checkpoint
 from nmt.config import config_from_dict, config_to_dict
 from nmt.data.tokenizer import PAD_ID, train_tokenizer
 from nmt.models import build_model
-from nmt.train.checkpoint import save_checkpoint
 from tests.conftest import tiny_config_dict
 
 SUB = "subprocess"

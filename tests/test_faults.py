@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from nmt.train.checkpoint import (
-    TMP_PREFIX,
+from nmt.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     periodic_checkpoints,
 )
+from nmt.fileio import TMP_PREFIX
 from nmt.train.loop import train
 from tests.train.helpers import nmt_process, same_weights, tiny_cfg, wait_for, weights, write_cfg
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nmt import cli
-from nmt.train.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint
 from nmt.train.faults import Interrupted, StopSignals
 from nmt.train.loop import train
 from tests.train.helpers import nmt_process, tiny_cfg, wait_for, write_cfg

@@ -32,10 +32,10 @@ KINDS = ["transformer", "rnn"]
 def checkpoints(small_corpus, tmp_path_factory) -> dict[str, Path]:
     """Checkpoints of a seeded, randomly initialised tiny Transformer (max_positions 128) and
     tiny LSTM Luong RNN, with a sentencepiece model trained on `small_corpus`."""
+    from nmt.checkpoint import save_checkpoint
     from nmt.config import config_to_dict
     from nmt.data.tokenizer import PAD_ID, train_tokenizer
     from nmt.models import build_model
-    from nmt.train.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("translate_ckpts")
     out = {}
@@ -212,9 +212,9 @@ def test_mixed_ensemble_runs_with_attention(checkpoints, sources):
 
 
 def test_ensemble_with_another_vocabulary_is_refused(checkpoints, small_corpus, tmp_path):
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
     from nmt.config import TokenizerConfig
     from nmt.data.tokenizer import train_tokenizer
-    from nmt.train.checkpoint import load_checkpoint, save_checkpoint
 
     payload = load_checkpoint(checkpoints["transformer"])
     text = (small_corpus / "train.de").read_text(encoding="utf-8").splitlines()

@@ -17,6 +17,7 @@ import sentencepiece as spm
 
 from nmt.config import TokenizerConfig
 from nmt.errors import DataError
+from nmt.fileio import write_atomic
 
 PAD_ID = 0
 UNK_ID = 1
@@ -76,8 +77,6 @@ class Tokenizer:
 
     def save(self, directory: str | Path) -> None:
         """Write `spm.model` (joint) or `spm.src.model` and `spm.tgt.model`."""
-        from nmt.train.checkpoint import write_atomic  # a killed run must not leave half a model
-
         directory = Path(directory)
         files = {"spm.model": self._src_bytes} if self.joint else {
             "spm.src.model": self._src_bytes, "spm.tgt.model": self._tgt_bytes}

@@ -27,6 +27,13 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from nmt.checkpoint import (
+    average_checkpoints,
+    last_checkpoints,
+    latest_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from nmt.config import ExperimentConfig, config_to_dict, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
@@ -49,13 +56,6 @@ from nmt.runtime import (
     rng_states,
     seed_everything,
     shutdown_distributed,
-)
-from nmt.train.checkpoint import (
-    average_checkpoints,
-    last_checkpoints,
-    latest_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
 )
 from nmt.train.data import RunData, batch_loader, collated_batches, prepare_run
 from nmt.train.faults import (

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from nmt.train.checkpoint import write_atomic
+from nmt.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_checkpoints
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
+from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
-from nmt.train.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    periodic_checkpoints,
-    remove_stale_temporaries,
-    write_atomic,
-)
 
 log = logging.getLogger(__name__)
 

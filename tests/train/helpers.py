@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from nmt.checkpoint import load_checkpoint
 from nmt.config import ExperimentConfig, config_from_dict
-from nmt.train.checkpoint import load_checkpoint
 from tests.conftest import ROOT, tiny_config_dict
 
 

@@ -9,16 +9,16 @@ import time
 import pytest
 import torch
 
-from nmt.errors import CheckpointError
-from nmt.train.checkpoint import (
+from nmt.checkpoint import (
     average_checkpoints,
     last_checkpoints,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
-    remove_stale_temporaries,
     save_checkpoint,
 )
+from nmt.errors import CheckpointError
+from nmt.fileio import remove_stale_temporaries
 
 
 def test_round_trip_and_format_tag(tmp_path):
@@ -65,7 +65,7 @@ def test_average_is_elementwise_mean(tmp_path):
 
 WRITER = """
 import sys, torch
-from nmt.train.checkpoint import save_checkpoint
+from nmt.checkpoint import save_checkpoint
 big = torch.randn(8_000_000)
 i = 0
 while True:

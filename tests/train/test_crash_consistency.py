@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from nmt.checkpoint import load_checkpoint, periodic_checkpoints
 from nmt.errors import CheckpointError
-from nmt.train.checkpoint import load_checkpoint, periodic_checkpoints
 from nmt.train.loop import train
 from nmt.train.resume import restore_best
 from tests.train.helpers import same_weights, tiny_cfg, weights

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 import torch
 
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import UserError
-from nmt.train.checkpoint import load_checkpoint, save_checkpoint, write_atomic
+from nmt.fileio import write_atomic
 
 
 @pytest.fixture

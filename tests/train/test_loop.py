@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.errors import UserError
 from nmt.runtime import compile_model
-from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.train.faults import TrainingDiverged, check_free_space
 from nmt.train.loop import train
 from tests.train.helpers import same_weights, tiny_cfg, weights

@@ -5,21 +5,17 @@ weights, so `translate` and `eval` need nothing else. Training state (optimizer,
 scheduler, scaler, random generators, position in the data) rides along so an
 interrupted run resumes exactly.
 
-Files are written to a temporary name in the same folder, flushed to disk and
-renamed over the target: a crash at any moment leaves the previous good file.
+Files are written with `nmt.fileio.write_atomic`: a crash at any moment leaves
+the previous good file.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +25,11 @@ try:
 except ImportError:  # numpy 1
     from numpy.core.multiarray import _reconstruct
 
-from nmt.errors import CheckpointError, UserError
+from nmt.config import config_from_dict
+from nmt.data.tokenizer import PAD_ID, Tokenizer
+from nmt.errors import CheckpointError, ConfigError
+from nmt.fileio import write_atomic
+from nmt.models import build_model
 
 FORMAT = "nmt-checkpoint-1"
 
@@ -44,47 +44,11 @@ _OLD_RNG_GLOBALS: list[Any] = [
 checkpoints of earlier versions hold numpy's random state, `np.random.get_state()`, whose
 keys are a uint32 ndarray. Newer checkpoints keep it as a tensor (`runtime.rng_states`)."""
 _PERIODIC = re.compile(r"^ckpt_(\d+)\.pt$")
-TMP_PREFIX = ".tmp-"
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     """Atomically write `payload` (plus a format tag) to `path`."""
     write_atomic(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
-
-
-def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Call `write(file)` on a temporary file next to `path`, sync it, and rename it to `path`.
-
-    A crash at any moment leaves either the old file or the new one, never a mix;
-    at worst a `.tmp-*` file stays behind, which `remove_stale_temporaries` deletes.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if _disk_full(err):
-            free = shutil.disk_usage(path.parent).free
-            raise UserError(f"{path}: disk full ({free / 2**20:.1f} MiB free there); nothing was written and "
-                            "the previous file is unchanged: free some space or write elsewhere") from None
-        raise
-    _fsync_dir(path.parent)
-
-
-def _disk_full(err: BaseException | None) -> bool:
-    """Whether a write failed for want of space: ENOSPC/EDQUOT on the error or on any error behind it
-    (torch.save raises "[enforce fail at inline_container.cc...]" with the OSError as its context)."""
-    seen = 0
-    while err is not None and seen < 8:
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return False
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -148,12 +112,6 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` periodic checkpoints (best.pt is separate)."""
     found = periodic_checkpoints(run_dir)
     for p in found[: max(0, len(found) - max(keep_last, 1))]:
-        p.unlink(missing_ok=True)
-
-
-def remove_stale_temporaries(run_dir: str | Path) -> None:
-    """Remove half-written files left by a process killed while saving."""
-    for p in Path(run_dir).glob(f"{TMP_PREFIX}*"):
         p.unlink(missing_ok=True)
 
 
@@ -227,30 +185,12 @@ def _refuse_duplicates(paths: list[Path]) -> None:
                 raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the average")
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = "cpu", *, source: str | Path = "checkpoint"):
     """Rebuild (model, tokenizer, config) from a checkpoint payload alone.
 
     Raises:
         CheckpointError: the stored config or weights do not fit this version of nmt.
     """
-    from nmt.config import config_from_dict
-    from nmt.data.tokenizer import PAD_ID, Tokenizer
-    from nmt.errors import ConfigError
-    from nmt.models import build_model
-
     try:
         cfg = config_from_dict(payload["config"], source=f"{source}: stored config")
         tokenizer = Tokenizer.from_state(payload["tokenizer"])

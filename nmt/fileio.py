@@ -1,0 +1,90 @@
+"""Files written atomically: a crash at any moment leaves the previous good file, never half a new one.
+
+Checkpoints, sentencepiece models, the metrics log and translations written with
+`-o` all go through `write_atomic`: the data goes to a temporary file in the
+target's folder, is flushed to disk and renamed over the target.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from nmt.errors import UserError
+
+TMP_PREFIX = ".tmp-"
+"""Name prefix of the temporary files; one left by a killed process is removed by `remove_stale_temporaries`."""
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Call `write(file)` on a temporary file next to `path`, sync it, and rename it to `path`.
+
+    A crash at any moment leaves either the old file or the new one, never a mix;
+    at worst a `.tmp-*` file stays behind, which `remove_stale_temporaries` deletes.
+    The file keeps the mode of the one it replaces; a new one gets the mode `open()`
+    would give it (0666 less the umask), not the 0600 of a temporary file, so
+    colleagues on a shared filesystem can read checkpoints and models.
+
+    Raises:
+        UserError: the disk is full (the previous file is left as it was).
+    """
+    path = Path(path)
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if _disk_full(err):
+            free = shutil.disk_usage(path.parent).free
+            raise UserError(f"{path}: disk full ({free / 2**20:.1f} MiB free there); nothing was written and "
+                            "the previous file is unchanged: free some space or write elsewhere") from None
+        raise
+    _fsync_dir(path.parent)
+
+
+def remove_stale_temporaries(folder: str | Path) -> None:
+    """Remove half-written files left in `folder` by a process killed while writing."""
+    for p in Path(folder).glob(f"{TMP_PREFIX}*"):
+        p.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    """Whether a write failed for want of space: ENOSPC/EDQUOT on the error or on any error behind it
+    (torch.save raises "[enforce fail at inline_container.cc...]" with the OSError as its context)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

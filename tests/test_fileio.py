@@ -1,0 +1,56 @@
+"""Atomic writes: the file modes they leave (the umask's, as `open()` gives), through the library and `nmt train`."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from nmt.fileio import write_atomic
+
+
+@contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path):
+    for mask in (0o022, 0o027, 0o077):
+        with umask(mask):
+            path = tmp_path / f"new-{mask:o}.bin"
+            write_atomic(path, lambda f: f.write(b"data"))
+            plain = tmp_path / f"plain-{mask:o}.bin"
+            plain.write_bytes(b"data")
+        assert mode(path) == mode(plain) == 0o666 & ~mask
+        assert path.read_bytes() == b"data"
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "kept.txt"
+    path.write_bytes(b"old")
+    path.chmod(0o640)
+    with umask(0o022):
+        write_atomic(path, lambda f: f.write(b"new"))
+    assert mode(path) == 0o640 and path.read_bytes() == b"new"
+
+
+def test_checkpoints_and_sentencepiece_models_follow_the_umask(tiny_config_file, tmp_path):
+    """Colleagues on a shared filesystem read what `nmt train` wrote, as far as the umask allows."""
+    proc = subprocess.run([sys.executable, "-m", "nmt", "--quiet", "train", str(tiny_config_file),
+                           "--set", "train.max_steps=2", "--set", "train.valid_bleu=false"],
+                          capture_output=True, text=True, preexec_fn=lambda: os.umask(0o027))
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "run"
+    written = [run / "best.pt", run / "ckpt_2.pt", run / "spm.model", run / "config.yaml"]
+    assert {p.name: mode(p) for p in written} == {p.name: 0o640 for p in written}
