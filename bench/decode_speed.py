@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.evaluate import read_lines
+from nmt.data.text import read_lines
 from nmt.translate import Translator
 
 SETTINGS = [("greedy", 1, True), ("greedy", 1, False), ("beam", None, True), ("beam", None, False)]

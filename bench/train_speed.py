@@ -6,8 +6,8 @@
 
 Each row trains one model shape at one precision, eager or compiled, on the same
 real batches (the config's training data and tokenizer), with what `nmt train`
-uses: the model and its loss as one `Objective`, `compile_model` with
-`train.compile_mode`, batch lengths padded to `train.pad_to_multiple`, and
+uses: the model, loss, optimizer and schedule from `nmt.train.setup.build_trainable`,
+compiled by `wrap_objective` with `train.compile_mode`, batch lengths padded to `train.pad_to_multiple`, and
 `nmt.train.step.train_step`. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
 FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
@@ -46,18 +46,10 @@ from torch import nn
 from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
-from nmt.models import build_model, count_parameters
-from nmt.runtime import (
-    batch_length_multiple,
-    compile_model,
-    enable_fast_math,
-    grad_scaler,
-    pick_device,
-    seed_everything,
-)
+from nmt.models import count_parameters
+from nmt.runtime import Dist, batch_length_multiple, enable_fast_math, pick_device, seed_everything
 from nmt.train.data import collated_batches, prepare_run
-from nmt.train.loss import Objective
-from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.setup import build_trainable, wrap_objective
 from nmt.train.step import train_step
 
 # Dense bf16 peak of common GPUs (FLOP/s).
@@ -131,19 +123,16 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     seed_everything(tc.seed)
     if row.compiled:
         torch._dynamo.reset()  # each compiled row compiles afresh, its warm-up timed
+    model = None
     if reference:
         model = ReferenceTransformer(vocab=tok.tgt_vocab_size, d_model=t.d_model, heads=t.heads, enc=t.encoder_layers,
                                      dec=t.decoder_layers, ff=t.ff_dim, dropout=t.dropout, pre_norm=t.norm == "pre")
-    else:
-        model = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                            pad_id=PAD_ID)
-    model.to(device).train()
-    row.params = count_parameters(model)
-    objective = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-    step_model = compile_model(objective, mode=tc.compile_mode) if row.compiled else objective
-    optimizer = build_optimizer(model, tc, device)
-    scheduler = build_scheduler(optimizer, tc)
-    scaler = grad_scaler(device, tc.precision)
+    run_cfg = replace(cfg, train=tc)
+    parts = build_trainable(run_cfg, tok, device, model=model)  # what `nmt train` builds, unwrapped
+    parts.model.train()
+    row.params = count_parameters(parts.model)
+    step_model = wrap_objective(parts.objective, tc, device, Dist())
+    optimizer, scheduler, scaler = parts.optimizer, parts.scheduler, parts.scaler
 
     lens = data.train.with_format("numpy")
     src_lens, tgt_lens = np.asarray(lens["src_len"]), np.asarray(lens["tgt_len"])

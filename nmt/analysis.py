@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from nmt.config import EvalConfig
-from nmt.evaluate import score
+from nmt.metrics import score
 
 
 def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:

@@ -107,8 +107,8 @@ def translate(
     --scores puts each translation's log-probability and a tab before it.
     Standard input from a terminal is translated line by line as it is typed.
     """
+    from nmt.data.text import decode_lines
     from nmt.decode import Sampling
-    from nmt.evaluate import decode_lines
     from nmt.translate import Translator, check_output, interactive, translate_lines, write_output
 
     if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
@@ -159,7 +159,8 @@ def evaluate(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """Score with sacreBLEU: a checkpoint on a split or on --src/--ref, or --hyp against --ref."""
-    from nmt.evaluate import evaluate_checkpoint, format_scores, score_files
+    from nmt.evaluate import evaluate_checkpoint, score_files
+    from nmt.metrics import format_scores
 
     if hyp is not None:
         if ref is None:

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from nmt.config import ExperimentConfig
+from nmt.data.eval_sets import eval_sets
 from nmt.errors import CheckpointError
-from nmt.evaluate import eval_sets, score
+from nmt.metrics import score
 from nmt.runtime import is_main_process
 
 

@@ -19,7 +19,8 @@ import torch.multiprocessing as mp
 
 from nmt.config import ExperimentConfig
 from nmt.experiment import run_experiment
-from nmt.train.loop import Trainer, train
+from nmt.train.loop import train, train_run
+from nmt.train.setup import build_run
 from tests.conftest import ROOT
 from tests.train.helpers import same_weights, tiny_cfg, weights, write_cfg
 
@@ -34,12 +35,12 @@ def _as_rank(rank: int, world_size: int, port: int) -> None:
 def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
     """One training rank, saving its final weights and summary for the test to compare."""
     _as_rank(rank, world_size, port)
-    trainer = Trainer.setup(cfg)
+    run = build_run(cfg)
     try:
-        summary = trainer.run()
-        torch.save({"model": trainer.model.state_dict(), "summary": summary}, f"{out}/rank{rank}.pt")
+        summary = train_run(run)
+        torch.save({"model": run.trainable.model.state_dict(), "summary": summary}, f"{out}/rank{rank}.pt")
     finally:
-        trainer.close()
+        run.close()
 
 
 def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:

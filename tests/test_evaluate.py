@@ -9,8 +9,11 @@ import pytest
 import yaml
 
 from nmt.config import EvalConfig, load_config
+from nmt.data.eval_sets import eval_sets
+from nmt.data.text import read_lines
 from nmt.errors import DataError, UserError
-from nmt.evaluate import eval_sets, read_lines, score, score_files
+from nmt.evaluate import score_files
+from nmt.metrics import score
 from tests.conftest import tiny_config_dict
 
 

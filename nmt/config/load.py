@@ -255,6 +255,10 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {keypath}: expected a mapping, got {_describe(value)}")
         return {str(k): _convert(args[1], v, f"{keypath}.{shorten(str(k), 80)}", source) for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: {keypath}: expected a list, got {_describe(value)}")
+        return [_convert(args[0], v, f"{keypath}[{i}]", source) for i, v in enumerate(value)]
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{source}: {keypath}: expected a list of {len(args)} numbers, got {_describe(value)}")

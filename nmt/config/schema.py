@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
+
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DEVICES: tuple[str, ...] = get_args(Device)
 """The devices `train.device` and `--device` accept."""
@@ -312,11 +314,11 @@ class TrainConfig:
     valid_every: int = num(1000, lo=1)
     """Steps between validations (each writes a checkpoint); training also validates once when it ends."""
     valid_bleu: bool = True
-    """Compute greedy BLEU on the validation set at each validation."""
+    """Translate the validation set greedily at each validation and score it with `eval.metrics` (BLEU and the others)."""
     valid_max_sentences: int = num(0, lo=0)
     """Decode at most this many validation sentences for BLEU (0: all)."""
-    early_stop_metric: Literal["bleu", "loss"] = "bleu"
-    """Metric that picks the best checkpoint, drives early stopping and the plateau schedule."""
+    early_stop_metric: Literal[tuple(METRICS)] = "bleu"
+    """Metric that picks the best checkpoint, drives early stopping and the plateau schedule (a text metric needs `valid_bleu`, else the loss is used; validation scores it besides `eval.metrics`)."""
     patience: int = num(0, lo=0)
     """Stop after this many validations without improvement (0: never)."""
     save_every: int = num(0, lo=0)
@@ -360,10 +362,16 @@ class DecodeConfig:
 class EvalConfig:
     """sacreBLEU settings."""
 
-    tokenize: Literal["13a", "intl", "zh", "ja-mecab", "char", "none"] = "13a"
+    tokenize: Literal[TOKENIZERS] = DEFAULTS.tokenize
     """sacreBLEU tokenizer for BLEU."""
-    lowercase: bool = False
-    """Case-insensitive BLEU."""
+    lowercase: bool = DEFAULTS.lowercase
+    """Case-insensitive scores."""
+    metrics: list[Literal[TEXT_METRICS]] = field(default_factory=lambda: list(DEFAULTS.metrics))
+    """sacreBLEU metrics that `nmt eval`, experiments and validation report (`nmt.metrics.METRICS`)."""
+
+    def __post_init__(self) -> None:
+        if not self.metrics:
+            raise ValueError("metrics is empty: name at least one of " + ", ".join(TEXT_METRICS))
 
 
 @dataclass

@@ -1,15 +1,15 @@
-"""The training loop: one importable function over objects built beforehand.
+"""The training loop: one importable function over a run built beforehand (`nmt.train.setup`).
 
-`train(cfg)` prepares the data and tokenizer (`prepare_run`), builds the model,
-optimizer and schedule, resumes from the newest checkpoint in the run directory
-when there is one, and trains with periodic validation (loss, perplexity, greedy
-BLEU), best/last checkpoints and early stopping.
+`train(cfg)` builds the run (`build_run`: data, tokenizer, model, optimizer and
+schedule, resumed from the newest checkpoint in the run directory when there is
+one) and trains it with periodic validation (`nmt.train.validate`: loss,
+perplexity, metrics of greedy translations), best/last checkpoints and early
+stopping.
 
 Under torchrun every process runs `train(cfg)`: rank 0 prepares the run directory
 and data first while the others wait, DDP keeps the replicas in step, each rank
 trains on its own share of every epoch, validation is sharded and its results
-reduced so every rank sees the same numbers, and only rank 0 writes files.
-"""
+reduced so every rank sees the same numbers, and only rank 0 writes files."""
 
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from nmt.checkpoint import (
@@ -34,43 +32,18 @@ from nmt.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from nmt.config import ExperimentConfig, config_to_dict, save_config
-from nmt.data.batching import Batch, TokenBatchSampler
-from nmt.data.tokenizer import PAD_ID
-from nmt.evaluate import score
-from nmt.models import build_model, count_parameters
-from nmt.runtime import (
-    Dist,
-    all_gather,
-    all_reduce,
-    autocast,
-    barrier,
-    batch_length_multiple,
-    compile_model,
-    enable_fast_math,
-    grad_scaler,
-    inference,
-    init_distributed,
-    peak_memory_mb,
-    pick_device,
-    rng_states,
-    seed_everything,
-    shutdown_distributed,
-)
-from nmt.train.data import RunData, batch_loader, collated_batches, prepare_run
-from nmt.train.faults import (
-    Interrupted,
-    StopSignals,
-    TrainingDiverged,
-    check_free_space,
-    out_of_memory,
-)
-from nmt.train.lock import lock_run_dir
-from nmt.train.loss import Objective, label_smoothed_loss, perplexity
+from nmt.config import ExperimentConfig, config_to_dict
+from nmt.data.batching import Batch
+from nmt.metrics import METRICS
+from nmt.models import count_parameters
+from nmt.runtime import all_gather, all_reduce, batch_length_multiple, peak_memory_mb, rng_states
+from nmt.train.data import batch_loader
+from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
+from nmt.train.loss import perplexity
 from nmt.train.metrics import MetricsLog
-from nmt.train.optim import build_optimizer, build_scheduler
-from nmt.train.resume import Progress, prepare_run_dir, resume_run
+from nmt.train.setup import Run, build_run
 from nmt.train.step import StepResult, train_step
+from nmt.train.validate import early_stop_metric, validate
 
 log = logging.getLogger(__name__)
 
@@ -108,88 +81,42 @@ def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
         TrainingDiverged: `train.max_bad_steps` non-finite updates in a row.
         UserError: bad config, data, run directory, or CUDA out of memory.
     """
-    trainer = Trainer.setup(cfg, restart=restart)
+    run = build_run(cfg, restart=restart)
     try:
-        return trainer.run()
+        return train_run(run)
     finally:
-        trainer.close()
+        run.close()
 
 
-class Trainer:
-    """The model, optimizer, data and progress of one run, and the loop over them.
+def train_run(run: Run) -> dict[str, Any]:
+    """Train a built run until a stop condition; validate once more if needed; return the summary."""
+    loop = _Loop(run)
+    try:
+        return loop.run()
+    finally:
+        loop.metrics.close()
 
-    `Trainer.setup(cfg)` builds everything and resumes from the run directory,
-    `run()` trains, `close()` releases the log and the process group it joined.
+
+class _Loop:
+    """The loop over a `Run`: updates, logs, validation, checkpoints and stop conditions.
+
+    What it keeps besides the run: the metrics log, the window of updates since the
+    last log line, the count of skipped updates in a row, and the last saved step.
     """
 
-    def __init__(self, *, cfg: ExperimentConfig, ctx: Dist, device: torch.device, data: RunData, model, train_model,
-                 optimizer, scheduler, scaler, progress: Progress, owns_group: bool) -> None:
-        self.cfg, self.tc, self.ctx, self.device, self.data = cfg, cfg.train, ctx, device, data
-        self.model, self.train_model = model, train_model  # the raw module (saved); it with its loss, DDP, compiled
-        self.optimizer, self.scheduler, self.scaler, self.p = optimizer, scheduler, scaler, progress
-        self.run_dir, self.owns_group = Path(cfg.run_dir), owns_group
-        self.n_params = count_parameters(model)
-        self.saved_step = progress.step if progress.step else -1
+    def __init__(self, run: Run) -> None:
+        cfg, t = run.cfg, run.trainable
+        self.cfg, self.tc, self.ctx, self.device, self.data = cfg, cfg.train, run.ctx, run.device, run.data
+        self.model, self.train_model = t.model, t.objective
+        self.optimizer, self.scheduler, self.scaler, self.p = t.optimizer, t.scheduler, t.scaler, run.progress
+        self.sampler, self.run_dir = run.sampler, run.run_dir
+        self.n_params = count_parameters(self.model)
+        self.saved_step = self.p.step if self.p.step else -1
         self.bad_steps = 0
-        self.metric_kind = "bleu" if self.tc.early_stop_metric == "bleu" and self.tc.valid_bleu else "loss"
-        self.metrics = MetricsLog(self.run_dir, resume_step=progress.step, enabled=ctx.is_main,
+        self.metric = METRICS[early_stop_metric(cfg)]
+        self.metrics = MetricsLog(self.run_dir, resume_step=self.p.step, enabled=self.ctx.is_main,
                                   tensorboard=self.tc.tensorboard)
-        lens = data.train.with_format("numpy")
-        self.sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=self.tc.max_tokens,
-                                         shuffle=True, seed=self.tc.seed, rank=ctx.rank, world_size=ctx.world_size)
-
-    @classmethod
-    def setup(cls, cfg: ExperimentConfig, *, restart: bool = False) -> Trainer:
-        tc, run_dir = cfg.train, Path(cfg.run_dir)
-        owns_group = not (dist.is_available() and dist.is_initialized())
-        ctx = init_distributed(tc.device)
-        device = pick_device(tc.device)
-        enable_fast_math(device)
-        # rank 0 locks before it touches the run directory; a second training there stops here, on every rank
-        run_lock = lock_run_dir(run_dir, ctx)
-        try:
-            if not ctx.is_main:
-                logging.getLogger("nmt").setLevel(logging.WARNING)
-            if ctx.is_main:  # the others wait: no races on the run directory, the tokenizer or the caches
-                prepare_run_dir(run_dir, restart)
-                save_config(cfg, run_dir / "config.yaml")
-                data = prepare_run(cfg, run_dir)
-            barrier(ctx)
-            if not ctx.is_main:
-                data = prepare_run(cfg, run_dir)
-
-            seed_everything(tc.seed)
-            tok = data.tokenizer
-            model = build_model(cfg.model, src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, pad_id=PAD_ID)
-            model.to(device)
-            if ctx.is_main:
-                check_free_space(run_dir, count_parameters(model), tc.keep_last)
-            optimizer = build_optimizer(model, tc, device)
-            scheduler = build_scheduler(optimizer, tc)
-            scaler = grad_scaler(device, tc.precision)
-            seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
-            progress = resume_run(run_dir, cfg, ctx, model, optimizer, scheduler, scaler)
-
-            train_model = Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-            if ctx.enabled:
-                train_model = torch.nn.parallel.DistributedDataParallel(
-                    train_model, device_ids=[device.index] if device.type == "cuda" else None)
-            if tc.compile:
-                train_model = compile_model(train_model, mode=tc.compile_mode)
-            trainer = cls(cfg=cfg, ctx=ctx, device=device, data=data, model=model, train_model=train_model,
-                          optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress, owns_group=owns_group)
-            trainer.run_lock = run_lock
-            if ctx.is_main:
-                per_update = tc.max_tokens * tc.accumulate * ctx.world_size
-                log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
-                         cfg.model.type, trainer.n_params, len(data.train), len(trainer.sampler.batch_list(0)))
-                log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
-                         "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
-            return trainer
-        except BaseException:
-            if run_lock is not None:
-                run_lock.release()
-            raise
+        self.window = _Window()
 
     def run(self) -> dict[str, Any]:
         """Train until a stop condition, validate once more if needed, and return the summary."""
@@ -206,24 +133,15 @@ class Trainer:
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,
             "train_seconds": round(p.train_seconds, 1), "parameters": self.n_params,
-            "best_metric": p.best_metric, "metric": self.metric_kind, "last_valid": p.last_valid,
+            "best_metric": p.best_metric, "metric": self.metric.name, "last_valid": p.last_valid,
             "best_checkpoint": str(self.run_dir / "best.pt"),
             **({"averaged_checkpoint": str(averaged)} if averaged else {}),
         }
         self.metrics.write(summary)
         if self.ctx.is_main:
-            log.info("done (%s): step %d, best valid %s %.4g, %.0fs", reason, p.step, self.metric_kind,
+            log.info("done (%s): step %d, best valid %s %.4g, %.0fs", reason, p.step, self.metric.name,
                      p.best_metric or 0.0, p.train_seconds)
         return summary
-
-    def close(self) -> None:
-        try:
-            self.metrics.close()
-            if self.owns_group:
-                shutdown_distributed()
-        finally:
-            if self.run_lock is not None:
-                self.run_lock.release()
 
     def _groups(self) -> Iterator[list[Batch]]:
         """Groups of `accumulate` batches on the device, from the saved position on, epoch after epoch."""
@@ -366,50 +284,18 @@ class Trainer:
         self.metrics.write(record)
         self.window = _Window()
 
-    @torch.no_grad()
-    def validate(self) -> dict[str, Any]:
-        """Validation loss and perplexity (teacher forcing) and greedy BLEU; each rank does a share, all get the totals."""
-        tc, valid, ctx = self.tc, self.data.valid, self.ctx
-        lens = valid.with_format("numpy")
-        sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=tc.max_tokens,
-                                    shuffle=False, seed=0)
-        loss_sum = nll_sum = 0.0
-        ntok = 0
-        with inference(self.model):
-            for b in collated_batches(valid, sampler.batch_list(0)[ctx.rank::ctx.world_size]):
-                b = b.to(self.device)
-                with autocast(self.device, tc.precision):
-                    logits = self.model(b.src, b.src_pad_mask, b.tgt_in)
-                out = label_smoothed_loss(logits, b.tgt_out, pad_id=PAD_ID, smoothing=tc.label_smoothing)
-                loss_sum, nll_sum, ntok = loss_sum + float(out.loss), nll_sum + float(out.nll), ntok + int(out.ntokens)
-        loss_sum, nll_sum, ntok = all_reduce([loss_sum, nll_sum, ntok], self.device, ctx)
-        result: dict[str, Any] = {"loss": round(loss_sum / max(ntok, 1), 4), "ppl": round(perplexity(nll_sum, ntok), 2)}
-        if tc.valid_bleu:
-            from nmt.translate import Translator
-
-            n = min(tc.valid_max_sentences or len(valid), len(valid))
-            mine = list(range(ctx.rank, n, ctx.world_size))
-            translator = Translator(self.model, self.data.tokenizer, self.cfg, self.device)
-            hyps = translator.translate(valid.select(mine)["src"], beam=1) if mine else []
-            hyps = [h for _, h in sorted(chain(*all_gather(list(zip(mine, hyps)), ctx)))]
-            scores = score(hyps, valid.select(range(n))["tgt"], self.cfg.eval)
-            result.update({k: v for k, v in scores.items() if k in ("bleu", "chrf")})
-            self.model.train()
-        return result
-
     def _validate_and_save(self) -> None:
         """Validate, track the best metric and plateaus, and write checkpoints."""
         p = self.p
-        result = p.last_valid = self.validate()
-        kind = self.metric_kind
-        metric = result[kind]
-        improved = _is_better(metric, p.best_metric, kind)
+        result = p.last_valid = validate(self.model, self.data, self.cfg, self.device, self.ctx)
+        metric = result[self.metric.name]
+        improved = self.metric.better(metric, p.best_metric)
         if improved:
             p.best_metric, p.best_step, p.bad_validations = metric, p.step, 0
         else:
             p.bad_validations += 1
         p.validated_step = p.step
-        lowered = self.scheduler.observe(metric, higher_is_better=kind == "bleu")
+        lowered = self.scheduler.observe(metric, higher_is_better=self.metric.higher_is_better)
         self.metrics.write({"event": "valid", "step": p.step, **result, "best": improved})
         if self.ctx.is_main:
             log.info("step %d valid: %s%s", p.step, " ".join(f"{k}={v}" for k, v in result.items()),
@@ -448,11 +334,4 @@ class Trainer:
         save_checkpoint(average_checkpoints(paths), out)
         log.info("wrote %s: mean of %s", out, ", ".join(p.name for p in paths))
         return out
-
-
-def _is_better(metric: float, best: float | None, kind: str) -> bool:
-    if best is None:
-        return True
-    return metric > best if kind == "bleu" else metric < best
-
 

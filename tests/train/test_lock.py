@@ -12,7 +12,8 @@ import pytest
 
 from nmt.errors import UserError
 from nmt.train.lock import RunLock, lock_run_dir
-from nmt.train.loop import Trainer
+from nmt.train.loop import train_run
+from nmt.train.setup import build_run
 from tests.test_distributed import start_ranks
 from tests.train.helpers import nmt_process, tiny_cfg, wait_for, write_cfg
 
@@ -79,15 +80,15 @@ def test_a_killed_trainings_lock_is_taken_over_and_the_run_resumes(small_corpus,
 
 def test_setup_holds_the_lock_until_close(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=1)
-    trainer = Trainer.setup(cfg)
+    trainer = build_run(cfg)
     try:
         with pytest.raises(UserError, match=rf"is in use by another training \(PID {os.getpid()}, started "):
-            Trainer.setup(cfg)
+            build_run(cfg)
     finally:
         trainer.close()
-    trainer = Trainer.setup(cfg, restart=True)  # free again; --restart keeps the lock file it holds
+    trainer = build_run(cfg, restart=True)  # free again; --restart keeps the lock file it holds
     try:
-        assert trainer.run()["step"] == 1
+        assert train_run(trainer)["step"] == 1
         assert (tmp_path / "run" / ".lock").exists()
     finally:
         trainer.close()
@@ -100,8 +101,8 @@ def test_a_setup_that_fails_releases_the_lock(small_corpus, tmp_path):
     (small_corpus.parent / "missing").mkdir(exist_ok=True)
     broken = tiny_cfg(small_corpus.parent / "missing" / "corpus", tmp_path / "run", max_steps=1)
     with pytest.raises(UserError, match="corpus"):  # raised after the lock was taken
-        Trainer.setup(broken)
-    Trainer.setup(cfg).close()
+        build_run(broken)
+    build_run(cfg).close()
 
 
 def test_a_forked_child_does_not_keep_the_lock(tmp_path):

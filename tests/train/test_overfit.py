@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nmt.config import config_from_dict
-from nmt.evaluate import score
+from nmt.metrics import score
 from nmt.train.loop import train
 from nmt.translate import Translator
 

@@ -1,0 +1,108 @@
+"""Metrics as data: each one's name, direction and computation, in one table.
+
+The training loop (best checkpoint, early stopping, the plateau schedule), the
+config schema (`train.early_stop_metric`, `eval.metrics`), `nmt eval` and the
+experiment reports all read `METRICS`: a new metric is one entry here.
+
+Text metrics are sacreBLEU's, on detokenized text, each reported with its
+signature (Post, 2018, "A Call for Clarity in Reporting BLEU Scores"): BLEU
+(Papineni et al., 2002), chrF (Popović, 2015) and TER (Snover et al., 2006).
+`loss` is the validation cross-entropy per target token, computed by the
+training loop under teacher forcing, not from text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.metrics.base import Metric as SacreMetric
+
+from nmt.errors import UserError
+
+TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "char", "none")
+"""sacreBLEU's BLEU tokenizers that `eval.tokenize` accepts."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric.
+
+    Attributes:
+        name: its key in configs, logs and results ("bleu").
+        label: how reports print it ("BLEU").
+        higher_is_better: the direction of improvement.
+        scorer: builds the sacreBLEU scorer from (tokenize, lowercase); None for
+            a metric that is not computed from text (the validation loss).
+    """
+
+    name: str
+    label: str
+    higher_is_better: bool
+    scorer: Callable[[str, bool], SacreMetric] | None = None
+
+    def better(self, value: float, best: float | None) -> bool:
+        """Whether `value` improves on `best` (None: nothing yet, so it does)."""
+        if best is None:
+            return True
+        return value > best if self.higher_is_better else value < best
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("bleu", "BLEU", True, lambda tokenize, lowercase: BLEU(tokenize=tokenize, lowercase=lowercase)),
+    Metric("chrf", "chrF", True, lambda tokenize, lowercase: CHRF(lowercase=lowercase)),
+    Metric("ter", "TER", False, lambda tokenize, lowercase: TER(case_sensitive=not lowercase)),
+    Metric("loss", "loss", False),
+)}
+TEXT_METRICS = tuple(name for name, m in METRICS.items() if m.scorer is not None)
+"""The metrics computed from translations and references."""
+
+
+class ScoreSettings(Protocol):
+    """What `score` reads of a config (`nmt.config.EvalConfig` has it)."""
+
+    tokenize: str
+    lowercase: bool
+    metrics: Sequence[str]
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    tokenize: str = "13a"
+    lowercase: bool = False
+    metrics: tuple[str, ...] = TEXT_METRICS
+
+
+DEFAULTS = _Defaults()
+"""The settings `score` uses without a config, and `EvalConfig`'s defaults."""
+
+
+def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = None) -> dict[str, Any]:
+    """Corpus scores of `hyps` against one reference each: {name: score, name_signature: ..., sentences: n}.
+
+    Raises:
+        UserError: the two lists differ in length, or are empty.
+    """
+    cfg = cfg or DEFAULTS
+    if len(hyps) != len(refs):
+        raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: they must pair line by line")
+    if not hyps:
+        raise UserError("nothing to score: no hypotheses and no references (empty files?)")
+    hyps, refs = list(hyps), [list(refs)]
+    result: dict[str, Any] = {}
+    for name in cfg.metrics:
+        scorer = METRICS[name].scorer(cfg.tokenize, cfg.lowercase)
+        result[name] = round(scorer.corpus_score(hyps, refs).score, 2)
+        result[f"{name}_signature"] = str(scorer.get_signature())
+    result["sentences"] = len(hyps)
+    return result
+
+
+def format_scores(name: str, scores: dict[str, Any]) -> str:
+    """A line of every metric in `scores`, then one line per signature."""
+    found = [m for m in METRICS.values() if m.name in scores and m.scorer is not None]
+    values = "  ".join(f"{m.label} = {scores[m.name]:.2f}" for m in found)
+    signatures = "".join(f"\n  {scores[m.name + '_signature']}" for m in found if m.name + "_signature" in scores)
+    return f"{name}: {values}  ({scores['sentences']} sentences){signatures}"

@@ -1,0 +1,166 @@
+"""Everything a training run is made of, built by plain functions.
+
+`build_run(cfg)` joins the process group, locks and prepares the run directory,
+prepares the data (rank 0 first), builds the model and its optimizer, resumes
+from the newest checkpoint and wraps the model for DDP and `torch.compile`.
+`build_trainable` is the part that needs no run directory: `bench/train_speed.py`
+uses it to measure exactly what `nmt train` runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nmt.config import ExperimentConfig, TrainConfig, save_config
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.tokenizer import PAD_ID, Tokenizer
+from nmt.models import build_model, count_parameters
+from nmt.runtime import (
+    Dist,
+    barrier,
+    compile_model,
+    enable_fast_math,
+    grad_scaler,
+    init_distributed,
+    pick_device,
+    seed_everything,
+    shutdown_distributed,
+)
+from nmt.train.data import RunData, prepare_run
+from nmt.train.faults import check_free_space
+from nmt.train.lock import RunLock, lock_run_dir
+from nmt.train.loss import Objective
+from nmt.train.optim import Schedule, build_optimizer, build_scheduler
+from nmt.train.resume import Progress, prepare_run_dir, resume_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trainable:
+    """A model with what updates it.
+
+    Attributes:
+        model: the raw module, whose state dict checkpoints hold.
+        objective: the module a step calls: the model with its loss (`Objective`),
+            wrapped by DDP and compiled as the config asks.
+    """
+
+    model: nn.Module
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Schedule
+    scaler: torch.amp.GradScaler
+
+
+@dataclass
+class Run:
+    """One training run, ready for `nmt.train.loop.train_run`."""
+
+    cfg: ExperimentConfig
+    ctx: Dist
+    device: torch.device
+    data: RunData
+    trainable: Trainable
+    progress: Progress
+    sampler: TokenBatchSampler
+    lock: RunLock | None = None
+    owns_group: bool = False
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
+
+    def close(self) -> None:
+        """Leave the process group this run joined and release the run directory."""
+        try:
+            if self.owns_group:
+                shutdown_distributed()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+
+def build_trainable(cfg: ExperimentConfig, tokenizer: Tokenizer, device: torch.device, *,
+                    model: nn.Module | None = None) -> Trainable:
+    """The config's model (or `model`) on `device` with its loss, optimizer, schedule and scaler, unwrapped."""
+    tc = cfg.train
+    if model is None:
+        model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size,
+                            tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID)
+    model.to(device)
+    optimizer = build_optimizer(model, tc, device)
+    return Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing),
+                     optimizer=optimizer, scheduler=build_scheduler(optimizer, tc),
+                     scaler=grad_scaler(device, tc.precision))
+
+
+def wrap_objective(objective: nn.Module, tc: TrainConfig, device: torch.device, ctx: Dist) -> nn.Module:
+    """The objective under DDP when there are several processes, compiled when `train.compile`."""
+    if ctx.enabled:
+        objective = torch.nn.parallel.DistributedDataParallel(
+            objective, device_ids=[device.index] if device.type == "cuda" else None)
+    if tc.compile:
+        objective = compile_model(objective, mode=tc.compile_mode)
+    return objective
+
+
+def train_sampler(data: RunData, tc: TrainConfig, ctx: Dist) -> TokenBatchSampler:
+    """This rank's shuffled token-budget batches of the training split."""
+    lens = data.train.with_format("numpy")
+    return TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=tc.max_tokens,
+                             shuffle=True, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size)
+
+
+def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
+    """Build (or resume, unless `restart`) the run `cfg` describes in `cfg.run_dir`.
+
+    Under torchrun every process calls it: rank 0 prepares the run directory and
+    the data while the others wait, then they read what it wrote.
+
+    Raises:
+        UserError: bad config, data or run directory, or another training holds the run directory.
+    """
+    tc, run_dir = cfg.train, Path(cfg.run_dir)
+    owns_group = not (dist.is_available() and dist.is_initialized())
+    ctx = init_distributed(tc.device)
+    device = pick_device(tc.device)
+    enable_fast_math(device)
+    lock = lock_run_dir(run_dir, ctx)  # a second training in this run directory stops here, on every rank
+    try:
+        if not ctx.is_main:
+            logging.getLogger("nmt").setLevel(logging.WARNING)
+        if ctx.is_main:  # the others wait: no races on the run directory, the tokenizer or the caches
+            prepare_run_dir(run_dir, restart)
+            save_config(cfg, run_dir / "config.yaml")
+            data = prepare_run(cfg, run_dir)
+        barrier(ctx)
+        if not ctx.is_main:
+            data = prepare_run(cfg, run_dir)
+
+        seed_everything(tc.seed)
+        t = build_trainable(cfg, data.tokenizer, device)
+        if ctx.is_main:
+            check_free_space(run_dir, count_parameters(t.model), tc.keep_last)
+        seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
+        progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
+        t.objective = wrap_objective(t.objective, tc, device, ctx)
+        run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
+                  sampler=train_sampler(data, tc, ctx), lock=lock, owns_group=owns_group)
+        if ctx.is_main:
+            per_update = tc.max_tokens * tc.accumulate * ctx.world_size
+            log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
+                     cfg.model.type, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
+            log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
+                     "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
+        return run
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise

@@ -1,0 +1,71 @@
+"""Validation during training: teacher-forced loss and perplexity, and text metrics of greedy translations.
+
+Each rank of a torchrun job does a share of the validation set and every rank
+gets the totals, so all of them take the same decisions (best checkpoint, early
+stopping, the plateau schedule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import chain
+from typing import Any
+
+import torch
+from torch import nn
+
+from nmt.config import ExperimentConfig
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.tokenizer import PAD_ID
+from nmt.metrics import METRICS, score
+from nmt.runtime import Dist, all_gather, all_reduce, autocast, inference
+from nmt.train.data import RunData, collated_batches
+from nmt.train.loss import label_smoothed_loss, perplexity
+from nmt.translate import Translator
+
+
+def early_stop_metric(cfg: ExperimentConfig) -> str:
+    """The metric that picks the best checkpoint: `train.early_stop_metric`, or the loss when
+    validation translates nothing (`train.valid_bleu: false`)."""
+    name = cfg.train.early_stop_metric
+    return name if METRICS[name].scorer is None or cfg.train.valid_bleu else "loss"
+
+
+@torch.no_grad()
+def validate(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: torch.device,
+             ctx: Dist = Dist()) -> dict[str, Any]:
+    """{"loss", "ppl"} on the validation set, plus `eval.metrics` (and the early-stopping metric)
+    of greedy translations when `train.valid_bleu`. Leaves the model in training mode."""
+    tc, valid = cfg.train, data.valid
+    lens = valid.with_format("numpy")
+    sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=tc.max_tokens,
+                                shuffle=False, seed=0)
+    loss_sum = nll_sum = 0.0
+    ntok = 0
+    with inference(model):
+        for b in collated_batches(valid, sampler.batch_list(0)[ctx.rank::ctx.world_size]):
+            b = b.to(device)
+            with autocast(device, tc.precision):
+                logits = model(b.src, b.src_pad_mask, b.tgt_in)
+            out = label_smoothed_loss(logits, b.tgt_out, pad_id=PAD_ID, smoothing=tc.label_smoothing)
+            loss_sum, nll_sum, ntok = loss_sum + float(out.loss), nll_sum + float(out.nll), ntok + int(out.ntokens)
+    loss_sum, nll_sum, ntok = all_reduce([loss_sum, nll_sum, ntok], device, ctx)
+    result: dict[str, Any] = {"loss": round(loss_sum / max(ntok, 1), 4), "ppl": round(perplexity(nll_sum, ntok), 2)}
+    if tc.valid_bleu:
+        result.update(_text_metrics(model, data, cfg, device, ctx))
+    model.train()
+    return result
+
+
+def _text_metrics(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: torch.device,
+                  ctx: Dist) -> dict[str, float]:
+    valid = data.valid
+    n = min(cfg.train.valid_max_sentences or len(valid), len(valid))
+    mine = list(range(ctx.rank, n, ctx.world_size))
+    translator = Translator(model, data.tokenizer, cfg, device)
+    hyps = translator.translate(valid.select(mine)["src"], beam=1) if mine else []
+    hyps = [h for _, h in sorted(chain(*all_gather(list(zip(mine, hyps)), ctx)))]
+    names = list(dict.fromkeys([*cfg.eval.metrics, early_stop_metric(cfg)]))
+    settings = dataclasses.replace(cfg.eval, metrics=[m for m in names if METRICS[m].scorer])
+    scores = score(hyps, valid.select(range(n))["tgt"], settings)
+    return {m: scores[m] for m in settings.metrics}

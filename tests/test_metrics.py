@@ -1,0 +1,56 @@
+"""The metric table: TER against a hand count, directions, and every consumer reading the table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nmt.config import config_from_dict
+from nmt.errors import ConfigError
+from nmt.metrics import METRICS, TEXT_METRICS, format_scores, score
+from nmt.train.loop import train
+from tests.conftest import tiny_config_dict
+
+
+def test_ter_counts_edits_per_reference_word():
+    # one substitution in four reference words; then one deletion of five
+    assert score(["a b c d"], ["a b c e"])["ter"] == 25.0
+    assert score(["a b c d"], ["a b c d e"])["ter"] == 20.0
+    assert score(["a b c d"], ["a b c d"])["ter"] == 0.0
+
+
+def test_directions_and_better():
+    assert METRICS["bleu"].better(30.0, 29.0) and not METRICS["bleu"].better(29.0, 30.0)
+    assert METRICS["ter"].better(40.0, 41.0) and not METRICS["ter"].better(41.0, 40.0)
+    assert METRICS["loss"].better(2.0, 3.0) and METRICS["loss"].better(5.0, None)
+    assert set(TEXT_METRICS) == {"bleu", "chrf", "ter"} and METRICS["loss"].scorer is None
+
+
+def test_the_config_takes_its_metric_names_from_the_table():
+    cfg = config_from_dict({"train": {"early_stop_metric": "ter"}, "eval": {"metrics": ["chrf"]}})
+    assert cfg.train.early_stop_metric == "ter" and cfg.eval.metrics == ["chrf"]
+    with pytest.raises(ConfigError, match=r"eval.metrics\[0\]: 'loss' is not one of 'bleu', 'chrf', 'ter'"):
+        config_from_dict({"eval": {"metrics": ["loss"]}})
+    with pytest.raises(ConfigError, match="train.early_stop_metric: 'meteor' is not one of"):
+        config_from_dict({"train": {"early_stop_metric": "meteor"}})
+
+
+def test_only_the_configured_metrics_are_scored_and_printed():
+    cfg = config_from_dict({"eval": {"metrics": ["ter"]}}).eval
+    s = score(["a b c d"], ["a b c e"], cfg)
+    assert set(s) == {"ter", "ter_signature", "sentences"}
+    assert format_scores("set", s).splitlines()[0] == "set: TER = 25.00  (1 sentences)"
+
+
+def test_early_stopping_on_ter_keeps_the_lowest(small_corpus, tmp_path):
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["train"].update({"early_stop_metric": "ter", "valid_every": 2, "max_steps": 6})
+    raw["eval"] = {"metrics": ["bleu"]}  # validation scores the early-stopping metric besides these
+    summary = train(config_from_dict(raw))
+    valid = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if r["event"] == "valid"]
+    assert summary["metric"] == "ter" and all({"bleu", "ter"} <= set(r) for r in valid)
+    assert summary["best_metric"] == min(r["ter"] for r in valid)
+    best_so_far = [r["ter"] < min([v["ter"] for v in valid[:i]], default=float("inf")) for i, r in enumerate(valid)]
+    assert [r["best"] for r in valid] == best_so_far
