@@ -83,10 +83,9 @@ def padded_batch(
         is True, tgt (B, tgt_len) without padding.
     """
     g = torch.Generator().manual_seed(seed)
-    lens = torch.tensor(lengths)
-    width = int(lens.max())
+    width = max(lengths)  # from the Python list: the sync tests count every read of a tensor's value
     src = torch.randint(low, vocab, (len(lengths), width), generator=g)
-    pad = torch.arange(width).unsqueeze(0) >= lens.unsqueeze(1)  # (B, S), True = padding
+    pad = torch.arange(width).unsqueeze(0) >= torch.tensor(lengths).unsqueeze(1)  # (B, S), True = padding
     src = src.masked_fill(pad, pad_id)
     if tgt_len is None:
         return src, pad
