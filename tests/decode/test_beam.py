@@ -18,6 +18,7 @@ from nmt.decode import (
     search,
 )
 from tests.decode.stub import A, B, StubModel, V, batch, dist, log, random_table, table
+from tests.models.tiny import padded_batch, tiny_model
 
 NEG = -math.inf
 
@@ -274,34 +275,19 @@ def test_beam_one_equals_greedy_on_random_tables():
         assert [h.log_prob for h in greedy] == [hyps[0].log_prob for hyps in beam]
 
 
-# --- a real, randomly initialised model (skipped until it exists) -----------------------
+# --- a real, randomly initialised model -----------------------------------------------
 
-def tiny_model(kind: str):
-    pytest.importorskip(f"nmt.models.{kind}", reason=f"nmt/models/{kind}.py is not written yet")
-    from nmt.config import ModelConfig, RNNConfig, TransformerConfig
-    from nmt.models import build_model
-
-    cfg = ModelConfig(
-        type=kind,
-        transformer=TransformerConfig(d_model=16, heads=2, encoder_layers=2, decoder_layers=2,
-                                      ff_dim=32, dropout=0.0),
-        rnn=RNNConfig(embed_dim=8, hidden_size=16, dropout=0.0),
-    )
-    torch.manual_seed(0)
-    return build_model(cfg, src_vocab_size=20, tgt_vocab_size=20, pad_id=PAD_ID).eval()
+def tiny(kind: str):
+    return tiny_model(kind, transformer=dict(encoder_layers=2, decoder_layers=2))
 
 
 def random_batch():
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, 20, (3, 6), generator=g)
-    lengths = torch.tensor([6, 3, 5])
-    pad = torch.arange(6).unsqueeze(0) >= lengths.unsqueeze(1)
-    return src.masked_fill(pad, PAD_ID), pad
+    return padded_batch([6, 3, 5], vocab=20, seed=1)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
 def test_real_model_beam_one_equals_greedy_and_cached_equals_uncached(kind):
-    model = tiny_model(kind)
+    model = tiny(kind)
     src, pad = random_batch()
     kwargs = dict(max_len_a=1.0, max_len_b=4)
     greedy = greedy_search(model, src, pad, **kwargs)
@@ -318,7 +304,7 @@ def test_real_model_beam_one_equals_greedy_and_cached_equals_uncached(kind):
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
 def test_real_model_batch_equals_one_by_one(kind):
-    model = tiny_model(kind)
+    model = tiny(kind)
     src, pad = random_batch()
     kwargs = dict(beam=4, nbest=2, length_penalty=1.0, coverage_penalty=0.2, need_attn=True,
                   max_len_a=1.0, max_len_b=4)

@@ -9,46 +9,32 @@ import math
 import pytest
 import torch
 
-from nmt.config import ModelConfig, RNNConfig, TransformerConfig
-from nmt.data.tokenizer import PAD_ID
 from nmt.decode import beam_step, search
-from nmt.models import build_model
 from nmt.models.ensemble import Ensemble
 from tests.decode.stub import StubModel, batch, dist, table
+from tests.models.tiny import padded_batch, tiny_model
 
 VOCAB = 24
 
-MODELS = {
-    "transformer-post": ModelConfig(type="transformer", transformer=TransformerConfig(
-        d_model=16, heads=2, encoder_layers=2, decoder_layers=2, ff_dim=32, dropout=0.0, norm="post")),
-    "transformer-pre-learned": ModelConfig(type="transformer", transformer=TransformerConfig(
-        d_model=16, heads=4, encoder_layers=1, decoder_layers=2, ff_dim=32, dropout=0.0, norm="pre",
-        positions="learned", attention_impl="manual")),
-    "rnn-none-gru": ModelConfig(type="rnn", rnn=RNNConfig(embed_dim=8, hidden_size=16, dropout=0.0,
-                                                          decoder="none")),
-    "rnn-bahdanau-lstm": ModelConfig(type="rnn", rnn=RNNConfig(embed_dim=8, hidden_size=16, dropout=0.0,
-                                                               decoder="bahdanau", attention="additive",
-                                                               cell="lstm", decoder_layers=2)),
-    "rnn-luong-feeding-gru": ModelConfig(type="rnn", rnn=RNNConfig(embed_dim=8, hidden_size=16, dropout=0.0,
-                                                                   decoder="luong", input_feeding=True)),
-    "rnn-luong-lstm-local": ModelConfig(type="rnn", rnn=RNNConfig(embed_dim=8, hidden_size=16, dropout=0.0,
-                                                                  decoder="luong", input_feeding=False,
-                                                                  cell="lstm", local_window=2,
-                                                                  bridge="zeros")),
+MODELS = {  # keyword arguments of `tiny_model`
+    "transformer-post": dict(kind="transformer", transformer=dict(encoder_layers=2, decoder_layers=2, norm="post")),
+    "transformer-pre-learned": dict(kind="transformer", transformer=dict(
+        heads=4, encoder_layers=1, decoder_layers=2, norm="pre", positions="learned", attention_impl="manual")),
+    "rnn-none-gru": dict(kind="rnn", rnn=dict(decoder="none")),
+    "rnn-bahdanau-lstm": dict(kind="rnn", rnn=dict(decoder="bahdanau", attention="additive", cell="lstm",
+                                                   decoder_layers=2)),
+    "rnn-luong-feeding-gru": dict(kind="rnn", rnn=dict(decoder="luong", input_feeding=True)),
+    "rnn-luong-lstm-local": dict(kind="rnn", rnn=dict(decoder="luong", input_feeding=False, cell="lstm",
+                                                      local_window=2, bridge="zeros")),
 }
 
 
 def tiny(name: str, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return build_model(MODELS[name], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD_ID).eval()
+    return tiny_model(**MODELS[name], seed=seed, vocab=VOCAB)
 
 
 def sources() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    lengths = torch.tensor([7, 3, 5, 1])
-    src = torch.randint(4, VOCAB, (4, 7), generator=g)
-    pad = torch.arange(7).unsqueeze(0) >= lengths.unsqueeze(1)
-    return src.masked_fill(pad, PAD_ID), pad
+    return padded_batch([7, 3, 5, 1], vocab=VOCAB, seed=1)
 
 
 def recorded_search(model, cached: bool, beam: int):

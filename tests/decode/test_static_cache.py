@@ -5,26 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt.config import ModelConfig, TransformerConfig
-from nmt.data.tokenizer import PAD_ID
-from nmt.models import build_model
+from tests.models.tiny import padded_batch, tiny_model
 
 VOCAB = 24
 
 
 def tiny(norm: str, impl: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = ModelConfig(type="transformer", transformer=TransformerConfig(
-        d_model=16, heads=4, encoder_layers=1, decoder_layers=2, ff_dim=32, dropout=0.0, norm=norm,
-        attention_impl=impl))
-    return build_model(cfg, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD_ID).eval()
+    return tiny_model(transformer=dict(heads=4, decoder_layers=2, norm=norm, attention_impl=impl), vocab=VOCAB)
 
 
-def inputs(rows: int = 3, src_len: int = 6, tgt_len: int = 7):
-    g = torch.Generator().manual_seed(2)
-    src = torch.randint(4, VOCAB, (rows, src_len), generator=g)
-    pad = torch.arange(src_len).unsqueeze(0) >= torch.tensor([6, 2, 4][:rows]).unsqueeze(1)
-    return src.masked_fill(pad, PAD_ID), pad, torch.randint(4, VOCAB, (rows, tgt_len), generator=g)
+def inputs():
+    return padded_batch([6, 2, 4], vocab=VOCAB, seed=2, tgt_len=7)
 
 
 def run(model, max_len: int | None, reorder_at: int = 3):

@@ -7,26 +7,17 @@ import math
 import pytest
 import torch
 
-from nmt.config import ModelConfig, RNNConfig, TransformerConfig
-from nmt.data.tokenizer import PAD_ID
-from nmt.models import build_model
 from nmt.models.contract import Seq2Seq
 from nmt.models.ensemble import Ensemble
+from tests.models.tiny import padded_batch, tiny_model
 
 
 def tiny(kind: str, seed: int, vocab: int = 20) -> torch.nn.Module:
-    cfg = ModelConfig(type=kind, transformer=TransformerConfig(d_model=16, heads=2, encoder_layers=1,
-                                                               decoder_layers=1, ff_dim=32, dropout=0.0),
-                      rnn=RNNConfig(embed_dim=8, hidden_size=16, dropout=0.0))
-    torch.manual_seed(seed)
-    return build_model(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD_ID).eval()
+    return tiny_model(kind, seed=seed, vocab=vocab)
 
 
 def inputs():
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, 20, (2, 5), generator=g)
-    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
-    return src.masked_fill(pad, PAD_ID), pad, torch.randint(4, 20, (2, 4), generator=g)
+    return padded_batch([5, 3], vocab=20, seed=0, tgt_len=4)
 
 
 def steps(model, src, pad, tgt):

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from nmt.models.contract import Memory, Seq2Seq
 from nmt.models.masks import causal_mask, pad_mask_from_tokens
 from nmt.models.transformer import MultiHeadAttention, Transformer, TransformerState
+from tests.models.tiny import padded_batch
 
 PAD, BOS, V = 0, 1, 13
 
@@ -22,13 +23,9 @@ def make_model(seed: int = 0, **overrides) -> Transformer:
 
 def batch(seed: int = 1):
     """Source (3, 7) with padding in two rows, target prefix (3, 6) starting with BOS."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(2, V, (3, 7), generator=g)
-    src[0, 5:] = PAD
-    src[2, 3:] = PAD
-    tgt = torch.randint(2, V, (3, 6), generator=g)
+    src, pad, tgt = padded_batch([5, 7, 3], vocab=V, seed=seed, tgt_len=6, low=2, pad_id=PAD)
     tgt[:, 0] = BOS
-    return src, pad_mask_from_tokens(src, PAD), tgt
+    return src, pad, tgt
 
 
 # --------------------------------------------------------------------------- attention

@@ -11,19 +11,16 @@ import torch
 from nmt.config import TrainConfig
 from nmt.data.batching import collate
 from nmt.data.tokenizer import PAD_ID
-from nmt.models.transformer import Transformer
 from nmt.runtime import batch_length_multiple, compile_model
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.step import step_unless, train_step
+from tests.models.tiny import tiny_model
 
 
-def _model(seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(src_vocab_size=23, tgt_vocab_size=23, pad_id=PAD_ID, d_model=16, heads=2, encoder_layers=1,
-                       decoder_layers=1, ff_dim=32, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                       activation="relu", norm="pre", positions="sinusoidal", max_positions=64,
-                       attention_impl="sdpa", tie_embeddings="none")
+def _model(seed: int = 0) -> torch.nn.Module:
+    # in training mode, as `train_step` sees it
+    return tiny_model(seed=seed, vocab=23, transformer=dict(max_positions=64), tie_embeddings="none").train()
 
 
 def _batch(seed: int = 0, n: int = 5):
