@@ -8,6 +8,8 @@ by source length and scores each bucket separately.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from nmt.config import EvalConfig
+from nmt.data.eval_sets import eval_sets
+from nmt.errors import UserError
 from nmt.metrics import score
+from nmt.plot import plot_attention
+from nmt.translate import Translator
+
+log = logging.getLogger(__name__)
 
 
 def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:
@@ -72,6 +80,27 @@ def markdown_table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def name_checkpoints(specs: Sequence[str]) -> dict[str, str]:
+    """{name: path} from `NAME=CKPT` or `CKPT` (named after its folder, e.g. runs/rnn/best.pt -> rnn).
+
+    Raises:
+        UserError: two checkpoints would have the same name; the message says how to name them.
+    """
+    named: dict[str, str] = {}
+    for spec in specs:
+        name, path = spec.split("=", 1) if "=" in spec else (Path(spec).parent.name or spec, spec)
+        if name in named:
+            raise UserError(f"two checkpoints are named {name!r} ({named[name]} and {path}); "
+                            f"name them, e.g. -c {name}-a={named[name]} -c {name}-b={path}")
+        named[name] = path
+    return named
+
+
+def load_translators(checkpoints: dict[str, str | Path], device: str = "auto") -> dict[str, Translator]:
+    """One `Translator` per named checkpoint, each loaded once."""
+    return {name: Translator.from_checkpoint(path, device=device) for name, path in checkpoints.items()}
+
+
 def analyze_checkpoints(
     checkpoints: dict[str, str | Path],
     *,
@@ -82,26 +111,47 @@ def analyze_checkpoints(
     beam: int | None = None,
     device: str = "auto",
 ) -> dict[str, Any]:
-    """Translate one test set with each named checkpoint and score it overall and by length.
+    """Translate one test set with each named checkpoint and score it overall and by length (see `analyze`)."""
+    result = analyze(load_translators(checkpoints, device), split=split, src=src, ref=ref, n_buckets=n_buckets,
+                     beam=beam)
+    del result["sources"]
+    return result
 
-    The test set comes from the first checkpoint's config (`split`) or from `src`/`ref`.
+
+def analyze(
+    translators: dict[str, Translator],
+    *,
+    split: str | None = None,
+    src: str | Path | None = None,
+    ref: str | Path | None = None,
+    n_buckets: int = 3,
+    beam: int | None = None,
+) -> dict[str, Any]:
+    """Translate one test set with each model and score it overall and by length.
+
+    The test set comes from the first model's config (`split`) or from `src`/`ref`.
+    A model trained for another language pair than the set's is scored all the same,
+    with a warning naming both.
 
     Returns:
-        {"set": name, "overall": {model: scores}, "by_length": {model: bucket rows}}.
+        {"set": name, "sources": [...], "overall": {model: scores}, "by_length": {model: bucket rows}}.
     """
-    from nmt.evaluate import eval_sets
-    from nmt.translate import Translator
-
-    translators = {name: Translator.from_checkpoint(path, device=device) for name, path in checkpoints.items()}
     first = next(iter(translators.values()))
-    sets = eval_sets(first.cfg, split=split, src=src, ref=ref)
-    set_name, (sources, refs) = next(iter(sets.items()))
+    set_name, (sources, refs) = next(iter(eval_sets(first.cfg, split=split, src=src, ref=ref).items()))
+    pair = _pair(first)
     overall, by_length = {}, {}
     for name, translator in translators.items():
+        if _pair(translator) != pair:
+            log.warning("%s translates %s but %s is a %s set (the first model's): its scores mean little",
+                        name, _pair(translator), set_name, pair)
         hyps = translator.translate(sources, beam=beam)
         overall[name] = score(hyps, refs, translator.cfg.eval)
         by_length[name] = bleu_by_length(sources, hyps, refs, n_buckets=n_buckets, cfg=translator.cfg.eval)
-    return {"set": set_name, "overall": overall, "by_length": by_length}
+    return {"set": set_name, "sources": sources, "overall": overall, "by_length": by_length}
+
+
+def _pair(translator: Translator) -> str:
+    return f"{translator.cfg.data.src_lang}-{translator.cfg.data.tgt_lang}"
 
 
 def write_report(
@@ -109,34 +159,32 @@ def write_report(
     out_dir: str | Path,
     *,
     sentences: Sequence[int] = (0,),
+    split: str | None = None,
+    src: str | Path | None = None,
+    ref: str | Path | None = None,
     n_buckets: int = 3,
     beam: int | None = None,
     device: str = "auto",
 ) -> Path:
     """`out_dir/analysis.md` with BLEU overall and by length, its plot, and attention heatmaps of
     the chosen test sentences for every model side by side. Returns the markdown path.
-    """
-    from nmt.plot import plot_attention
-    from nmt.translate import Translator
 
+    The test set is chosen as by `analyze` (`split`, or `src` and `ref`); each checkpoint is loaded once.
+    """
     out_dir = Path(out_dir)
     figures = out_dir / "analysis"
     figures.mkdir(parents=True, exist_ok=True)
-    result = analyze_checkpoints(checkpoints, n_buckets=n_buckets, beam=beam, device=device)
+    translators = load_translators(checkpoints, device)
+    result = analyze(translators, split=split, src=src, ref=ref, n_buckets=n_buckets, beam=beam)
+    sources = result.pop("sources")
     plot_bleu_by_length(result["by_length"], figures / "bleu_by_length.png",
                         title=f"BLEU by source length ({result['set']})")
-    (figures / "analysis.json").write_text(__import__("json").dumps(result, indent=2) + "\n", encoding="utf-8")
+    (figures / "analysis.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
-    from nmt.evaluate import eval_sets
-
-    first = Translator.from_checkpoint(next(iter(checkpoints.values())), device=device)
-    sources = next(iter(eval_sets(first.cfg, split=result["set"]).values()))[0]
     chosen = [sources[i] for i in sentences if i < len(sources)]
     heatmaps: dict[str, list[str]] = {}
-    for name, path in checkpoints.items():
-        translator = first if path == next(iter(checkpoints.values())) else Translator.from_checkpoint(path, device=device)
-        model_cfg = translator.cfg.model
-        if model_cfg.type == "rnn" and model_cfg.rnn.decoder == "none":
+    for name, translator in translators.items():
+        if not translator.model.has_attention:
             heatmaps[name] = ["(no attention: one fixed context vector)"] * len(chosen)
             continue
         for k, best in enumerate(t[0] for t in translator.translate_nbest(chosen, beam=beam, attention=True)):

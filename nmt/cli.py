@@ -1,6 +1,8 @@
 """The `nmt` command line: parse arguments, call library functions, print results.
 
-No logic lives here. User errors (`nmt.errors.UserError`) become one line on
+No logic lives here. Library modules are imported inside each command, the one
+place in `nmt` that defers them: they import torch (seconds), which `nmt --help` and
+a config error should not wait for. User errors (`nmt.errors.UserError`) become one line on
 stderr and exit status 2; other failures exit 1; `--debug` shows tracebacks.
 """
 
@@ -88,6 +90,10 @@ def translate(
     scores: Annotated[bool, typer.Option("--scores", help="Put each translation's log-probability and a tab before it.")] = False,
     length_penalty: Annotated[Optional[float], typer.Option(help="GNMT length penalty alpha (default: the checkpoint's).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one batch (source tokens x beam).")] = None,
+    coverage_penalty: Annotated[Optional[float], typer.Option(help="GNMT coverage penalty beta (default: the checkpoint's decode.coverage_penalty).")] = None,
+    min_len: Annotated[Optional[int], typer.Option(help="No end of sentence before this many tokens (default: the checkpoint's).")] = None,
+    max_len_a: Annotated[Optional[float], typer.Option(help="Longest output is a x source length + b tokens (default: the checkpoint's).")] = None,
+    max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
     precision: Annotated[str, typer.Option(help="auto (fp32, the fastest measured for decoding, also on GPUs), fp32, bf16 or fp16.")] = "auto",
     sample: Annotated[bool, typer.Option("--sample", help="Sample translations instead of searching (back-translation).")] = False,
@@ -107,9 +113,8 @@ def translate(
     --scores puts each translation's log-probability and a tab before it.
     Standard input from a terminal is translated line by line as it is typed.
     """
-    from nmt.data.text import decode_lines
     from nmt.decode import Sampling
-    from nmt.translate import Translator, check_output, interactive, translate_lines, write_output
+    from nmt.translate import Translator, check_io, translate_io
 
     if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
         raise UserError("--temperature, --top-k, --top-p and --seed need --sample")
@@ -117,34 +122,14 @@ def translate(
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
     except ValueError as err:
         raise UserError(str(err)) from None
-    raw = None if input == "-" else _open_input(input)  # a missing input fails before the model loads
-    try:
-        if output != "-":
-            check_output(output, None if input == "-" else input)  # never overwrite the input
-        translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
-        translator.set_attention(layer=attention_layer, head=attention_head)
-        options = dict(beam=beam, nbest=nbest, scores=scores, length_penalty=length_penalty, max_tokens=max_tokens,
-                       sampling=sampling, plot_dir=attention_plot)
-
-        def run(dst) -> None:
-            if raw is not None:
-                total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
-                raw.seek(0)
-                show = logging.getLogger().getEffectiveLevel() <= logging.INFO if progress is None else progress
-                translate_lines(translator, decode_lines(raw, input), dst, progress=show, total=total, **options)
-            elif sys.stdin.isatty():
-                interactive(translator, sys.stdin, dst, sys.stderr, **options)
-            else:
-                lines = decode_lines(sys.stdin.buffer, "<stdin>")
-                translate_lines(translator, lines, dst, flush=dst is sys.stdout, progress=bool(progress), **options)
-
-        if output == "-":
-            run(sys.stdout)  # streamed line by line, as typed or piped
-        else:
-            write_output(output, run)  # all or nothing: renamed over `output` once complete
-    finally:
-        if raw is not None:
-            raw.close()
+    check_io(input, output)  # a missing input or a bad output fails before the model loads
+    translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
+    translator.set_attention(layer=attention_layer, head=attention_head)
+    options = translator.options(beam=beam, nbest=nbest, length_penalty=length_penalty, max_tokens=max_tokens,
+                                 sampling=sampling, coverage_penalty=coverage_penalty, min_len=min_len,
+                                 max_len_a=max_len_a, max_len_b=max_len_b)
+    translate_io(translator, options, input=input, output=output, scores=scores, plot_dir=attention_plot,
+                 progress=progress)
 
 
 @app.command("eval")
@@ -157,6 +142,8 @@ def evaluate(
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
+    save_translations: Annotated[Optional[Path], typer.Option(
+        help="Also write each set's translations to DIR/<set>.hyp.")] = None,
 ) -> None:
     """Score with sacreBLEU: a checkpoint on a split or on --src/--ref, or --hyp against --ref."""
     from nmt.evaluate import evaluate_checkpoint, score_files
@@ -169,7 +156,8 @@ def evaluate(
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
-        results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref, beam=beam, device=device)
+        results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref, beam=beam, device=device,
+                                      save_dir=save_translations)
     if as_json:
         typer.echo(json.dumps(results, indent=2))
     else:
@@ -242,14 +230,21 @@ def analyze(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """BLEU by source length for one or more models on one test set."""
-    from nmt.analysis import analyze_checkpoints, markdown_table, plot_bleu_by_length, write_report
+    from nmt.analysis import (
+        analyze_checkpoints,
+        markdown_table,
+        name_checkpoints,
+        plot_bleu_by_length,
+        write_report,
+    )
 
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
-    named = dict(c.split("=", 1) if "=" in c else (Path(c).parent.name or c, c) for c in checkpoints)
+    named = name_checkpoints(checkpoints)
     if report is not None:
         chosen = [int(i) for i in sentences.split(",") if i.strip()]
-        path = write_report(named, report, sentences=chosen, n_buckets=buckets, beam=beam, device=device)
+        path = write_report(named, report, sentences=chosen, split=split, src=src, ref=ref, n_buckets=buckets,
+                            beam=beam, device=device)
         typer.echo(f"wrote {path}")
         return
     result = analyze_checkpoints(named, split=split, src=src, ref=ref,
@@ -269,13 +264,6 @@ def config_reference() -> None:
     from nmt.config import reference_markdown
 
     typer.echo(reference_markdown())
-
-
-def _open_input(path: str):
-    """The input file of `translate`, opened in binary (`decode_lines` decodes it, naming bad lines)."""
-    if not Path(path).is_file():
-        raise UserError(f"{path}: input file not found")
-    return open(path, "rb")
 
 
 def main() -> None:

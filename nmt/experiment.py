@@ -16,11 +16,14 @@ from typing import Any
 
 import torch
 
+from nmt.analysis import bleu_by_length
 from nmt.config import ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.errors import CheckpointError
 from nmt.metrics import score
 from nmt.runtime import is_main_process
+from nmt.train.loop import train
+from nmt.translate import Translator
 
 
 def hardware() -> str:
@@ -64,8 +67,6 @@ def pick_checkpoint(
     Returns the checkpoint, its `Translator`, and the validation BLEU and chrF of each
     candidate ({} when there is only best.pt).
     """
-    from nmt.translate import Translator
-
     candidates = [p for p in (run_dir / "averaged.pt", run_dir / "best.pt") if p.is_file()]
     if not candidates:
         raise CheckpointError(f"{run_dir}: no best.pt to score; train first")
@@ -85,13 +86,6 @@ def pick_checkpoint(
     return candidates[best], translators[best], scores
 
 
-def _model_label(cfg: ExperimentConfig) -> str:
-    if cfg.model.type == "transformer":
-        return "transformer"
-    rnn = cfg.model.rnn
-    return "rnn/none" if rnn.decoder == "none" else f"rnn/{rnn.decoder}/{rnn.attention}"
-
-
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
                    restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any] | None:
     """Train `cfg` (resuming an interrupted run), score the checkpoint `pick_checkpoint` chooses
@@ -102,9 +96,6 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
     """
-    from nmt.analysis import bleu_by_length
-    from nmt.train.loop import train
-
     summary = train(cfg, restart=restart)
     if not is_main_process():
         return None
@@ -121,7 +112,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     result = {
         "experiment": name,
         "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
-        "model": _model_label(cfg),
+        "model": translator.model.name,
         "checkpoint": str(checkpoint),
         "valid_by_checkpoint": valid_scores,
         "beam": cfg.decode.beam,

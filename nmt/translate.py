@@ -27,26 +27,31 @@ so memory stays bounded on files of any size. Decoding runs under
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TextIO, overload
+from typing import Any, TextIO, overload
 
 import torch
+from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.config import ExperimentConfig
 from nmt.data.batching import inference_batches
+from nmt.data.text import available_lines, decode_lines
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from nmt.decode import Hypothesis, Sampling, StepFn, search
-from nmt.decode.sampling import make_sample_step
+from nmt.decode import CHUNK_LINES, Hypothesis, SearchOptions, search
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic
+from nmt.models.ensemble import Ensemble
+from nmt.plot import plot_attention
 from nmt.runtime import autocast, inference, pick_device
 
 log = logging.getLogger(__name__)
@@ -84,19 +89,6 @@ class Translation:
     attention: torch.Tensor | None = None
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """Resolved search settings for one call (one sampling generator for a whole stream)."""
-
-    beam: int
-    nbest: int
-    length_penalty: float
-    budget: int  # source tokens per batch (max_tokens / beam)
-    attention: bool
-    cached: bool
-    step_fn: StepFn | None
-
-
 class Translator:
     """A model (or `Ensemble`) with its tokenizer, decoding defaults, device and precision.
 
@@ -108,7 +100,8 @@ class Translator:
         precision: one of `PRECISIONS`; autocast dtype for the search.
 
     Attributes:
-        max_src_len: longest source (subwords incl. EOS); longer lines are truncated.
+        max_src_len: longest source (subwords incl. EOS) with the checkpoint's decoding
+            settings; longer lines are truncated.
     """
 
     def __init__(
@@ -122,7 +115,6 @@ class Translator:
         self.cfg = cfg
         self.device = device
         self.precision = _resolve_precision(precision, device)
-        self.max_src_len = _max_source_length(cfg)
 
     @classmethod
     def from_checkpoint(
@@ -147,16 +139,12 @@ class Translator:
         loaded = [model_from_checkpoint(load_checkpoint(p, map_location="cpu"), dev, source=p) for p in paths]
         model, tokenizer, cfg = loaded[0]
         if len(loaded) > 1:
-            from nmt.models.ensemble import Ensemble
-
             for p, (_, other, _) in zip(paths[1:], loaded[1:]):
                 if other.to_state() != tokenizer.to_state():
                     raise CheckpointError(f"{p}: its sentencepiece models differ from those of {paths[0]}; "
                                           "ensemble members must share one vocabulary")
             model = Ensemble(members=[m for m, _, _ in loaded])
-        translator = cls(model, tokenizer, cfg, dev, precision=precision)
-        translator.max_src_len = min(_max_source_length(c) for _, _, c in loaded)
-        return translator
+        return cls(model, tokenizer, cfg, dev, precision=precision)
 
     def set_attention(self, *, layer: int = -1, head: int | None = None) -> None:
         """Choose whose cross-attention a Transformer returns: a decoder layer and a head (None: their mean).
@@ -166,135 +154,146 @@ class Translator:
         Raises:
             UserError: a layer or head outside the model.
         """
-        for member in getattr(self.model, "members", [self.model]):
-            if not hasattr(member, "attn_layer"):
-                continue
-            layers, heads = len(member.decoder.layers), member.decoder.layers[0].cross_attn.heads
-            if not -layers <= layer < layers:
-                raise UserError(f"attention layer ({layer}) must be in [{-layers}, {layers - 1}]")
-            if head is not None and not 0 <= head < heads:
-                raise UserError(f"attention head ({head}) must be in [0, {heads - 1}] or None (mean)")
-            member.attn_layer, member.attn_head = layer, head
+        try:
+            self.model.select_attention(layer=layer, head=head)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+
+    def options(self, options: SearchOptions | None = None, **overrides: Any) -> SearchOptions:
+        """`options`, or the checkpoint's `decode` settings, with `overrides` (None values are not given).
+
+        Unless given, `beam` is the checkpoint's `decode.beam`, or `nbest` if larger (1 when sampling).
+
+        Raises:
+            UserError: inconsistent settings (nbest > beam, sampling with beam > 1, ...).
+        """
+        given = {k: v for k, v in overrides.items() if v is not None}
+        try:
+            if options is not None:
+                return dataclasses.replace(options, **given)
+            d = self.cfg.decode
+            nbest = given.get("nbest", 1)
+            sampling = given.get("sampling") is not None or given.get("strategy") == "sample"
+            defaults = dict(beam=1 if sampling else max(d.beam, nbest if isinstance(nbest, int) else 1),
+                            length_penalty=d.length_penalty, coverage_penalty=d.coverage_penalty,
+                            min_len=d.min_len, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
+                            max_tokens=d.max_tokens)
+            return SearchOptions(**{**defaults, **given})
+        except ValueError as err:
+            raise UserError(str(err)) from None
 
     @overload
     def translate(self, lines: str, **options) -> str: ...
     @overload
     def translate(self, lines: Iterable[str], **options) -> list[str]: ...
 
-    def translate(self, lines, **options):
+    def translate(self, lines, options: SearchOptions | None = None, **overrides):
         """Best translation of each line, in input order; a single string gives a single string.
 
-        `options` are those of `translate_nbest`.
+        `options` and `overrides` as for `Translator.options`.
         """
         if isinstance(lines, str):
-            return self.translate([lines], **options)[0]
-        return [nbest[0].text for nbest in self.translate_nbest(lines, **options)]
+            return self.translate([lines], options, **overrides)[0]
+        return [nbest[0].text for nbest in self.translate_nbest(lines, options, **overrides)]
 
-    def translate_nbest(
-        self,
-        lines: Iterable[str],
-        *,
-        beam: int | None = None,
-        nbest: int = 1,
-        length_penalty: float | None = None,
-        max_tokens: int | None = None,
-        sampling: Sampling | None = None,
-        attention: bool = False,
-        cached: bool = True,
-    ) -> list[list[Translation]]:
+    def translate_nbest(self, lines: Iterable[str], options: SearchOptions | None = None,
+                        **overrides: Any) -> list[list[Translation]]:
         """The `nbest` best translations of each line (best first), in input order.
 
         Args:
             lines: source sentences.
-            beam: beam size; None: the checkpoint's `decode.beam`, or `nbest` if larger (1 when sampling).
-            nbest: hypotheses per line, at most `beam`.
-            length_penalty: GNMT alpha; None: the checkpoint's.
-            max_tokens: batch budget in padded source tokens times beam; None: the
-                checkpoint's `decode.max_tokens`; 0 there or here: by device (`max_tokens_for`).
-            sampling: sample (temperature, top-k, top-p, seed) instead of searching.
-            attention: fill `Translation.attention`.
-            cached: incremental decoding (False recomputes every prefix; for benchmarks).
+            options, overrides: search settings (`Translator.options`), e.g. `beam=5, nbest=3,
+                attention=True, sampling=Sampling(top_p=0.9)`.
 
         Raises:
-            UserError: nbest > beam, or sampling with beam > 1.
+            UserError: inconsistent settings.
         """
-        return self._translate(lines, self._plan(beam, nbest, length_penalty, max_tokens, sampling,
-                                                 attention, cached))
+        opts = self._resolve(self.options(options, **overrides))
+        return self._translate(list(lines), opts)
 
-    def translate_stream(self, lines: Iterable[str], *, chunk_size: int = 2000, **options) -> Iterator[str]:
+    def translate_stream(self, lines: Iterable[str], options: SearchOptions | None = None, *,
+                         chunk_size: int = CHUNK_LINES, **overrides: Any) -> Iterator[str]:
         """Translate a (possibly endless) stream `chunk_size` lines at a time, yielding outputs in order."""
-        for nbest in self.translate_stream_nbest(lines, chunk_size=chunk_size, **options):
+        for nbest in self.translate_stream_nbest(lines, options, chunk_size=chunk_size, **overrides):
             yield nbest[0].text
 
-    def translate_stream_nbest(
-        self, lines: Iterable[str], *, chunk_size: int = 2000, beam: int | None = None, nbest: int = 1,
-        length_penalty: float | None = None, max_tokens: int | None = None, sampling: Sampling | None = None,
-        attention: bool = False, cached: bool = True,
-    ) -> Iterator[list[Translation]]:
+    def translate_stream_nbest(self, lines: Iterable[str], options: SearchOptions | None = None, *,
+                               chunk_size: int = CHUNK_LINES, **overrides: Any) -> Iterator[list[Translation]]:
         """`translate_nbest` over a stream: at most `chunk_size` lines are held at a time.
 
         Line endings ("\\n", "\\r\\n") are stripped; a seeded sampler continues across chunks.
         """
         if chunk_size < 1:
             raise UserError(f"chunk_size ({chunk_size}) must be at least 1")
-        plan = self._plan(beam, nbest, length_penalty, max_tokens, sampling, attention, cached)
-        it, first = iter(lines), 1
-        while chunk := list(islice(it, chunk_size)):
-            yield from self._translate([line.rstrip("\r\n") for line in chunk], plan, first_line=first)
+        it = iter(lines)
+        return self.translate_chunks(iter(lambda: list(islice(it, chunk_size)), []), options, **overrides)
+
+    def translate_chunks(self, chunks: Iterable[Sequence[str]], options: SearchOptions | None = None,
+                         **overrides: Any) -> Iterator[list[Translation]]:
+        """`translate_nbest` of each chunk of lines in turn, yielding each line's translations as its chunk is done.
+
+        For a pipe, chunks can be the lines available so far, so every line is answered
+        without waiting for more input (`nmt.data.text.available_lines`).
+        """
+        opts = self._resolve(self.options(options, **overrides))
+        first = 1
+        for chunk in chunks:
+            yield from self._translate([line.rstrip("\r\n") for line in chunk], opts, first_line=first)
             first += len(chunk)
 
-    def _plan(self, beam: int | None, nbest: int, length_penalty: float | None, max_tokens: int | None,
-              sampling: Sampling | None, attention: bool, cached: bool) -> _Plan:
-        d = self.cfg.decode
-        if (beam is not None and beam < 1) or nbest < 1:
-            raise UserError(f"beam ({beam}) and nbest ({nbest}) must be at least 1")
-        beam = beam or (1 if sampling is not None else max(d.beam, nbest))
-        if nbest > beam:
-            raise UserError(f"nbest ({nbest}) cannot exceed beam ({beam})")
-        if sampling is not None and beam != 1:
-            raise UserError(f"sampling draws one translation per line; beam ({beam}) must be 1")
-        if max_tokens is not None and max_tokens < 0:
-            raise UserError(f"max_tokens ({max_tokens}) must be >= 0 (0: the checkpoint's, else by device)")
-        return _Plan(
-            beam=beam, nbest=nbest, attention=attention, cached=cached,
-            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-            budget=max(1, self.max_tokens_for(max_tokens) // beam),
-            step_fn=None if sampling is None else make_sample_step(sampling, self.device),
-        )
+    @property
+    def max_src_len(self) -> int:
+        return self.max_source_length(self.options())
+
+    def max_source_length(self, opts: SearchOptions) -> int:
+        """Longest source (subwords incl. EOS) the model accepts with the output lengths `opts` allow.
+
+        A model with a position table (`max_positions`) must cover the source and the
+        longest output the search may produce (`max_len_a * S + max_len_b`); others take any.
+        """
+        positions = self.model.max_positions
+        if positions is None:
+            return 1 << 30
+        by_output = int((positions - 1 - opts.max_len_b) / opts.max_len_a) if opts.max_len_a > 0 else positions
+        return max(2, min(positions, by_output))
 
     def max_tokens_for(self, max_tokens: int | None = None) -> int:
         """The batch budget a call with `max_tokens` uses: it, else the checkpoint's
         `decode.max_tokens`, else (0: auto) `AUTO_MAX_TOKENS` for this device."""
         return max_tokens or self.cfg.decode.max_tokens or AUTO_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS)
 
-    def _translate(self, lines: Iterable[str], plan: _Plan, first_line: int = 1) -> list[list[Translation]]:
-        lines = list(lines)  # a generator is read once
-        ids = self._encode(lines, first_line)
-        results = [[_empty() for _ in range(plan.nbest)] for _ in lines]
+    def _resolve(self, opts: SearchOptions) -> SearchOptions:
+        """`opts` with its strategy made a step function once, so a seeded sampler's draws go on
+        from batch to batch and chunk to chunk instead of starting again."""
+        if opts.wants_attention and not self.model.has_attention:
+            raise UserError(f"{self.model.name} has no attention: the coverage penalty ({opts.coverage_penalty:g}) "
+                            "and attention plots need a model with attention")
+        return dataclasses.replace(opts, strategy=opts.step_fn(self.device))
+
+    def _translate(self, lines: list[str], opts: SearchOptions, first_line: int = 1) -> list[list[Translation]]:
+        ids = self._encode(lines, self.max_source_length(opts), first_line)
+        results = [[_empty() for _ in range(opts.nbest)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if len(seq) > 1]  # only EOS: an empty line
-        d = self.cfg.decode
+        budget = max(1, self.max_tokens_for(opts.max_tokens) // opts.beam)  # source tokens per batch
         with inference(self.model), autocast(self.device, self.precision):
-            for chunk in inference_batches([len(ids[i]) for i in todo], plan.budget):
+            for chunk in inference_batches([len(ids[i]) for i in todo], budget):
                 rows = [todo[j] for j in chunk]
                 src, mask = _pad([ids[i] for i in rows], self.device)
-                hyps = search(self.model, src, mask, beam=plan.beam, nbest=plan.nbest,
-                              length_penalty=plan.length_penalty, max_len_a=d.max_len_a,
-                              max_len_b=d.max_len_b, need_attn=plan.attention, cached=plan.cached,
-                              step_fn=plan.step_fn)
+                hyps = search(self.model, src, mask, opts)
                 for row, sentence_hyps in zip(rows, hyps):
                     results[row] = [self._finish(h, ids[row]) for h in sentence_hyps]
         return results
 
-    def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
+    def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> list[list[int]]:
         """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space."""
         cleaned = [" ".join(line.split()) for line in lines]
         encoded = self.tokenizer.encode_src(cleaned)
         out = []
         for n, seq in enumerate(encoded, start=first_line):
-            if len(seq) + 1 > self.max_src_len:
+            if len(seq) + 1 > limit:
                 log.warning("line %d has %d subwords; truncated to the model's limit of %d",
-                            n, len(seq), self.max_src_len - 1)
-                seq = seq[: self.max_src_len - 1]
+                            n, len(seq), limit - 1)
+                seq = seq[: limit - 1]
             out.append(seq + [EOS_ID])
         return out
 
@@ -312,12 +311,91 @@ class Translator:
 # --------------------------------------------------------------------------- drivers of `nmt translate`
 
 
+def translate_io(translator: Translator, options: SearchOptions, *, input: str = "-", output: str = "-",
+                 scores: bool = False, plot_dir: str | Path | None = None, progress: bool | None = None) -> int:
+    """`nmt translate`: translate `input` (a file, or "-" for standard input) into `output` ("-": standard output).
+
+    A file is read twice: once to check all of it (UTF-8) and count its lines before
+    anything is translated, then to translate it. Standard input from a terminal is
+    translated line by line as it is typed (`interactive`); from a pipe, every line is
+    answered as soon as it has arrived, so `nmt translate` can serve as a helper process.
+    An output file is written whole or not at all (`write_output`).
+
+    Args:
+        progress: a progress bar on stderr; None: for an input file, when stderr is a
+            terminal and the log level shows information.
+
+    Returns:
+        The number of lines translated.
+
+    Raises:
+        UserError: an input or output that `check_io` refuses, or bad input text.
+    """
+    check_io(input, output)
+    raw = None if input == "-" else open(input, "rb")
+    written = 0
+    write = dict(scores=scores, plot_dir=plot_dir)
+
+    def run(dst: TextIO) -> None:
+        nonlocal written
+        if raw is not None:
+            total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
+            raw.seek(0)
+            show = progress if progress is not None else (
+                sys.stderr.isatty() and logging.getLogger().getEffectiveLevel() <= logging.INFO)
+            written = translate_lines(translator, decode_lines(raw, input), dst, options, progress=show,
+                                      total=total, **write)
+        elif sys.stdin.isatty():
+            written = interactive(translator, sys.stdin, dst, sys.stderr, options, **write)
+        else:
+            chunks = available_lines(sys.stdin.buffer, "<stdin>", max_lines=CHUNK_LINES)
+            written = write_translations(translator, chunks, dst, options, flush=dst is sys.stdout,
+                                         progress=bool(progress), **write)
+
+    try:
+        if output == "-":
+            run(sys.stdout)
+        else:
+            write_output(output, run)  # all or nothing: renamed over `output` once complete
+    finally:
+        if raw is not None:
+            raw.close()
+    return written
+
+
+def check_io(input: str, output: str) -> None:
+    """Refuse a missing input file, and an output that `check_output` refuses; before any model loads.
+
+    Raises:
+        UserError: naming the file and what to do.
+    """
+    if input != "-" and not Path(input).is_file():
+        raise UserError(f"{input}: input file not found")
+    if output != "-":
+        check_output(output, None if input == "-" else input)  # never overwrite the input
+
+
 def translate_lines(
-    translator: Translator, lines: Iterable[str], out: TextIO, *, nbest: int = 1, scores: bool = False,
-    plot_dir: str | Path | None = None, progress: bool = False, total: int | None = None,
-    chunk_size: int = 2000, flush: bool = False, **options,
+    translator: Translator, lines: Iterable[str], out: TextIO, options: SearchOptions | None = None, *,
+    chunk_size: int = CHUNK_LINES, **kwargs: Any,
 ) -> int:
-    """Translate `lines` and write one output line per input line to `out`.
+    """Translate `lines`, `chunk_size` at a time, writing one output line per input line to `out`.
+
+    `kwargs` are those of `write_translations` and search overrides (`Translator.options`).
+    Returns the number of lines written.
+    """
+    if chunk_size < 1:
+        raise UserError(f"chunk_size ({chunk_size}) must be at least 1")
+    it = iter(lines)
+    return write_translations(translator, iter(lambda: list(islice(it, chunk_size)), []), out, options, **kwargs)
+
+
+def write_translations(
+    translator: Translator, chunks: Iterable[Sequence[str]], out: TextIO, options: SearchOptions | None = None, *,
+    scores: bool = False, plot_dir: str | Path | None = None, progress: bool = False, total: int | None = None,
+    flush: bool = False, **overrides: Any,
+) -> int:
+    """Translate chunks of lines and write one output line per input line to `out`.
 
     Each output line holds the `nbest` translations, tab-separated, each preceded
     by its log-probability and a tab when `scores` is set. With `plot_dir`, the
@@ -325,22 +403,20 @@ def translate_lines(
 
     Args:
         translator: the model.
-        lines: input lines (streamed, `chunk_size` at a time).
+        chunks: input lines, a chunk at a time (each chunk is translated as soon as it is read).
         out: where translations go.
+        options, overrides: search settings (`Translator.options`).
         progress: show a tqdm bar on stderr (never on `out`), of `total` lines if known.
         flush: flush `out` after every line (for pipes and terminals).
-        options: search settings, as for `Translator.translate_stream_nbest`.
 
     Returns:
         The number of lines written.
     """
-    from tqdm import tqdm
-
     plot_path = Path(plot_dir) if plot_dir is not None else None
     if plot_path is not None:
         plot_path.mkdir(parents=True, exist_ok=True)
-    stream = translator.translate_stream_nbest(lines, chunk_size=chunk_size, nbest=nbest,
-                                               attention=plot_path is not None, **options)
+        overrides["attention"] = True
+    stream = translator.translate_chunks(chunks, options, **overrides)
     n = 0
     with tqdm(total=total, unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
         for n, hyps in enumerate(stream, start=1):
@@ -419,13 +495,14 @@ def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:
 PROMPT = "> "
 
 
-def interactive(translator: Translator, stdin: TextIO, out: TextIO, prompt_to: TextIO, **options) -> int:
+def interactive(translator: Translator, stdin: TextIO, out: TextIO, prompt_to: TextIO,
+                options: SearchOptions | None = None, **kwargs: Any) -> int:
     """Prompt on `prompt_to`, translate each line as it is typed onto `out`, until end of input.
 
-    `options` are those of `translate_lines` (chunk_size is 1). Returns the number of lines.
+    `kwargs` are those of `write_translations`. Returns the number of lines.
     """
 
-    def typed() -> Iterator[str]:
+    def typed() -> Iterator[list[str]]:
         while True:
             prompt_to.write(PROMPT)
             prompt_to.flush()
@@ -433,14 +510,12 @@ def interactive(translator: Translator, stdin: TextIO, out: TextIO, prompt_to: T
             if not line:
                 prompt_to.write("\n")
                 return
-            yield line
+            yield [line]
 
-    return translate_lines(translator, typed(), out, chunk_size=1, flush=True, **options)
+    return write_translations(translator, typed(), out, options, flush=True, **kwargs)
 
 
 def _plot(hyp: Translation, path: Path, line: int) -> None:
-    from nmt.plot import plot_attention
-
     plot_attention(hyp.attention, hyp.src_tokens, [*hyp.tokens, "</s>"], path,
                    title=f"line {line}  log P = {hyp.log_prob:.2f}")
 
@@ -465,15 +540,3 @@ def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, tor
 def _resolve_precision(precision: str, device: torch.device) -> str:
     return "fp32" if precision == "auto" else precision
 
-
-def _max_source_length(cfg: ExperimentConfig) -> int:
-    """Longest source (subwords incl. EOS) the model accepts.
-
-    A Transformer's position table must cover the source and the longest output
-    the search may produce (`max_len_a * S + max_len_b`); recurrent models take any.
-    """
-    if cfg.model.type != "transformer":
-        return 1 << 30
-    positions, d = cfg.model.transformer.max_positions, cfg.decode
-    by_output = int((positions - 1 - d.max_len_b) / d.max_len_a) if d.max_len_a > 0 else positions
-    return max(2, min(positions, by_output))

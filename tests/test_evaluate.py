@@ -97,3 +97,31 @@ def test_eval_sets_from_files_instead(two_test_sets, small_corpus):
     assert eval_sets(two_test_sets, src=src, ref=ref) == {str(src): (read_lines(src), read_lines(ref))}
     with pytest.raises(UserError, match="--src and --ref go together"):
         eval_sets(two_test_sets, src=src)
+
+
+def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
+    """`nmt eval -c CKPT --save-translations DIR` keeps what it scored: the files score the same with --hyp."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+    from nmt.train.loop import train
+
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["train"].update({"max_steps": 2, "valid_bleu": False})
+    train(load_config(_write(tmp_path, raw)))
+    runner = CliRunner()
+    out = tmp_path / "hyps"
+    result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "test", "--json",
+                                 "--save-translations", str(out)])
+    assert result.exit_code == 0, result.output
+    scores = __import__("json").loads(result.stdout)["test"]
+    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == scores["sentences"] == 30
+    again = score_files(out / "test.hyp", small_corpus / "test.de")
+    assert {k: again[k] for k in ("bleu", "chrf", "ter")} == {k: scores[k] for k in ("bleu", "chrf", "ter")}
+
+
+def _write(tmp_path, raw) -> str:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return str(path)

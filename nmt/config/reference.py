@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import types
 import typing
 
 import yaml
@@ -25,8 +26,13 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def reference_markdown() -> str:
-    """A markdown table of every config key, its default, its valid range (numbers) and its meaning."""
+    """A markdown table of every config key, its default, its valid values (a range or a list) and its meaning.
+
+    A corpus section's keys are listed once, under `data.train`; `data.valid` and each
+    `data.test.NAME` take the same keys.
+    """
     lines = ["| key | default | range | meaning |", "| --- | --- | --- | --- |"]
+    listed: dict[type, str] = {}
 
     def walk(cls: type, prefix: str) -> None:
         docs = field_docs(cls)
@@ -34,7 +40,8 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             key = join_key(prefix, f.name)
             tp = hints[f.name]
-            inner = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+            union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+            inner = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
             if dataclasses.is_dataclass(tp) and f.default_factory is not dataclasses.MISSING:
                 walk(tp, key)
                 continue
@@ -48,10 +55,37 @@ def reference_markdown() -> str:
                 default = list(default)
             shown = "(required)" if default is None and dataclasses.is_dataclass(inner[0]) else f"`{yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}`"
             rng = range_of(f)
-            lines.append(f"| `{key}` | {shown} | {f'`{rng}`' if rng else ''} | {docs.get(f.name, '')} |")
+            allowed = f"`{rng}`" if rng else _choices(inner[0])
+            section = _section(inner[0])
+            doc = docs.get(f.name, "")
+            if section is not None and section in listed:
+                doc += f" Keys as under `{listed[section]}`."
+            lines.append(f"| `{key}` | {shown} | {allowed} | {doc} |")
+            if section is not None and section not in listed:
+                listed[section] = key
+                walk(section, key)
 
     walk(ExperimentConfig, "")
     return "\n".join(lines)
+
+
+def _choices(tp: object) -> str:
+    """"one of `a`, `b`" for a Literal (or a list of one), else ""."""
+    if typing.get_origin(tp) is list:
+        tp = typing.get_args(tp)[0]
+        prefix = "each one of"
+    else:
+        prefix = "one of"
+    if typing.get_origin(tp) is typing.Literal:
+        return f"{prefix} " + ", ".join(f"`{a}`" for a in typing.get_args(tp))
+    return ""
+
+
+def _section(tp: object) -> type | None:
+    """The config dataclass a field holds, directly or as the values of a dict (`data.test`)."""
+    if typing.get_origin(tp) is dict:
+        tp = typing.get_args(tp)[1]
+    return tp if dataclasses.is_dataclass(tp) and isinstance(tp, type) else None
 
 
 if __name__ == "__main__":

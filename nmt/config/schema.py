@@ -349,6 +349,10 @@ class DecodeConfig:
     """Longest output is `max_len_a * source_length + max_len_b` tokens."""
     max_len_b: int = num(10, lo=0)
     """See `max_len_a`."""
+    min_len: int = num(0, lo=0)
+    """No end of sentence before this many output tokens."""
+    coverage_penalty: float = num(0.0, lo=0)
+    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables (needs a model with attention)."""
     max_tokens: int = num(0, lo=0)
     """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. On CPU larger batches gain nothing and cost memory."""
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import os
+import select
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 from nmt.errors import DataError
 
@@ -25,14 +29,14 @@ def read_lines(path: str | Path) -> list[str]:
         raise DataError(f"{path}: cannot read: {err}") from None
 
 
-def decode_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
+def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> Iterator[str]:
     """Decode the lines of a binary stream (a file, or `sys.stdin.buffer` as "<stdin>") as UTF-8,
-    one at a time, without line endings or a leading byte-order mark.
+    one at a time, without line endings or a leading byte-order mark; `first` is the number of the first line.
 
     Raises:
         DataError: invalid UTF-8; the message names `name` and the line number.
     """
-    for number, raw in enumerate(raw_lines, start=1):
+    for number, raw in enumerate(raw_lines, start=first):
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as err:
@@ -57,3 +61,42 @@ def read_parallel(src: str | Path, ref: str | Path, what: str = "sources and ref
     a, b = read_lines(src), read_lines(ref)
     check_pairing(src, a, ref, b, what)
     return a, b
+
+
+def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[list[str]]:
+    """The lines of a pipe in chunks of those that have arrived (at most `max_lines`), decoded as `decode_lines` does.
+
+    A chunk is yielded as soon as at least one whole line is there and nothing more
+    can be read without waiting, so a line written to the pipe is answered before
+    the next one is sent; a file or a fast producer still gives full chunks.
+    Reads the file descriptor directly: Python's buffered readers would wait for
+    a full buffer.
+    """
+    try:
+        fd = raw.fileno()
+    except OSError:  # an in-memory stream: everything is there already
+        lines = decode_lines(raw, name)
+        yield from iter(lambda: list(islice(lines, max_lines)), [])
+        return
+    pending: list[bytes] = []
+    partial = b""
+    number = 0
+    at_end = False
+    while not at_end:
+        data = os.read(fd, 1 << 16)  # waits for the first bytes
+        while data:
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()
+            pending += lines
+            if len(pending) >= max_lines or not select.select([fd], [], [], 0)[0]:
+                break
+            data = os.read(fd, 1 << 16)
+        if not data:
+            at_end = True
+            if partial:
+                pending.append(partial)
+        while pending:
+            chunk, pending = pending[:max_lines], pending[max_lines:]
+            decoded = list(decode_lines(chunk, name, first=number + 1))
+            number += len(chunk)
+            yield decoded

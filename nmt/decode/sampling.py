@@ -74,6 +74,8 @@ def sample_step(
     *,
     sampling: Sampling,
     generator: torch.Generator | None,
+    step: int = 0,
+    prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Draw each hypothesis's next token from the filtered distribution.
 
@@ -82,6 +84,7 @@ def sample_step(
         scores: cumulative log-probabilities, (B, 1).
         sampling: temperature and filters.
         generator: source of randomness (None: torch's global one).
+        step, prefix: unused (see `nmt.decode.options.StepFn`).
 
     Returns:
         scores: cumulative model log-probabilities including the drawn token, (B, 1).
@@ -98,7 +101,7 @@ def sample_step(
 
 def make_sample_step(
     sampling: Sampling, device: torch.device
-) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """`sample_step` bound to `sampling` and a generator seeded from `sampling.seed` on `device`."""
     generator = None
     if sampling.seed is not None:

@@ -7,8 +7,9 @@ the model always sees N = b * K rows for the b sentences still active. A step:
    the whole prefix when `cached=False`);
 2. constraints apply: PAD and BOS never, EOS not before `min_len`, only EOS once
    a sentence reaches its maximum length;
-3. a step function (`greedy_step`, `beam_step`, `sample_step`) chooses, per
-   sentence, K (score, token, origin row) triples;
+3. the step function of `SearchOptions.strategy` (`greedy_step`, `beam_step`,
+   `sample_step`, or any `StepFn`) chooses, per sentence, K (score, token,
+   origin row) triples, seeing the step index and the prefixes;
 4. hypotheses that chose EOS are scored and copied into preallocated slots of
    their sentence (`_Finished`) and their rows set to -inf, so later steps
    never extend them (the other rows refill the beam at the next step); a
@@ -39,21 +40,18 @@ finishes, with |Y| counting the final EOS.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from nmt.decode.beam import beam_step, coverage_penalty, length_penalty
-from nmt.decode.greedy import greedy_step
-from nmt.decode.sampling import Sampling, make_sample_step
+from nmt.decode.beam import coverage_penalty, length_penalty
+from nmt.decode.options import SearchOptions, StepFn
 from nmt.models.contract import Memory, Seq2Seq, State
-
-StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
-"""(log_probs (B, K, V), scores (B, K)) -> (scores, tokens, origins), each (B, K)."""
 
 
 @dataclass
@@ -76,20 +74,10 @@ class Hypothesis:
 
 
 @dataclass(frozen=True)
-class _Options:
-    beam: int
-    alpha: float
-    beta: float
-    min_len: int
-    cached: bool
-    need_attn: bool
-    bos_id: int
-    eos_id: int
-    pad_id: int
-
-    @property
-    def want_attn(self) -> bool:
-        return self.need_attn or self.beta > 0
+class _Ids:
+    bos: int
+    eos: int
+    pad: int
 
 
 _GPU_SYNC_EVERY = 8
@@ -153,24 +141,14 @@ def search(
     model: Seq2Seq,
     src: Tensor,
     src_pad_mask: Tensor,
+    options: SearchOptions | None = None,
     *,
-    beam: int = 1,
-    nbest: int = 1,
-    length_penalty: float = 1.0,
-    max_len_a: float,
-    max_len_b: int,
-    min_len: int = 0,
-    coverage_penalty: float = 0.0,
-    sampling: Sampling | None = None,
-    cached: bool = True,
-    need_attn: bool = False,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     pad_id: int = PAD_ID,
-    step_fn: StepFn | None = None,
-    sync_every: int | None = None,
+    **fields: Any,
 ) -> list[list[Hypothesis]]:
-    """Translate a batch: greedy (beam=1), beam search (beam>1) or sampling.
+    """Translate a batch: greedy, beam search or sampling, as `options` say.
 
     The model should be in eval mode; the search runs under `torch.inference_mode()`.
 
@@ -178,84 +156,47 @@ def search(
         model: any `Seq2Seq`.
         src: source ids, (B, S).
         src_pad_mask: True at source padding, (B, S).
-        beam: hypotheses kept per sentence (K).
-        nbest: hypotheses returned per sentence, at most `beam`.
-        length_penalty: GNMT alpha; 0 ranks by raw log-probability.
-        max_len_a, max_len_b: at most floor(a * src_len + b) output tokens, EOS excluded.
-        min_len: EOS is forbidden before this many output tokens.
-        coverage_penalty: GNMT beta; > 0 needs attention from `decode_step`.
-        sampling: sample instead of choosing the best (needs beam=1).
-        cached: use `decode_step` (True) or recompute `decode` on the whole
-            prefix each step (False, same hypotheses, for benchmarks).
-        need_attn: return each hypothesis's attention.
+        options: the search settings; or give their `fields` as keywords
+            (`search(model, src, mask, beam=5, max_len_a=1.5, max_len_b=10)`).
         bos_id, eos_id, pad_id: special target ids.
-        step_fn: overrides the step function chosen from beam and sampling.
-        sync_every: steps between the host's checks for done sentences (the end
-            of the search, and dropping them from the batch); None: every step on
-            the CPU, `_GPU_SYNC_EVERY` elsewhere. The hypotheses do not depend on it;
-            a seeded sampler's draws do (done sentences still draw until dropped),
-            their distribution does not.
+
+    The hypotheses do not depend on `options.sync_every`; a seeded sampler's draws
+    do (done sentences still draw until dropped), their distribution does not.
 
     Returns:
         For each sentence, up to `nbest` hypotheses, best score first (fewer only
         when the vocabulary and length limits allow fewer distinct outputs).
 
     Raises:
-        ValueError: on inconsistent arguments, or when attention is needed
-            (need_attn, coverage_penalty > 0) and the model returns none.
+        ValueError: on inconsistent options or shapes, or when attention is needed
+            (attention, coverage_penalty > 0) and the model returns none.
     """
-    _check_args(src, src_pad_mask, beam, nbest, max_len_a, max_len_b, min_len,
-                coverage_penalty, sampling, cached, need_attn)
-    if sync_every is not None and sync_every < 1:
-        raise ValueError(f"sync_every ({sync_every}) must be >= 1")
-    if step_fn is None:
-        step_fn = _default_step_fn(beam, sampling, src.device)
-    if sync_every is None:
-        sync_every = 1 if src.device.type == "cpu" else _GPU_SYNC_EVERY
-    opts = _Options(beam=beam, alpha=length_penalty, beta=coverage_penalty, min_len=min_len,
-                    cached=cached, need_attn=need_attn, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    with torch.inference_mode():
-        if src.size(0) == 0:
-            return []
-        max_len = _max_lengths(src_pad_mask, max_len_a, max_len_b)
-        finished = _run(model, src, src_pad_mask, max_len, step_fn, opts, sync_every)
-        return _assemble(finished, src_pad_mask, nbest, need_attn)
-
-
-def greedy_search(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, **kwargs) -> list[Hypothesis]:
-    """The single greedy hypothesis of each sentence; `kwargs` as for `search` (beam=1)."""
-    return [hyps[0] for hyps in search(model, src, src_pad_mask, beam=1, step_fn=greedy_step, **kwargs)]
-
-
-def beam_search(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, *, beam: int, **kwargs) -> list[list[Hypothesis]]:
-    """Beam search with `beam_step` for any beam, even 1; `kwargs` as for `search`."""
-    return search(model, src, src_pad_mask, beam=beam, step_fn=beam_step, **kwargs)
-
-
-def _check_args(src: Tensor, src_pad_mask: Tensor, beam: int, nbest: int, max_len_a: float,
-                max_len_b: int, min_len: int, beta: float, sampling: Sampling | None,
-                cached: bool, need_attn: bool) -> None:
+    if options is None:
+        options = SearchOptions(**fields)
+    elif fields:
+        options = dataclasses.replace(options, **fields)
     if src.dim() != 2 or src_pad_mask.shape != src.shape:
         raise ValueError(f"src {tuple(src.shape)} and src_pad_mask {tuple(src_pad_mask.shape)} "
                          "must both be (B, S)")
-    if beam < 1 or not 1 <= nbest <= beam:
-        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
-    if max_len_a < 0 or max_len_b < 0 or min_len < 0:
-        raise ValueError(f"max_len_a ({max_len_a}), max_len_b ({max_len_b}) and min_len ({min_len}) "
-                         "must be >= 0")
-    if beta < 0:
-        raise ValueError(f"coverage_penalty ({beta}) must be >= 0")
-    if sampling is not None and beam != 1:
-        raise ValueError(f"sampling draws one hypothesis per sentence; beam ({beam}) must be 1")
-    if not cached and (need_attn or beta > 0):
-        raise ValueError("cached=False gives no attention: need_attn and coverage_penalty "
-                         f"need cached=True (need_attn={need_attn}, coverage_penalty={beta})")
+    step_fn = options.step_fn(src.device)
+    sync_every = options.sync_every or (1 if src.device.type == "cpu" else _GPU_SYNC_EVERY)
+    ids = _Ids(bos=bos_id, eos=eos_id, pad=pad_id)
+    with torch.inference_mode():
+        if src.size(0) == 0:
+            return []
+        max_len = _max_lengths(src_pad_mask, options.max_len_a, options.max_len_b)
+        finished = _run(model, src, src_pad_mask, max_len, step_fn, options, ids, sync_every)
+        return _assemble(finished, src_pad_mask, options.nbest, options.attention)
 
 
-def _default_step_fn(beam: int, sampling: Sampling | None, device: torch.device) -> StepFn:
-    if sampling is not None:
-        return make_sample_step(sampling, device)
-    return greedy_step if beam == 1 else beam_step
+def greedy_search(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, **fields: Any) -> list[Hypothesis]:
+    """The single greedy hypothesis of each sentence; `fields` as for `SearchOptions`."""
+    return [hyps[0] for hyps in search(model, src, src_pad_mask, strategy="greedy", **fields)]
+
+
+def beam_search(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, *, beam: int, **fields: Any) -> list[list[Hypothesis]]:
+    """Beam search with `beam_step` for any beam, even 1; `fields` as for `SearchOptions`."""
+    return search(model, src, src_pad_mask, beam=beam, strategy="beam", **fields)
 
 
 def _max_lengths(src_pad_mask: Tensor, a: float, b: int) -> Tensor:
@@ -265,7 +206,7 @@ def _max_lengths(src_pad_mask: Tensor, a: float, b: int) -> Tensor:
 
 
 def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
-         step_fn: StepFn, opts: _Options, sync_every: int) -> _Finished:
+         step_fn: StepFn, opts: SearchOptions, ids: _Ids, sync_every: int) -> _Finished:
     """The loop: advance every active row one token per step until all sentences are done."""
     K, device = opts.beam, src.device
     batch, longest = src.size(0), int(max_len.max())
@@ -275,7 +216,7 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
     scores[:, 0] = 0.0
     act = _Active(
         sent=torch.arange(batch, device=device), max_len=max_len.to(device), scores=scores,
-        prefix=torch.full((batch * K, 1), opts.bos_id, dtype=torch.long, device=device),
+        prefix=torch.full((batch * K, 1), ids.bos, dtype=torch.long, device=device),
         attn=None, memory=memory,
         # Positions 0 .. longest are fed (BOS, then up to `longest` tokens): caches can be preallocated.
         # Static shapes pay on a GPU; on the CPU, caches grown step by step are cheaper to reorder.
@@ -285,16 +226,17 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
     finished = _Finished.empty(batch, K, longest, device)
     for step in range(longest + 1):
         log_probs, state, attn = _next_log_probs(model, act, opts)
-        log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), opts)
+        log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), opts.min_len, ids)
         b = act.sent.numel()
-        scores, tokens, origins = step_fn(log_probs.view(b, K, -1), act.scores)  # (b, K)
+        scores, tokens, origins = step_fn(log_probs.view(b, K, -1), act.scores, step=step,
+                                          prefix=act.prefix.view(b, K, -1))  # (b, K)
         order = (origins + torch.arange(b, device=device).unsqueeze(1) * K).flatten()  # (N,)
         prefix = torch.cat([act.prefix[order], tokens.view(-1, 1)], dim=1)  # (N, t + 2)
         history = None  # (N, t + 1, S)
         if attn is not None:
             step_attn = attn[order].unsqueeze(1)  # (N, 1, S)
             history = step_attn if act.attn is None else torch.cat([act.attn[order], step_attn], dim=1)
-        ended = tokens.eq(opts.eos_id) & scores.isfinite()  # (b, K)
+        ended = tokens.eq(ids.eos) & scores.isfinite()  # (b, K)
         _record(finished, act.sent, ended, scores, prefix, history, src_pad_mask, opts)
         scores = scores.masked_fill(ended, -math.inf)
         done = (finished.count[act.sent] >= K) | (act.max_len <= step) | scores.isneginf().all(dim=1)  # (b,)
@@ -308,20 +250,20 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
     return finished
 
 
-def _next_log_probs(model: Seq2Seq, act: _Active, opts: _Options) -> tuple[Tensor, State | None, Tensor | None]:
+def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[Tensor, State | None, Tensor | None]:
     """Next-token log-probabilities (N, V) of every row, the new state, attention (N, S) or None."""
     if opts.cached:
         log_probs, state, attn = model.decode_step(act.prefix[:, -1], act.memory, act.state,
-                                                   need_attn=opts.want_attn)
-        if opts.want_attn and attn is None:
+                                                   need_attn=opts.wants_attention)
+        if opts.wants_attention and attn is None:
             raise ValueError(f"{type(model).__name__}.decode_step returned no attention, needed by "
-                             f"need_attn ({opts.need_attn}) or coverage_penalty ({opts.beta})")
-        return log_probs.float(), state, attn if opts.want_attn else None
+                             f"attention ({opts.attention}) or coverage_penalty ({opts.coverage_penalty})")
+        return log_probs.float(), state, attn if opts.wants_attention else None
     logits = model.decode(act.prefix, act.memory)  # (N, t + 1, V)
     return logits[:, -1].float().log_softmax(dim=-1), None, None
 
 
-def _constrain(log_probs: Tensor, step: int, max_len: Tensor, opts: _Options) -> Tensor:
+def _constrain(log_probs: Tensor, step: int, max_len: Tensor, min_len: int, ids: _Ids) -> Tensor:
     """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len.
 
     Args:
@@ -329,20 +271,20 @@ def _constrain(log_probs: Tensor, step: int, max_len: Tensor, opts: _Options) ->
         max_len: each row's maximum output length, (N,).
     """
     out = log_probs.clone()  # (N, V)
-    out[:, opts.pad_id] = -math.inf
-    if opts.bos_id != opts.eos_id:
-        out[:, opts.bos_id] = -math.inf
-    if step < opts.min_len:
-        out[:, opts.eos_id] = -math.inf
+    out[:, ids.pad] = -math.inf
+    if ids.bos != ids.eos:
+        out[:, ids.bos] = -math.inf
+    if step < min_len:
+        out[:, ids.eos] = -math.inf
     # At max_len only EOS, with the model's own log-probability (even before min_len);
     # applied to every row by `where`, since asking which rows are there would wait for the device.
     eos_only = torch.full_like(out, -math.inf)
-    eos_only[:, opts.eos_id] = log_probs[:, opts.eos_id]
+    eos_only[:, ids.eos] = log_probs[:, ids.eos]
     return torch.where((max_len <= step).unsqueeze(1), eos_only, out)
 
 
 def _record(finished: _Finished, sent: Tensor, ended: Tensor, scores: Tensor, prefix: Tensor,
-            history: Tensor | None, src_pad_mask: Tensor, opts: _Options) -> None:
+            history: Tensor | None, src_pad_mask: Tensor, opts: SearchOptions) -> None:
     """Score the hypotheses that just chose EOS and copy them into their sentences' next free slots.
 
     Every row is scored and written; those that did not end go to the discard
@@ -359,15 +301,15 @@ def _record(finished: _Finished, sent: Tensor, ended: Tensor, scores: Tensor, pr
     length = prefix.size(1) - 1  # output tokens including this EOS
     slot = finished.count[sent].unsqueeze(1) + ended.long().cumsum(dim=1) - 1  # (b, K), in row order
     at = (sent.unsqueeze(1).expand(b, K), slot.masked_fill(~ended, finished.discard))  # indices into (B, F)
-    score = scores / length_penalty(length, opts.alpha)  # (b, K)
-    if opts.beta > 0:
+    score = scores / length_penalty(length, opts.length_penalty)  # (b, K)
+    if opts.coverage_penalty > 0:
         row_pad = src_pad_mask[sent].repeat_interleave(K, dim=0)  # (N, S)
-        score = score + coverage_penalty(history, row_pad, opts.beta).view(b, K)
+        score = score + coverage_penalty(history, row_pad, opts.coverage_penalty).view(b, K)
     finished.log_prob[at] = scores
     finished.score[at] = score
     finished.length[at] = length - 1
     finished.tokens[:, :, :length][at] = prefix[:, 1:].view(b, K, length)
-    if opts.need_attn:
+    if opts.attention:
         if finished.attn is None:
             finished.attn = history.new_zeros(*finished.tokens.shape, history.size(2))  # (B, F, L + 1, S)
         finished.attn[:, :, :length][at] = history.view(b, K, length, -1)

@@ -6,6 +6,8 @@ from torch import nn
 
 from nmt.config import ModelConfig
 from nmt.models.contract import Memory, Seq2Seq, State, count_parameters
+from nmt.models.rnn import RNNSeq2Seq
+from nmt.models.transformer import Transformer
 
 __all__ = ["Memory", "Seq2Seq", "State", "build_model", "count_parameters"]
 
@@ -15,8 +17,6 @@ def build_model(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int, p
     vocab = {"src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size, "pad_id": pad_id}
     match cfg.type:
         case "transformer":
-            from nmt.models.transformer import Transformer
-
             t = cfg.transformer
             return Transformer(
                 **vocab,
@@ -36,8 +36,6 @@ def build_model(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int, p
                 tie_embeddings=cfg.tie_embeddings,
             )
         case "rnn":
-            from nmt.models.rnn import RNNSeq2Seq
-
             r = cfg.rnn
             return RNNSeq2Seq(
                 **vocab,

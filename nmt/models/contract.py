@@ -75,10 +75,27 @@ class Seq2Seq(Protocol):
 
     Attributes:
         src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        name: a short label for reports and logs ("transformer", "rnn/bahdanau/additive").
+        max_positions: the longest sequence, in tokens (EOS or BOS included), the model
+            reads or writes; None when any length works (recurrent models).
+        has_attention: whether `decode_step` can return attention over the source.
     """
 
     src_vocab_size: int
     tgt_vocab_size: int
+    name: str
+    max_positions: int | None
+    has_attention: bool
+
+    def select_attention(self, *, layer: int = -1, head: int | None = None) -> None:
+        """Choose whose attention `decode_step` returns: a decoder layer and a head (None: their mean).
+
+        Models with one attention distribution accept any choice and ignore it.
+
+        Raises:
+            ValueError: a layer or head the model does not have (the message gives the valid range).
+        """
+        ...
 
     def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits: src (B, S), src_pad_mask (B, S), tgt_in (B, T) -> (B, T, V)."""
@@ -111,6 +128,14 @@ class Seq2Seq(Protocol):
         (models whose attention is free may always return it; otherwise None).
         """
         ...
+
+
+def check_attention_choice(layer: int, head: int | None, *, layers: int, heads: int) -> None:
+    """Raise ValueError unless `layer` indexes one of `layers` (negative from the end) and `head` one of `heads`."""
+    if not -layers <= layer < layers:
+        raise ValueError(f"attention layer ({layer}) must be in [{-layers}, {layers - 1}]")
+    if head is not None and not 0 <= head < heads:
+        raise ValueError(f"attention head ({head}) must be in [0, {heads - 1}] or None (mean)")
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -62,6 +62,15 @@ class Ensemble(nn.Module):
             raise ValueError(f"ensemble members must share one vocabulary; (src, tgt) sizes are {sizes}")
         self.members = nn.ModuleList(members)
         self.src_vocab_size, self.tgt_vocab_size = sizes[0]
+        self.name = f"ensemble of {len(members)} ({', '.join(m.name for m in members)})"
+        limits = [m.max_positions for m in members if m.max_positions is not None]
+        self.max_positions = min(limits) if limits else None
+        self.has_attention = any(m.has_attention for m in members)
+
+    def select_attention(self, *, layer: int = -1, head: int | None = None) -> None:
+        """Every member returns the attention of `layer` and `head` (see `contract.Seq2Seq`)."""
+        for member in self.members:
+            member.select_attention(layer=layer, head=head)
 
     def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Ensemble log-probabilities (B, T, V) of a teacher-forced target (they serve as logits)."""

@@ -408,6 +408,8 @@ class RNNSeq2Seq(nn.Module):
             attention=attention, attention_heads=attention_heads, local_window=local_window,
             input_feeding=input_feeding,
         )  # fmt: skip
+        self.name = "rnn/none" if decoder == "none" else f"rnn/{decoder}/{attention}"
+        self.max_positions, self.has_attention = None, decoder != "none"
         self.dropout = nn.Dropout(dropout)
         self.pre_output = nn.Linear(H, E, bias=False) if tied and H != E else nn.Identity()
         self.output = nn.Linear(E if tied else H, tgt_vocab_size)
@@ -420,6 +422,9 @@ class RNNSeq2Seq(nn.Module):
     def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: src (B, S), src_pad_mask (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src, src_pad_mask))
+
+    def select_attention(self, *, layer: int = -1, head: int | None = None) -> None:
+        """The decoder has one attention distribution: any choice returns it."""
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).

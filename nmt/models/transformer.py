@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.models.contract import Memory, index_select_batch
+from nmt.models.contract import Memory, check_attention_choice, index_select_batch
 from nmt.models.layers import Embedding, FeedForward, LearnedPositions, SinusoidalPositions
 from nmt.models.masks import causal_mask
 
@@ -377,6 +377,8 @@ class Transformer(nn.Module):
         self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
         self.attn_layer: int = -1
         self.attn_head: int | None = None
+        self.name, self.max_positions, self.has_attention = "transformer", max_positions, True
+        self._heads = heads
         pre_norm = norm == "pre"
         Positions = SinusoidalPositions if positions == "sinusoidal" else LearnedPositions
 
@@ -415,6 +417,15 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits: src (B, S), src_pad_mask (B, S), tgt_in (B, T) -> (B, T, V)."""
         return self.decode(tgt_in, self.encode(src, src_pad_mask))
+
+    def select_attention(self, *, layer: int = -1, head: int | None = None) -> None:
+        """Return the cross-attention of decoder layer `layer` and head `head` (None: the mean over heads).
+
+        Raises:
+            ValueError: a layer or head outside the model.
+        """
+        check_attention_choice(layer, head, layers=len(self.decoder.layers), heads=self._heads)
+        self.attn_layer, self.attn_head = layer, head
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) True at padding -> Memory with states (B, S, D).

@@ -156,7 +156,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         if ctx.is_main:
             per_update = tc.max_tokens * tc.accumulate * ctx.world_size
             log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
-                     cfg.model.type, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
+                     t.model.name, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
                      "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
         return run

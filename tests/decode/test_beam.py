@@ -166,7 +166,7 @@ def test_nbest_sorted_and_sized(nbest):
 def test_batch_equals_one_by_one_and_work_shrinks(seed):
     sources = [[7, 1, 1], [8, 1], [9, 1, 1, 1, 1], [10, 2, 2, 2]]
     attention = torch.rand(V, 5, generator=torch.Generator().manual_seed(0)) + 0.1
-    kwargs = dict(beam=3, nbest=3, length_penalty=1.0, coverage_penalty=0.3, need_attn=True,
+    kwargs = dict(beam=3, nbest=3, length_penalty=1.0, coverage_penalty=0.3, attention=True,
                   max_len_a=1.0, max_len_b=1)
     model = StubModel(random_table(seed), attention=attention)
     together = run(model, *sources, **kwargs)
@@ -225,7 +225,7 @@ def test_coverage_penalty_changes_ranking():
     model = StubModel(COVERAGE, attention=COVERAGE_ATTN)
     plain = run(model, [7, 8], beam=3, nbest=3, length_penalty=0.0)[0]
     assert [h.tokens for h in plain] == [[B], [A], []]
-    hyps = run(model, [7, 8], beam=3, nbest=3, length_penalty=0.0, coverage_penalty=1.0, need_attn=True)[0]
+    hyps = run(model, [7, 8], beam=3, nbest=3, length_penalty=0.0, coverage_penalty=1.0, attention=True)[0]
     assert [h.tokens for h in hyps] == [[A], [B], []]
     assert hyps[0].score == pytest.approx(log(0.45))  # coverage (1.0, 1.0): no penalty
     assert hyps[1].score == pytest.approx(log(0.5) + log(0.2))  # coverage (1.8, 0.2)
@@ -249,9 +249,9 @@ def test_attention_required_but_missing_raises():
     with pytest.raises(ValueError, match="no attention"):
         run(StubModel(COVERAGE), [7, 8], beam=2, coverage_penalty=0.5)
     with pytest.raises(ValueError, match="no attention"):
-        run(StubModel(COVERAGE), [7, 8], need_attn=True)
+        run(StubModel(COVERAGE), [7, 8], attention=True)
     with pytest.raises(ValueError, match="cached=False"):
-        run(StubModel(COVERAGE, attention=COVERAGE_ATTN), [7, 8], need_attn=True, cached=False)
+        run(StubModel(COVERAGE, attention=COVERAGE_ATTN), [7, 8], attention=True, cached=False)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -306,7 +306,7 @@ def test_real_model_beam_one_equals_greedy_and_cached_equals_uncached(kind):
 def test_real_model_batch_equals_one_by_one(kind):
     model = tiny(kind)
     src, pad = random_batch()
-    kwargs = dict(beam=4, nbest=2, length_penalty=1.0, coverage_penalty=0.2, need_attn=True,
+    kwargs = dict(beam=4, nbest=2, length_penalty=1.0, coverage_penalty=0.2, attention=True,
                   max_len_a=1.0, max_len_b=4)
     together = search(model, src, pad, **kwargs)
     for i, hyps in enumerate(together):

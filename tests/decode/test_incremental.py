@@ -41,13 +41,13 @@ def recorded_search(model, cached: bool, beam: int):
     """The search's hypotheses and the log-probabilities it was given at each step."""
     steps = []
 
-    def step(log_probs, scores):
+    def step(log_probs, scores, *, step, prefix):
         steps.append(log_probs.clone())
         return beam_step(log_probs, scores)
 
     src, pad = sources()
     hyps = search(model, src, pad, beam=beam, nbest=beam, max_len_a=1.0, max_len_b=3, cached=cached,
-                  step_fn=step)
+                  strategy=step)
     return hyps, steps
 
 

@@ -26,7 +26,7 @@ def same(a, b) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 4])
 @pytest.mark.parametrize("options", [
-    dict(beam=3, nbest=3, length_penalty=1.0, coverage_penalty=0.3, need_attn=True),
+    dict(beam=3, nbest=3, length_penalty=1.0, coverage_penalty=0.3, attention=True),
     dict(beam=4, nbest=2, length_penalty=0.6, min_len=2),
     dict(beam=1, cached=False),
     dict(beam=1, sampling=Sampling(top_k=1, seed=3)),  # (other samples draw for more rows when checks are rarer)

@@ -1,0 +1,135 @@
+"""Search settings as one object, from the command line to the search loop.
+
+`SearchOptions` is what `nmt translate`, `Translator` and `search` all take; the
+checkpoint's `decode` section gives the defaults of a translation
+(`Translator.options`), and the few defaults here serve direct calls of `search`.
+The strategy is picked in one place, `SearchOptions.step_fn`: a built-in name, or
+any `StepFn` (which sees the step index and the prefixes, so n-gram blocking or a
+diverse beam is a new step function, not an edit of the loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, get_args
+
+import torch
+from torch import Tensor
+
+from nmt.decode.beam import beam_step
+from nmt.decode.greedy import greedy_step
+from nmt.decode.sampling import Sampling, make_sample_step
+
+CHUNK_LINES = 2000
+"""Lines a stream is read and translated at a time: memory stays bounded on files of any size,
+and each chunk is sorted by length into batches."""
+
+
+class StepFn(Protocol):
+    """The choice of one search step, for every sentence: K (score, token, origin row) triples.
+
+    Args:
+        log_probs: next-token log-probabilities, (B, K, V), constraints applied.
+        scores: cumulative log-probabilities of the K rows, (B, K); -inf marks an empty row.
+        step: output tokens so far (0 at the first step).
+        prefix: the tokens of each row so far, BOS first, (B, K, step + 1).
+
+    Returns:
+        scores, tokens, origins: each (B, K); origins index the rows 0..K-1 extended.
+    """
+
+    def __call__(self, log_probs: Tensor, scores: Tensor, *, step: int,
+                 prefix: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+Strategy = Literal["auto", "greedy", "beam", "sample"]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to translate.
+
+    Attributes:
+        max_len_a, max_len_b: at most floor(a * src_len + b) output tokens, EOS excluded.
+        beam: hypotheses kept per sentence (K).
+        nbest: hypotheses returned per sentence, at most `beam`.
+        strategy: "auto" (sampling with `sampling`, else greedy at beam 1, else beam
+            search), "greedy", "beam" (even at beam 1), "sample", or a `StepFn`.
+        sampling: temperature and filters for sampling (needs beam 1).
+        length_penalty: GNMT alpha; 0 ranks by raw log-probability.
+        coverage_penalty: GNMT beta; > 0 needs attention from `decode_step`.
+        min_len: EOS is forbidden before this many output tokens.
+        attention: return each hypothesis's attention.
+        cached: incremental decoding with `decode_step` (False recomputes the whole
+            prefix each step: same hypotheses, for benchmarks).
+        max_tokens: batch budget of `Translator` (padded source tokens times beam);
+            0: by device. The search itself gets one batch.
+        sync_every: steps between the host's checks for done sentences; None: every
+            step on the CPU, every 8 elsewhere (see `nmt.decode.search`).
+
+    Raises:
+        ValueError: inconsistent settings, naming the values.
+    """
+
+    max_len_a: float
+    max_len_b: int
+    beam: int = 1
+    nbest: int = 1
+    strategy: Strategy | StepFn = "auto"
+    sampling: Sampling | None = None
+    length_penalty: float = 1.0
+    coverage_penalty: float = 0.0
+    min_len: int = 0
+    attention: bool = False
+    cached: bool = True
+    max_tokens: int = 0
+    sync_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.strategy, str) and self.strategy not in get_args(Strategy):
+            raise ValueError(f"strategy ({self.strategy!r}) must be one of {get_args(Strategy)} or a StepFn")
+        sampling = self.sampling is not None or self.strategy == "sample"
+        if self.beam < 1 or self.nbest < 1:
+            raise ValueError(f"beam ({self.beam}) and nbest ({self.nbest}) must be at least 1")
+        if sampling and self.nbest > 1:
+            raise ValueError(f"sampling draws one translation per line; nbest ({self.nbest}) must be 1")
+        if sampling and self.beam != 1:
+            raise ValueError(f"sampling draws one translation per line; beam ({self.beam}) must be 1")
+        if self.nbest > self.beam:
+            raise ValueError(f"nbest ({self.nbest}) cannot exceed beam ({self.beam})")
+        if self.strategy == "greedy" and self.beam != 1:
+            raise ValueError(f"greedy search keeps one hypothesis; beam ({self.beam}) must be 1")
+        if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
+            raise ValueError(f"max_len_a ({self.max_len_a}), max_len_b ({self.max_len_b}) and min_len "
+                             f"({self.min_len}) must be >= 0")
+        if self.coverage_penalty < 0:
+            raise ValueError(f"coverage_penalty ({self.coverage_penalty}) must be >= 0")
+        if not self.cached and (self.attention or self.coverage_penalty > 0):
+            raise ValueError("cached=False gives no attention: attention and coverage_penalty need cached=True "
+                             f"(attention={self.attention}, coverage_penalty={self.coverage_penalty})")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 0 (0: by device)")
+        if self.sync_every is not None and self.sync_every < 1:
+            raise ValueError(f"sync_every ({self.sync_every}) must be >= 1")
+
+    @property
+    def wants_attention(self) -> bool:
+        """Whether the model must return attention (asked for, or for the coverage penalty)."""
+        return self.attention or self.coverage_penalty > 0
+
+    def step_fn(self, device: torch.device) -> StepFn:
+        """The step function the strategy names. A sampler's generator is made here, so one
+        `step_fn` used for several batches continues one seeded stream of draws."""
+        match self.strategy:
+            case "sample":
+                return make_sample_step(self.sampling or Sampling(), device)
+            case "auto" if self.sampling is not None:
+                return make_sample_step(self.sampling, device)
+            case "greedy":
+                return greedy_step
+            case "beam":
+                return beam_step
+            case "auto":
+                return greedy_step if self.beam == 1 else beam_step
+            case _:
+                return self.strategy

@@ -1,0 +1,73 @@
+"""SearchOptions: one object picks the strategy, checks the settings, and hands the step function its context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.decode import Sampling, SearchOptions, beam_step, greedy_step, search
+from tests.models.tiny import padded_batch, tiny_model
+
+LIMITS = dict(max_len_a=1.0, max_len_b=4)
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    (dict(), greedy_step),
+    (dict(beam=3), beam_step),
+    (dict(beam=1, strategy="beam"), beam_step),
+    (dict(beam=1, strategy="greedy"), greedy_step),
+])
+def test_the_strategy_is_picked_in_one_place(fields, expected):
+    assert SearchOptions(**LIMITS, **fields).step_fn(torch.device("cpu")) is expected
+
+
+def test_sampling_gets_a_seeded_step_and_continues_its_stream():
+    opts = SearchOptions(**LIMITS, sampling=Sampling(seed=3))
+    step = opts.step_fn(torch.device("cpu"))
+    log_probs, scores = torch.randn(4, 1, 50).log_softmax(-1), torch.zeros(4, 1)
+    first, again = step(log_probs, scores, step=0, prefix=None)[1], step(log_probs, scores, step=1, prefix=None)[1]
+    fresh = opts.step_fn(torch.device("cpu"))(log_probs, scores, step=0, prefix=None)[1]
+    assert torch.equal(first, fresh) and not torch.equal(first, again)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(sampling=Sampling(), nbest=2, beam=2), r"sampling draws one translation per line; nbest \(2\) must be 1"),
+    (dict(sampling=Sampling(), beam=3), r"sampling draws one translation per line; beam \(3\) must be 1"),
+    (dict(beam=2, nbest=3), r"nbest \(3\) cannot exceed beam \(2\)"),
+    (dict(beam=3, strategy="greedy"), r"greedy search keeps one hypothesis; beam \(3\) must be 1"),
+    (dict(strategy="diverse"), r"strategy \('diverse'\) must be one of"),
+    (dict(cached=False, attention=True), "cached=False gives no attention"),
+    (dict(min_len=-1), r"min_len \(-1\) must be >= 0"),
+])
+def test_inconsistent_settings_are_refused_with_their_values(fields, message):
+    with pytest.raises(ValueError, match=message):
+        SearchOptions(**LIMITS, **fields)
+
+
+def test_a_custom_step_sees_the_step_index_and_the_prefixes():
+    """A step function that blocks repeating the previous token: built without touching the loop."""
+    seen = []
+
+    def no_repeat(log_probs, scores, *, step, prefix):
+        seen.append((step, tuple(prefix.shape)))
+        last = prefix[:, :, -1:]  # (B, K, 1)
+        blocked = log_probs.scatter(-1, last, float("-inf")) if step > 0 else log_probs
+        return beam_step(blocked, scores)
+
+    model = tiny_model("transformer", seed=2, vocab=12)
+    src, pad = padded_batch([6, 4], vocab=12, seed=0)
+    hyps = search(model, src, pad, beam=2, nbest=2, strategy=no_repeat, max_len_a=0.0, max_len_b=8)
+    assert [s for s, _ in seen] == list(range(len(seen))) and len(seen) > 2
+    assert all(shape == (2, 2, step + 1) for step, shape in seen)
+    for sentence in hyps:
+        for h in sentence:
+            assert all(a != b for a, b in zip(h.tokens, h.tokens[1:])), h.tokens
+
+
+def test_options_object_and_keywords_give_the_same_search():
+    model = tiny_model("rnn", seed=1, vocab=12)
+    src, pad = padded_batch([5, 3, 6], vocab=12, seed=4)
+    opts = SearchOptions(beam=3, nbest=2, length_penalty=0.6, **LIMITS)
+    by_object = search(model, src, pad, opts)
+    by_keywords = search(model, src, pad, beam=3, nbest=2, length_penalty=0.6, **LIMITS)
+    assert [[(h.tokens, h.score) for h in s] for s in by_object] == [[(h.tokens, h.score) for h in s] for s in by_keywords]

@@ -1,0 +1,93 @@
+"""`nmt translate` as users drive it: a pipe answered line by line, and the decoding settings reachable from the CLI."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.translate import Translator
+from tests import test_translate
+
+checkpoints = test_translate.checkpoints  # the fixture: randomly initialised tiny models
+runner = CliRunner()
+LINES = ["the dog runs .", "a cat sleeps on the red mat .", "two men walk ."]
+
+
+def read_line(stream, timeout: float) -> str | None:
+    """One line from `stream` (a pipe), or None if none arrives within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while time.monotonic() < deadline:
+        if select.select([stream], [], [], 0.05)[0]:
+            chunk = os.read(stream.fileno(), 1)
+            if not chunk:
+                return None
+            data += chunk
+            if chunk == b"\n":
+                return data.decode()
+    return None
+
+
+def test_a_pipe_is_answered_line_by_line_without_more_input(checkpoints):
+    """Each line written to stdin comes back before the next is sent and before stdin closes."""
+    ckpt = str(checkpoints["transformer"])
+    expected = Translator.from_checkpoint(ckpt, device="cpu").translate(LINES, beam=1)
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", ckpt, "--beam", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line, want in zip(LINES, expected):
+            proc.stdin.write((line + "\n").encode())
+            proc.stdin.flush()
+            got = read_line(proc.stdout, timeout=60)
+            assert got == want + "\n", (line, got, proc.stderr.read1() if proc.poll() is not None else "")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_length_limits_and_minimum_length_from_the_command_line(checkpoints, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    ckpt = str(checkpoints["transformer"])
+    tokenizer = Translator.from_checkpoint(ckpt, device="cpu").tokenizer
+
+    def pieces(*options: str) -> list[int]:
+        result = runner.invoke(app, ["--quiet", "translate", "-c", ckpt, "-i", str(src), "--beam", "2", *options])
+        assert result.exit_code == 0, result.output
+        return [len(tokenizer.encode_tgt([line])[0]) for line in result.stdout.splitlines()]
+
+    assert max(pieces("--max-len-a", "0", "--max-len-b", "2")) <= 2
+    assert min(pieces("--min-len", "6", "--max-len-a", "0", "--max-len-b", "9")) >= 6
+
+
+def test_coverage_penalty_changes_the_ranking_and_needs_attention(checkpoints, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    tr = Translator.from_checkpoint(str(checkpoints["transformer"]), device="cpu")
+    plain = tr.translate_nbest(LINES, beam=3, nbest=3)
+    covered = tr.translate_nbest(LINES, beam=3, nbest=3, coverage_penalty=2.0)
+    assert [[h.score for h in s] for s in plain] != [[h.score for h in s] for s in covered]
+    result = runner.invoke(app, ["translate", "-c", str(checkpoints["transformer"]), "-i", str(src),
+                                 "--coverage-penalty", "2.0", "--beam", "3"])
+    assert result.exit_code == 0, result.output
+
+
+def test_sampling_with_nbest_names_nbest_not_a_beam_the_user_never_set(checkpoints, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("the dog .\n")
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["transformer"]),
+                             "-i", str(src), "--sample", "--nbest", "2"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("nmt: error: sampling draws one translation per line; "
+                                     "nbest (2) must be 1"), result.stderr
