@@ -20,7 +20,7 @@ from nmt.config import EvalConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.errors import UserError
 from nmt.metrics import score
-from nmt.plot import plot_attention
+from nmt.plot import plot_attention, plot_bleu_by_length
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -45,29 +45,6 @@ def bleu_by_length(
         s = score([hyps[i] for i in idx], [refs[i] for i in idx], cfg)
         rows.append({"words": f"{min(lengths)}-{max(lengths)}", "sentences": len(idx), "bleu": s["bleu"], "chrf": s["chrf"]})
     return rows
-
-
-def plot_bleu_by_length(results: dict[str, list[dict[str, Any]]], path: str | Path, *, title: str = "") -> Path:
-    """One line per model: BLEU against source-length bucket; written as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    for name, rows in results.items():
-        ax.plot([r["words"] for r in rows], [r["bleu"] for r in rows], marker="o", label=name)
-    ax.set_xlabel("source length (words)")
-    ax.set_ylabel("BLEU")
-    ax.set_title(title or "BLEU by source length")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def markdown_table(results: dict[str, list[dict[str, Any]]]) -> str:

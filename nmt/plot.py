@@ -1,4 +1,5 @@
-"""Attention heatmaps: one PNG per sentence, source subwords across, target subwords down.
+"""Figures: attention heatmaps (one PNG per sentence, source subwords across, target subwords
+down) and BLEU by source length for several models.
 
 matplotlib is the optional `plot` extra (`pip install 'nmt[plot]'`; `make
 install` includes it) and is imported only when a plot is drawn. The figure is
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -85,6 +87,30 @@ def plot_attention(
         fig.text(0.1 / w, 0.1 / h, title, fontsize=8)
     path = Path(path)
     fig.savefig(path, format="png", dpi=DPI)
+    return path
+
+
+def plot_bleu_by_length(results: dict[str, list[dict[str, Any]]], path: str | Path, *, title: str = "") -> Path:
+    """One line per model: BLEU against source-length bucket (`nmt.analysis.bleu_by_length` rows); a PNG.
+
+    Raises:
+        UserError: matplotlib is not installed.
+    """
+    Figure, FigureCanvasAgg = _matplotlib()
+    fig = Figure(figsize=(6.4, 4.0), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, rows in results.items():
+        ax.plot([r["words"] for r in rows], [r["bleu"] for r in rows], marker="o", label=name)
+    ax.set_xlabel("source length (words)")
+    ax.set_ylabel("BLEU")
+    ax.set_title(title or "BLEU by source length")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
     return path
 
 

@@ -4,9 +4,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from nmt.analysis import bleu_by_length, length_buckets, markdown_table, plot_bleu_by_length
+from nmt.analysis import bleu_by_length, length_buckets, markdown_table
 from nmt.cli import app
 from nmt.evaluate import evaluate_checkpoint
+from nmt.plot import plot_bleu_by_length
 from tests.conftest import tiny_config_dict
 
 
@@ -58,3 +59,27 @@ def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
     assert "analysis/bleu_by_length.png" in images and "analysis/attention_tr_1.png" in images
     for image in images:
         assert (report.parent / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # --src/--ref choose the set of the report too (not the config's test set), and the heatmap sentences come from it
+    src, ref = tmp_path / "other.en", tmp_path / "other.de"
+    src.write_text("".join((small_corpus / "valid.en").read_text(encoding="utf-8").splitlines(True)[:12]))
+    ref.write_text("".join((small_corpus / "valid.de").read_text(encoding="utf-8").splitlines(True)[:12]))
+    out = runner.invoke(app, ["analyze", "-c", f"tr={ckpts['tr']}", "--report", str(tmp_path / "report2"),
+                              "--src", str(src), "--ref", str(ref), "--beam", "1"])
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "report2" / "analysis.md").read_text(encoding="utf-8")
+    on_files = evaluate_checkpoint(ckpts["tr"], src=src, ref=ref, beam=1)[str(src)]
+    assert f"Test set `{src}`" in text and f"| tr | {on_files['bleu']:.2f} | {on_files['chrf']:.2f} |" in text
+    first = src.read_text(encoding="utf-8").splitlines()[0]
+    assert f"Sentence 1: *{first}*" in text
+
+
+def test_checkpoints_with_clashing_names_are_refused_not_dropped():
+    from nmt.analysis import name_checkpoints
+    from nmt.errors import UserError
+
+    assert name_checkpoints(["runs/a/best.pt", "b=runs/a/averaged.pt"]) == {"a": "runs/a/best.pt",
+                                                                            "b": "runs/a/averaged.pt"}
+    with pytest.raises(UserError, match=r"two checkpoints are named 'a' \(runs/a/best.pt and runs/a/averaged.pt\); "
+                                        r"name them, e.g. -c a-a=runs/a/best.pt -c a-b=runs/a/averaged.pt"):
+        name_checkpoints(["runs/a/best.pt", "runs/a/averaged.pt"])
