@@ -160,9 +160,14 @@ class TokenizerConfig:
     """Share of characters covered by the vocabulary; rarer ones map to <unk>."""
     max_sentences: int = num(1_000_000, lo=1)
     """At most this many sentences (per side) are sampled to train the tokenizer."""
+    model: str = ""
+    """An existing sentencepiece model file to use instead of training one (one vocabulary for both languages: needs `joint: true`; special ids pad 0, unk 1, bos 2, eos 3, as `nmt` trains them). `train.init_from` brings its checkpoint's own models instead."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        self.model = expand_vars(self.model) if self.model else ""
+        if self.model and not self.joint:
+            raise ValueError("model: a sentencepiece model file is one vocabulary for both languages; set joint: true")
 
 
 @dataclass
@@ -259,6 +264,8 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, validation, checkpointing and the hardware it runs on."""
 
+    init_from: str = ""
+    """A checkpoint whose weights, `model` and `tokenizer` sections and sentencepiece models start this run (fine-tuning, domain adaptation): the optimizer and schedule start afresh, and the run validates at step 0 to show where it starts. Ignored once the run directory has checkpoints of its own (it resumes from them)."""
     seed: int = num(1234, lo=0, hi=2**32 - 1)
     """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
     device: Device = "auto"
@@ -330,6 +337,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        self.init_from = expand_vars(self.init_from) if self.init_from else ""
         if self.schedule in ("cosine", "linear") and self.max_steps == 0:
             raise ValueError(f"schedule {self.schedule!r} decays to max_steps, which must then be > 0")
         if self.average_last > self.keep_last:

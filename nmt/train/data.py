@@ -22,7 +22,7 @@ from nmt.data.batching import Batch, collate
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import prepare_split
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,14 @@ class RunData:
     reports: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
-    """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits."""
+def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
+    """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits.
+
+    `tokenizer`, when given, is used instead of training one (`nmt.train.start`).
+
+    Raises:
+        UserError: a missing split, bad data, or a run directory whose tokenizer is not `tokenizer`.
+    """
     data = cfg.data
     for name in ("train", "valid"):
         if getattr(data, name) is None:
@@ -46,7 +52,13 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
     cache = run_dir / "cache"
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
     load_pairs(data.valid, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
-    tokenizer = Tokenizer.load(run_dir)
+    given, tokenizer = tokenizer, Tokenizer.load(run_dir)
+    if given is not None and tokenizer is not None and given.to_state() != tokenizer.to_state():
+        raise UserError(f"run_dir {run_dir}: holds other sentencepiece models than train.init_from or "
+                        "tokenizer.model gives; choose a new run_dir")
+    if tokenizer is None and given is not None:
+        tokenizer = given
+        tokenizer.save(run_dir)
     if tokenizer is None:
         raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache))
         tokenizer = train_tokenizer(cfg.tokenizer, _column(raw, "src"), _column(raw, "tgt"), seed=cfg.train.seed,

@@ -123,6 +123,8 @@ class _Loop:
         p, tc = self.p, self.tc
         self.model.train()
         self.session_start = time.perf_counter() - p.train_seconds
+        if self.tc.init_from and p.step == 0 and p.validated_step < 0:
+            self._validate_and_save()  # where fine-tuning starts: the parent's scores on this validation set
         reason = self._stop_reason(signum=0)  # a finished run started again has nothing to do
         if reason is None:
             with StopSignals() as signals, contextlib.closing(self._groups()) as groups:

@@ -46,9 +46,11 @@ def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer
     if ctx.is_main:
         try:
             path, payload = newest_readable_checkpoint(run_dir)
+            if payload is not None:
+                check_resumable(path, payload)
         except CheckpointError as err:
             failed = err  # raised after the barrier, where the other ranks fail on the same file
-        if payload is not None:
+        if failed is None and payload is not None:
             restore_best(run_dir, payload["progress"])
     barrier(ctx)
     if failed is not None:
@@ -59,6 +61,15 @@ def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer
     if path is None or payload is None:
         return Progress()
     return resume(path, payload, cfg, ctx, model, optimizer, scheduler, scaler)
+
+
+def check_resumable(path: Path, payload: dict[str, Any]) -> None:
+    """Raise `CheckpointError` unless `payload` holds the training state a run resumes from."""
+    missing = [k for k in ("model", "optimizer", "scheduler", "progress", "rng") if k not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: holds no training state ({', '.join(missing)}), so a run cannot resume "
+                              "from it (an averaged or copied checkpoint?); to start a new run from its weights, "
+                              "set train.init_from to it and use a run_dir without ckpt_*.pt files")
 
 
 def newest_readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None]:
@@ -125,6 +136,7 @@ def restore_best(run_dir: Path, progress: dict[str, Any]) -> None:
 def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler,
            scaler) -> Progress:
     """Load every piece of training state from `payload`, read from `path`; return the progress it records."""
+    check_resumable(path, payload)  # again here: the other ranks of a torchrun job read the file themselves
     check_same_model(payload, cfg, path)
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])

@@ -1,6 +1,7 @@
 """Everything a training run is made of, built by plain functions.
 
-`build_run(cfg)` joins the process group, locks and prepares the run directory,
+`build_run(cfg)` finds where the run starts (`nmt.train.start`: random weights, or
+another run's checkpoint), joins the process group, locks and prepares the run directory,
 prepares the data (rank 0 first), builds the model and its optimizer, resumes
 from the newest checkpoint and wraps the model for DDP and `torch.compile`.
 `build_trainable` is the part that needs no run directory: `bench/train_speed.py`
@@ -38,6 +39,7 @@ from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
 from nmt.train.optim import Schedule, build_optimizer, build_scheduler
 from nmt.train.resume import Progress, prepare_run_dir, resume_run
+from nmt.train.start import starting_point
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     Raises:
         UserError: bad config, data or run directory, or another training holds the run directory.
     """
+    start = starting_point(cfg)  # a bad init_from or tokenizer.model fails before anything is written
+    cfg = start.cfg
     tc, run_dir = cfg.train, Path(cfg.run_dir)
     owns_group = not (dist.is_available() and dist.is_initialized())
     ctx = init_distributed(tc.device)
@@ -139,15 +143,19 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         if ctx.is_main:  # the others wait: no races on the run directory, the tokenizer or the caches
             prepare_run_dir(run_dir, restart)
             save_config(cfg, run_dir / "config.yaml")
-            data = prepare_run(cfg, run_dir)
+            data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
         barrier(ctx)
         if not ctx.is_main:
-            data = prepare_run(cfg, run_dir)
+            data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
 
         seed_everything(tc.seed)
         t = build_trainable(cfg, data.tokenizer, device)
         if ctx.is_main:
             check_free_space(run_dir, count_parameters(t.model), tc.keep_last)
+        if start.weights is not None:  # the run's own checkpoints, if any, replace them just below
+            t.model.load_state_dict(start.weights)
+            if ctx.is_main:
+                log.info("fine-tuning: weights, model and tokenizer from %s", tc.init_from)
         seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
         progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
         t.objective = wrap_objective(t.objective, tc, device, ctx)

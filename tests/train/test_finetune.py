@@ -1,0 +1,113 @@
+"""Fine-tuning from a checkpoint (`train.init_from`) and bringing a sentencepiece model (`tokenizer.model`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import sentencepiece as spm
+import yaml
+
+from nmt.checkpoint import load_checkpoint
+from nmt.config import config_from_dict
+from nmt.errors import CheckpointError, ConfigError
+from nmt.train.loop import train
+from tests.conftest import tiny_config_dict
+
+
+def valid_records(run_dir):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["event"] == "valid"]
+
+
+@pytest.fixture(scope="module")
+def parent(small_corpus, tmp_path_factory):
+    """A tiny model trained on the first half of the corpus; its best.pt."""
+    run = tmp_path_factory.mktemp("parent") / "run"
+    raw = tiny_config_dict(small_corpus, run)
+    raw["train"].update({"max_steps": 6, "valid_every": 6})
+    train(config_from_dict(raw))
+    return run / "best.pt"
+
+
+def child_raw(small_corpus, run_dir, parent_path, **train_keys):
+    """New data (the test split as training data), the parent's validation set, and defaults for the model."""
+    raw = tiny_config_dict(small_corpus, run_dir)
+    del raw["model"], raw["tokenizer"]  # they come from the checkpoint
+    raw["data"]["train"] = {"kind": "text", "path": str(small_corpus / "test")}
+    raw["train"].update({"init_from": str(parent_path), "max_steps": 2, "valid_every": 2, **train_keys})
+    return raw
+
+
+def test_fine_tuning_starts_from_the_parent_and_validates_at_step_0(small_corpus, tmp_path, parent):
+    raw = child_raw(small_corpus, tmp_path / "child", parent)
+    summary = train(config_from_dict(raw))
+    parent_payload = load_checkpoint(parent)
+    first = valid_records(tmp_path / "child")[0]
+    assert first["step"] == 0
+    assert {k: first[k] for k in ("loss", "bleu", "chrf")} == {k: parent_payload["progress"]["last_valid"][k]
+                                                               for k in ("loss", "bleu", "chrf")}
+    child = load_checkpoint(tmp_path / "child" / "ckpt_2.pt")
+    assert child["tokenizer"] == parent_payload["tokenizer"]  # the parent's own sentencepiece models
+    assert child["config"]["model"] == parent_payload["config"]["model"]
+    assert summary["step"] == 2
+    assert any((child["model"][k] != v).any() for k, v in parent_payload["model"].items())  # it trained on
+
+
+def test_a_fine_tuned_run_resumes_from_its_own_checkpoints(small_corpus, tmp_path, parent):
+    raw = child_raw(small_corpus, tmp_path / "child", parent)
+    train(config_from_dict(raw))
+    raw["train"]["max_steps"] = 4
+    summary = train(config_from_dict(raw))
+    assert summary["step"] == 4
+    assert [r["step"] for r in valid_records(tmp_path / "child")] == [0, 2, 4]  # no second step-0 validation
+
+
+def test_fine_tuning_through_the_cli(small_corpus, tmp_path, parent):
+    cfg = tmp_path / "child.yaml"
+    cfg.write_text(yaml.safe_dump(child_raw(small_corpus, tmp_path / "child", parent, max_steps=1)), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "nmt", "train", str(cfg)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"fine-tuning: weights, model and tokenizer from {parent}" in proc.stderr
+    assert json.loads(proc.stdout)["step"] == 1
+
+
+def test_a_missing_parent_is_one_clear_error(small_corpus, tmp_path):
+    with pytest.raises(CheckpointError, match=r"missing\.pt: checkpoint not found"):
+        train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "missing.pt")))
+
+
+def test_a_copied_checkpoint_without_training_state_is_refused_with_the_way_out(small_corpus, tmp_path, parent):
+    run = tmp_path / "copied"
+    run.mkdir()
+    payload = load_checkpoint(parent)
+    from nmt.checkpoint import save_checkpoint
+
+    save_checkpoint({k: payload[k] for k in ("config", "tokenizer", "model")}, run / "ckpt_6.pt")
+    raw = tiny_config_dict(small_corpus, run)
+    raw["train"]["max_steps"] = 8
+    with pytest.raises(CheckpointError, match="holds no training state .*set train.init_from to it"):
+        train(config_from_dict(raw))
+
+
+def test_an_existing_sentencepiece_model_is_used_as_it_is(small_corpus, tmp_path, parent):
+    model_file = parent.parent / "spm.model"
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["tokenizer"]["model"] = str(model_file)
+    raw["train"].update({"max_steps": 1, "valid_bleu": False})
+    train(config_from_dict(raw))
+    assert (tmp_path / "run" / "spm.model").read_bytes() == model_file.read_bytes()
+
+
+def test_a_sentencepiece_model_with_other_special_ids_is_refused(small_corpus, tmp_path):
+    prefix = tmp_path / "foreign"
+    spm.SentencePieceTrainer.train(input=str(small_corpus / "train.en"), model_prefix=str(prefix), vocab_size=100,
+                                   minloglevel=2)  # sentencepiece's defaults: unk 0, bos 1, eos 2, no pad
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["tokenizer"]["model"] = f"{prefix}.model"
+    with pytest.raises(ConfigError, match=r"special ids are pad -1, unk 0, bos 1, eos 2, but nmt needs pad 0"):
+        train(config_from_dict(raw))
+    raw["tokenizer"].update({"model": f"{prefix}.model", "joint": False})
+    with pytest.raises(ConfigError, match="set joint: true"):
+        config_from_dict(raw)
