@@ -121,6 +121,7 @@ def analyze(
         if _pair(translator) != pair:
             log.warning("%s translates %s but %s is a %s set (the first model's): its scores mean little",
                         name, _pair(translator), set_name, pair)
+        log.info("%s: translating %d sentences of %s", name, len(sources), set_name)
         hyps = translator.translate(sources, beam=beam)
         overall[name] = score(hyps, refs, translator.cfg.eval)
         by_length[name] = bleu_by_length(sources, hyps, refs, n_buckets=n_buckets, cfg=translator.cfg.eval)

@@ -21,11 +21,14 @@ import typer
 from nmt.errors import UserError, shorten
 
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: no type hint after each flag
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Neural machine translation: train, translate, evaluate.",
 )
+GLOBAL_FLAGS = ("--quiet", "-q", "--debug")
+"""Options of `nmt` itself that every command also accepts after its name (`main` moves them first)."""
 _state = {"debug": False}
 
 SetOption = Annotated[
@@ -43,10 +46,20 @@ def _check_device(name: str) -> str:
     return name
 
 
+def _version(show: bool) -> None:
+    if show:
+        from nmt import __version__
+
+        typer.echo(f"nmt {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
+    version: Annotated[bool, typer.Option("--version", "-V", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
     _state["debug"] = debug
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # our own logs say what happened
@@ -87,7 +100,7 @@ def translate(
     output: Annotated[str, typer.Option("--output", "-o", help="Output file, or - for standard output.")] = "-",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam; 1 when sampling).")] = None,
     nbest: Annotated[int, typer.Option(help="Translations per line, tab-separated.")] = 1,
-    scores: Annotated[bool, typer.Option("--scores", help="Put each translation's log-probability and a tab before it.")] = False,
+    scores: Annotated[bool, typer.Option("--scores", help="Put each translation's score (log-probability over the length penalty, what n-best lists are ranked by) and a tab before it.")] = False,
     length_penalty: Annotated[Optional[float], typer.Option(help="GNMT length penalty alpha (default: the checkpoint's).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one batch (source tokens x beam).")] = None,
     coverage_penalty: Annotated[Optional[float], typer.Option(help="GNMT coverage penalty beta (default: the checkpoint's decode.coverage_penalty).")] = None,
@@ -110,7 +123,7 @@ def translate(
     """Translate a file or standard input, one output line per input line.
 
     With --nbest N a line holds N translations, best first, separated by tabs;
-    --scores puts each translation's log-probability and a tab before it.
+    --scores puts each translation's score (what they are ranked by) and a tab before it.
     Standard input from a terminal is translated line by line as it is typed.
     """
     from nmt.decode import Sampling
@@ -266,12 +279,20 @@ def config_reference() -> None:
     typer.echo(reference_markdown())
 
 
+def hoist_global_flags(args: list[str]) -> list[str]:
+    """`args` with `--quiet`, `-q` and `--debug` moved before the command name, wherever they were
+    (`nmt train CONFIG --quiet` as `nmt --quiet train CONFIG`); nothing after a `--` moves."""
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
+    return [*flags, *(a for a in args[:end] if a not in GLOBAL_FLAGS), *args[end:]]
+
+
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
     from nmt.train.faults import Interrupted
 
     try:
-        app()
+        app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt")
     except UserError as err:
         if _state["debug"]:
             traceback.print_exc()

@@ -5,6 +5,7 @@ The metrics themselves are in `nmt.metrics`, the sets to score in `nmt.data.eval
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from nmt.errors import DataError
 from nmt.fileio import write_atomic
 from nmt.metrics import score
 from nmt.translate import Translator
+
+log = logging.getLogger(__name__)
 
 
 def score_files(hyp: str | Path, ref: str | Path, cfg: EvalConfig | None = None) -> dict[str, Any]:
@@ -53,6 +56,7 @@ def evaluate_checkpoint(
         out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, (sources, references) in (files or eval_sets(cfg, split=split)).items():
+        log.info("%s: translating %d sentences (beam %d)", name, len(sources), beam or cfg.decode.beam)
         hyps = translator.translate(sources, beam=beam)
         results[name] = {**score(hyps, references, cfg.eval), "beam": beam or cfg.decode.beam}
         if out is not None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import statistics
@@ -24,6 +25,8 @@ from nmt.metrics import score
 from nmt.runtime import is_main_process
 from nmt.train.loop import train
 from nmt.translate import Translator
+
+log = logging.getLogger(__name__)
 
 
 def hardware() -> str:
@@ -103,6 +106,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     checkpoint, translator, valid_scores = pick_checkpoint(run_dir, cfg, device)
     tests = {}
     for set_name, (sources, refs) in eval_sets(translator.cfg, split="test").items():
+        log.info("%s: translating %d sentences (beam %d)", set_name, len(sources), translator.cfg.decode.beam)
         hyps = translator.translate(sources)
         tests[set_name] = {
             **score(hyps, refs, cfg.eval),

@@ -485,10 +485,14 @@ def write_output(output: str | Path, write: Callable[[TextIO], object]) -> None:
 
 
 def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:
-    """One output line: the translations tab-separated, each after its log-probability with `scores`."""
+    """One output line: the translations tab-separated, each after its score with `scores`.
+
+    The score is the one hypotheses are ranked by (`Translation.score`: the log-probability
+    over the GNMT length penalty), so the printed scores decrease along the line.
+    """
     texts = [" ".join(h.text.split()) for h in hyps]  # an output line never holds a line break
     if scores:
-        return "\t".join(f"{h.log_prob:.4f}\t{t}" for h, t in zip(hyps, texts))
+        return "\t".join(f"{h.score:.4f}\t{t}" for h, t in zip(hyps, texts))
     return "\t".join(texts)
 
 

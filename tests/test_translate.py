@@ -273,6 +273,7 @@ def test_cli_scores_and_nbest(checkpoints, sources):
     assert len(rows) == 4 and rows[-1] == ""
     fields = rows[0].split("\t")
     assert len(fields) == 4 and float(fields[0]) < 0 and float(fields[2]) < 0
+    assert float(fields[0]) >= float(fields[2])  # printed in the order they are ranked by
     assert rows[1] == "0.0000\t\t0.0000\t"
     plain = cli("translate", "-c", ckpt, "--beam", "3", input=text).stdout.split("\n")
     assert plain[0] == fields[1]  # the best hypothesis, without scores

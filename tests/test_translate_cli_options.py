@@ -15,6 +15,7 @@ from nmt.translate import Translator
 from tests import test_translate
 
 checkpoints = test_translate.checkpoints  # the fixture: randomly initialised tiny models
+sources = test_translate.sources  # eight lines of the toy test set
 runner = CliRunner()
 LINES = ["the dog runs .", "a cat sleeps on the red mat .", "two men walk ."]
 
@@ -91,3 +92,29 @@ def test_sampling_with_nbest_names_nbest_not_a_beam_the_user_never_set(checkpoin
     assert result.returncode == 2
     assert result.stderr.strip() == ("nmt: error: sampling draws one translation per line; "
                                      "nbest (2) must be 1"), result.stderr
+
+
+def test_printed_nbest_scores_are_the_ranking_scores():
+    """Ranking divides by the length penalty, so a longer hypothesis can rank first with a lower
+    log-probability; the printed scores follow the ranking."""
+    from nmt.decode.beam import length_penalty
+    from nmt.translate import Translation, format_nbest
+
+    lengths, log_probs = (9, 3), (-6.0, -5.0)  # the longer one: less probable, better per token
+    hyps = [Translation(text=f"h{n}", score=lp / length_penalty(n + 1, 1.0), log_prob=lp, tokens=["x"] * n,
+                        src_tokens=[]) for n, lp in zip(lengths, log_probs)]
+    hyps.sort(key=lambda h: -h.score)
+    assert [h.text for h in hyps] == ["h9", "h3"]
+    fields = format_nbest(hyps, scores=True).split("\t")
+    assert fields[1::2] == ["h9", "h3"]
+    assert [float(x) for x in fields[0::2]] == [round(h.score, 4) for h in hyps]
+    assert float(fields[0]) > float(fields[2])
+
+
+def test_a_file_translated_without_a_terminal_writes_no_progress_frames(checkpoints, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["transformer"]),
+                           "-i", str(src), "--beam", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr and len(proc.stdout.splitlines()) == len(LINES)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt.checkpoint import (
     average_checkpoints,
@@ -175,9 +176,15 @@ class _Loop:
         stop point, so those always see every update before them.
         """
         p, tc = self.p, self.tc
+        # A bar only on a terminal (disable=None); log lines go above it, not onto it.
         bar = tqdm(total=tc.max_steps or None, initial=p.step, disable=None if self.ctx.is_main else True,
                    unit="step", dynamic_ncols=True, leave=False)
         self.window = _Window()
+        with logging_redirect_tqdm():
+            return self._updates(groups, signals, bar)
+
+    def _updates(self, groups: Iterator[list[Batch]], signals: StopSignals, bar: tqdm) -> str:
+        p, tc = self.p, self.tc
         pending: StepResult | None = None
         try:
             for group in groups:
@@ -283,6 +290,9 @@ class _Loop:
             **peak_memory_mb(self.device),
         }
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if bar.disable and self.ctx.is_main:  # no bar (no terminal: CI, nohup, a log file): a line instead
+            log.info("step %d: loss %.3f ppl %.2f lr %.2e %.0f tokens/s", p.step, record["loss"], record["ppl"], lr,
+                     record["tokens_per_s"])
         self.metrics.write(record)
         self.window = _Window()
 

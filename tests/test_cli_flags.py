@@ -1,0 +1,40 @@
+"""The command line's own flags: anywhere on the line, -h, --version, help without type noise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from nmt import __version__
+from nmt.cli import hoist_global_flags
+
+
+def nmt(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+
+
+def test_global_flags_move_before_the_command_but_not_past_a_double_dash():
+    assert hoist_global_flags(["train", "c.yaml", "--quiet", "--set", "a=1", "--debug"]) == [
+        "--quiet", "--debug", "train", "c.yaml", "--set", "a=1"]
+    assert hoist_global_flags(["translate", "--", "-q"]) == ["translate", "--", "-q"]
+
+
+def test_quiet_and_debug_work_after_the_command_name(tiny_config_file):
+    quiet = nmt("train", str(tiny_config_file), "--set", "train.max_steps=1", "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "[nmt]" not in quiet.stderr
+    loud = nmt("train", str(tiny_config_file), "--set", "train.max_steps=2")
+    assert "[nmt] " in loud.stderr
+    # no terminal (as under CI or nohup): no progress bar frames, a log line per train.log_every steps instead
+    assert "\r" not in loud.stderr and "[nmt] step 2: loss " in loud.stderr
+    debug = nmt("eval", "--hyp", "missing.txt", "--ref", "missing.txt", "--debug")
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    plain = nmt("eval", "--hyp", "missing.txt", "--ref", "missing.txt")
+    assert plain.stderr == "nmt: error: missing.txt: file not found\n"
+
+
+def test_version_and_short_help():
+    assert nmt("--version").stdout == f"nmt {__version__}\n"
+    short, long = nmt("translate", "-h"), nmt("translate", "--help")
+    assert short.returncode == 0 and short.stdout == long.stdout
+    assert "--nbest" in short.stdout and "<bool>" not in short.stdout
