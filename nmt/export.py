@@ -115,7 +115,11 @@ def export_checkpoint(
     try:
         spec.save(str(staging))
         tokenizer.save(staging)
-        staging.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would hide the model from colleagues
+        # mkdtemp's 0700 (and 0600 of files written atomically) would hide the model from colleagues
+        umask = _umask()
+        staging.chmod(0o777 & ~umask)
+        for path in staging.iterdir():
+            path.chmod(0o666 & ~umask)
         if output.exists():
             shutil.rmtree(output)
         staging.rename(output)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,10 @@ def test_cli_export_translates_like_nmt_greedy(trained, small_corpus, tmp_path):
     result = runner.invoke(app, ["export", "--format", "ctranslate2", "-c", str(trained), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert f"wrote {out}" in result.stdout
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: 0o666 & ~umask for p in out.iterdir()}  # readable by whoever the umask lets read
     config = json.loads((out / "config.json").read_text())
     assert config["add_source_eos"] is True and config["decoder_start_token"] == "<s>"
 
