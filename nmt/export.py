@@ -44,12 +44,15 @@ pass: CTranslate2's `max_decoding_length` is one number for the batch (ours is
 differently (greedy scores are divided by it too: pass `length_penalty=0` for
 the plain log-probability). Scores are a little higher than `nmt`'s: the -inf
 bias renormalises each step over the vocabulary less PAD and BOS, where `nmt`
-normalises over all of it and then excludes them.
+normalises over all of it and then excludes them. Positions end at the model's
+`max_positions` in both engines: CTranslate2 raises an error past it, so keep its
+`max_input_length` and `max_decoding_length` (1024 and 256 by default) within it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -72,7 +75,9 @@ FORMATS = ("ctranslate2",)
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 """CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`); none: as trained (float32)."""
 _MODEL_FILES = ("model.bin", "config.json")
-"""What makes a folder a CTranslate2 model that `--force` may replace."""
+"""What makes a folder a CTranslate2 model."""
+_EXPORT_FILE = re.compile(r"^(model\.bin|config\.json|\w+_vocabulary\.(json|txt)|spm(\.src|\.tgt)?\.model)$")
+"""Every file an export writes: `--force` replaces a folder that holds nothing else."""
 
 
 def export_checkpoint(
@@ -242,6 +247,10 @@ def _check_output(output: Path, force: bool) -> None:
             raise UserError(f"{output}: folder exists and is not a CTranslate2 model; give a new folder")
         if not force:
             raise UserError(f"{output}: already holds a CTranslate2 model; add --force to replace it")
+        others = sorted(p.name for p in output.iterdir() if not _EXPORT_FILE.match(p.name))
+        if others:
+            raise UserError(f"{output}: holds files an export does not write (such as {others[0]!r}), which "
+                            "--force would delete; give a new folder")
 
 
 def _import_ctranslate2() -> None:

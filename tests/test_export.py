@@ -187,6 +187,10 @@ def test_output_folder_is_never_clobbered_without_force(trained, tmp_path):
             assert (out / "model.bin").stat().st_mtime_ns == before
         else:
             assert result.exit_code == 0, result.output
+    (out / "notes.txt").write_text("mine")  # a file beside the model: --force would delete it, so no
+    result = runner.invoke(app, ["export", "-c", str(trained), "-o", str(out), "--force"])
+    assert isinstance(result.exception, UserError) and "such as 'notes.txt'" in str(result.exception)
+    assert (out / "notes.txt").read_text() == "mine"
     other = tmp_path / "notes"
     other.mkdir()
     (other / "todo.txt").write_text("mine")
