@@ -262,14 +262,6 @@ def analyze(
         typer.echo(markdown_table(result["by_length"]))
 
 
-@app.command("config-reference")
-def config_reference() -> None:
-    """Print every config key with its default and meaning (markdown)."""
-    from nmt.config import reference_markdown
-
-    typer.echo(reference_markdown())
-
-
 @app.command()
 def export(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Transformer checkpoint (.pt).")],
@@ -299,6 +291,14 @@ def serve(
     from nmt.serve import serve as run_server
 
     run_server(checkpoint, host=host, port=port, beam=beam, device=device)
+
+
+@app.command("config-reference")
+def config_reference() -> None:
+    """Print every config key with its default and meaning (markdown)."""
+    from nmt.config import reference_markdown
+
+    typer.echo(reference_markdown())
 
 
 def _open_input(path: str):
