@@ -271,6 +271,37 @@ def analyze(
         typer.echo(markdown_table(result["by_length"]))
 
 
+@app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Transformer checkpoint (.pt).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to create for the exported model.")],
+    format: Annotated[str, typer.Option("--format", help="Target: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[Optional[str], typer.Option(
+        help="Weight type, e.g. int8 or float16 (default: float32, as trained).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier export in the output folder.")] = False,
+) -> None:
+    """Export a Transformer for CTranslate2, with its sentencepiece model(s) beside it."""
+    from nmt.export import export_checkpoint
+
+    path = export_checkpoint(checkpoint, output, format=format, quantization=quantization, force=force)
+    typer.echo(f"wrote {path} ({format}); translate with ctranslate2.Translator({str(path)!r})")
+
+
+@app.command()
+def serve(
+    checkpoint: Annotated[list[Path], typer.Option(
+        "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several.")],
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8080,
+    beam: Annotated[Optional[int], typer.Option(help="Default beam size (default: the checkpoint's decode.beam).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
+) -> None:
+    """Serve translations over HTTP: POST /translate {"text": [...]}, GET /health."""
+    from nmt.serve import serve as run_server
+
+    run_server(checkpoint, host=host, port=port, beam=beam, device=device)
+
+
 @app.command("config-reference")
 def config_reference() -> None:
     """Print every config key with its default and meaning (markdown)."""

@@ -1,0 +1,201 @@
+"""A small HTTP endpoint over `nmt.Translator`: `nmt serve -c best.pt --port 8080`.
+
+    POST /translate  {"text": ["Ein Mann fährt Fahrrad.", ...], "beam": 5}
+                  -> {"translations": ["A man is riding a bike.", ...]}
+    GET  /health  -> {"status": "ok", "checkpoint": "best.pt"}
+
+`beam` is optional (default: `--beam`, else the checkpoint's `decode.beam`).
+The model is loaded once. Connections are served by threads
+(`ThreadingHTTPServer`), and translations run one request at a time behind a
+lock: the model and its caches are not shared between concurrent searches,
+and a batch of lines already uses every core the model is given.
+
+Bad requests get status 400 (404 for an unknown path, 413 for a body over
+`MAX_BODY_BYTES`) and a JSON body {"error": "<one line>"}; a failure inside the
+model gets 500, with the traceback in the server's log only.
+
+Standard library only (`http.server`): no web framework to install. For
+production traffic, run it behind a reverse proxy that adds TLS and limits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from nmt.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 10 * 2**20
+"""Largest request body read; about 100,000 sentences, far more than one request should hold."""
+MAX_BEAM = 64
+"""Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
+
+
+class TranslationServer(ThreadingHTTPServer):
+    """An HTTP server holding one `Translator` and the lock that serialises its use.
+
+    Args:
+        address: (host, port); port 0 picks a free one (see `server_address` after).
+        translator: the loaded model.
+        beam: default beam for requests that give none; None: the checkpoint's.
+        name: what `/health` reports as the checkpoint.
+    """
+
+    daemon_threads = True  # an open connection never keeps the process alive at shutdown
+
+    def __init__(self, address: tuple[str, int], translator, *, beam: int | None = None, name: str = "") -> None:
+        super().__init__(address, _Handler)
+        self.translator = translator
+        self.beam = beam
+        self.name = name
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def translate(self, lines: list[str], beam: int | None) -> list[str]:
+        """Translate `lines`, one request at a time."""
+        with self.lock:
+            return self.translator.translate(lines, beam=beam or self.beam)
+
+
+def make_server(
+    checkpoint: str | Path | Sequence[str | Path], *, host: str = "127.0.0.1", port: int = 8080,
+    beam: int | None = None, device: str = "auto",
+) -> TranslationServer:
+    """Load the checkpoint(s) (several: an ensemble) and bind the server, not yet serving.
+
+    Raises:
+        UserError: the checkpoint cannot be loaded, `beam` is out of range, or the
+            address cannot be bound (in use, not allowed).
+    """
+    from nmt.translate import Translator
+
+    if beam is not None and not 1 <= beam <= MAX_BEAM:
+        raise UserError(f"--beam ({beam}) must be in [1, {MAX_BEAM}]")
+    translator = Translator.from_checkpoint(checkpoint, device=device)
+    names = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+    try:
+        return TranslationServer((host, port), translator, beam=beam, name=" ".join(map(str, names)))
+    except OSError as err:
+        raise UserError(f"{host}:{port}: cannot listen there ({err.strerror}); choose another --host or --port") from None
+
+
+def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
+    """Load, bind and serve until interrupted (Ctrl-C or SIGTERM's KeyboardInterrupt); `options` as for `make_server`."""
+    server = make_server(checkpoint, **options)
+    log.info("serving %s on %s: POST /translate {\"text\": [...]}, GET /health", server.name, server.url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        log.info("stopped")
+    finally:
+        server.server_close()
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: TranslationServer
+    protocol_version = "HTTP/1.1"  # keep-alive: a client may send many requests on one connection
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] == "/health":
+            self._reply(HTTPStatus.OK, {"status": "ok", "checkpoint": self.server.name})
+        else:
+            self._reply(HTTPStatus.NOT_FOUND, {"error": f"{self.path}: not found; use POST /translate or GET /health"})
+
+    def do_POST(self) -> None:
+        try:
+            if self.path.split("?")[0] != "/translate":
+                self._drain()
+                raise _BadRequest(HTTPStatus.NOT_FOUND, f"{self.path}: not found; use POST /translate")
+            lines, beam = _parse(self._body())
+            translations = self.server.translate(lines, beam)
+        except _BadRequest as err:
+            self._reply(err.status, {"error": str(err)})
+        except UserError as err:  # the translator refused the options
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+        except Exception as err:  # the model failed: the client gets one line, the log the traceback
+            log.exception("translation failed")
+            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"translation failed: {type(err).__name__}"})
+        else:
+            self._reply(HTTPStatus.OK, {"translations": translations})
+
+    def _body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            self.close_connection = True  # the body's end is unknown
+            raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, "Content-Length header required")
+        try:
+            size = int(length)
+        except ValueError:
+            self.close_connection = True
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {length!r} is not a number") from None
+        if size > MAX_BODY_BYTES:
+            self.close_connection = True  # not read: the connection cannot be reused
+            raise _BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                              f"request body of {size} bytes is over the limit of {MAX_BODY_BYTES}; send fewer lines")
+        return self.rfile.read(size)
+
+    def _drain(self) -> None:
+        """Read and drop a body nobody wants, so the connection stays usable."""
+        try:
+            self._body()
+        except _BadRequest:
+            pass
+
+    def _reply(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        log.info("%s %s", self.address_string(), format % args)
+
+
+def _parse(body: bytes) -> tuple[list[str], int | None]:
+    """The lines and beam of a request body.
+
+    Raises:
+        _BadRequest: the body is not UTF-8 JSON of the form {"text": [str, ...], "beam": int?}.
+    """
+    bad = HTTPStatus.BAD_REQUEST
+    try:
+        request = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise _BadRequest(bad, f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise _BadRequest(bad, f"body is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    if not isinstance(request, dict) or "text" not in request:
+        raise _BadRequest(bad, 'body must be a JSON object with "text": a list of strings')
+    unknown = sorted(set(request) - {"text", "beam"})
+    if unknown:
+        raise _BadRequest(bad, f"unknown field {unknown[0]!r}; the fields are \"text\" and \"beam\"")
+    lines = request["text"]
+    if not isinstance(lines, list):
+        raise _BadRequest(bad, f'"text" must be a list of strings, not {type(lines).__name__}')
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise _BadRequest(bad, f'"text"[{i}] must be a string, not {type(line).__name__}')
+    beam = request.get("beam")
+    if beam is not None and (isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM):
+        raise _BadRequest(bad, f'"beam" ({beam!r}) must be an integer in [1, {MAX_BEAM}]')
+    return lines, beam

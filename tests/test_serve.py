@@ -1,0 +1,155 @@
+"""`nmt serve`: real HTTP requests to a server on a free port, answered as `nmt.Translator` answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import config_from_dict, config_to_dict
+from nmt.data.tokenizer import PAD_ID, train_tokenizer
+from nmt.errors import UserError
+from nmt.models import build_model
+from nmt.serve import MAX_BODY_BYTES, make_server
+from nmt.train.checkpoint import save_checkpoint
+from nmt.translate import Translator
+from tests.conftest import tiny_config_dict
+
+
+@pytest.fixture(scope="module")
+def checkpoint(small_corpus, tmp_path_factory) -> Path:
+    """A seeded, randomly initialised tiny Transformer: nonsense translations, but real and deterministic."""
+    root = tmp_path_factory.mktemp("serve")
+    cfg = config_from_dict(tiny_config_dict(small_corpus, root / "run"))
+    en, de = ((small_corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))
+    tokenizer = train_tokenizer(cfg.tokenizer, en, de)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size,
+                        pad_id=PAD_ID)
+    path = root / "model.pt"
+    save_checkpoint({"config": config_to_dict(cfg), "tokenizer": tokenizer.to_state(), "model": model.state_dict()},
+                    path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    """The server on a free port, serving from a thread; shut down after the module."""
+    srv = make_server(checkpoint, host="127.0.0.1", port=0, device="cpu")
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint) -> Translator:
+    return Translator.from_checkpoint(checkpoint, device="cpu")
+
+
+def request(url: str, body: bytes | None = None, *, headers: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (no body) or POST."""
+    req = urllib.request.Request(url, data=body, headers=headers or {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read().decode("utf-8"))
+
+
+def post(server, payload) -> tuple[int, dict]:
+    return request(f"{server.url}/translate", json.dumps(payload).encode("utf-8"))
+
+
+def test_translations_are_the_translators(server, translator, small_corpus):
+    lines = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:6] + ["", "Grüße, Ωmega!"]
+    status, body = post(server, {"text": lines})
+    assert status == 200
+    assert body == {"translations": translator.translate(lines)}
+    assert body["translations"][6] == ""  # an empty line stays empty
+    status, body = post(server, {"text": lines[:3], "beam": 1})
+    assert status == 200 and body["translations"] == translator.translate(lines[:3], beam=1)
+    assert post(server, {"text": []}) == (200, {"translations": []})
+
+
+def test_health(server, checkpoint):
+    assert request(f"{server.url}/health") == (200, {"status": "ok", "checkpoint": str(checkpoint)})
+
+
+def test_concurrent_requests_each_get_their_own_answer(server, translator, small_corpus):
+    lines = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:8]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda line: post(server, {"text": [line], "beam": 1}), lines))
+    assert answers == [(200, {"translations": translator.translate([line], beam=1)}) for line in lines]
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    (b'{"text": ["a"', 400, "body is not JSON (Expecting ',' delimiter at line 1 column 14)"),
+    (b"\xff\xfe", 400, "body is not UTF-8"),
+    (b'["a", "b"]', 400, 'body must be a JSON object with "text"'),
+    (b'{"txt": ["a"]}', 400, 'body must be a JSON object with "text"'),
+    (b'{"text": "one line"}', 400, '"text" must be a list of strings, not str'),
+    (b'{"text": ["a", 3]}', 400, '"text"[1] must be a string, not int'),
+    (b'{"text": ["a"], "beam": 0}', 400, '"beam" (0) must be an integer in [1, 64]'),
+    (b'{"text": ["a"], "beam": true}', 400, '"beam" (True) must be an integer'),
+    (b'{"text": ["a"], "beams": 2}', 400, "unknown field 'beams'"),
+])
+def test_bad_requests_get_400_and_one_line(server, body, status, needle):
+    got, reply = request(f"{server.url}/translate", body)
+    assert got == status and needle in reply["error"] and "\n" not in reply["error"]
+
+
+def test_unknown_paths_and_oversized_bodies(server):
+    assert request(f"{server.url}/nope")[0] == 404
+    status, reply = request(f"{server.url}/nope", b'{"text": ["a"]}')
+    assert status == 404 and "use POST /translate" in reply["error"]
+    with socket.create_connection(server.server_address[:2], timeout=30) as sock:
+        sock.sendall(f"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(4096):  # the server answers, then closes: the body was never read
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 413") and b"over the limit" in reply
+    # the server still answers afterwards
+    assert post(server, {"text": ["a"]})[0] == 200
+
+
+def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):
+    with pytest.raises(UserError, match=r"--beam \(0\) must be in \[1, 64\]"):
+        make_server(checkpoint, port=0, beam=0, device="cpu")
+    port = server.server_address[1]
+    with pytest.raises(UserError, match=rf"127.0.0.1:{port}: cannot listen there"):
+        make_server(checkpoint, port=port, device="cpu")
+
+
+def test_cli_serves_until_interrupted(checkpoint):
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
+                             "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:  # "[nmt] serving <ckpt> on http://127.0.0.1:<port>: ..."
+            found = re.search(r" on (http://[\d.]+:\d+)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None, "the server never said where it listens"
+        assert request(f"{url}/health")[0] == 200
+        status, body = request(f"{url}/translate", json.dumps({"text": ["the dog"]}).encode())
+        assert status == 200 and len(body["translations"]) == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+        proc.stderr.close()
+    assert rc == 0
