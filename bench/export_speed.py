@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from nmt.data.text import read_lines
 from nmt.data.tokenizer import Tokenizer
-from nmt.evaluate import read_lines
 from nmt.export import export_checkpoint
 from nmt.translate import Translator
 

@@ -62,9 +62,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import UserError
-from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
@@ -139,7 +139,10 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> TransformerSpe
 
     See the module docstring for how each part maps. The spec is not yet validated.
     """
-    from ctranslate2.specs import TransformerSpec, common_spec
+    from ctranslate2.specs import (  # optional (the export extra): deferred
+        TransformerSpec,
+        common_spec,
+    )
 
     encoder, decoder = model.encoder, model.decoder
     ffn = encoder.layers[0].feed_forward

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import UserError
+from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,6 @@ def make_server(
         UserError: the checkpoint cannot be loaded, `beam` is out of range, or the
             address cannot be bound (in use, not allowed).
     """
-    from nmt.translate import Translator
-
     if beam is not None and not 1 <= beam <= MAX_BEAM:
         raise UserError(f"--beam ({beam}) must be in [1, {MAX_BEAM}]")
     translator = Translator.from_checkpoint(checkpoint, device=device)

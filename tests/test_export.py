@@ -20,13 +20,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.config import config_from_dict, config_to_dict
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 from nmt.errors import UserError
 from nmt.export import export_checkpoint
 from nmt.models import build_model
-from nmt.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.train.loop import train
 from nmt.translate import Translator
 from tests.conftest import tiny_config_dict

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.checkpoint import save_checkpoint
 from nmt.config import config_from_dict, config_to_dict
 from nmt.data.tokenizer import PAD_ID, train_tokenizer
 from nmt.errors import UserError
 from nmt.models import build_model
 from nmt.serve import MAX_BODY_BYTES, make_server
-from nmt.train.checkpoint import save_checkpoint
 from nmt.translate import Translator
 from tests.conftest import tiny_config_dict
 
