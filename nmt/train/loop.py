@@ -213,7 +213,7 @@ class _Loop:
                 or bool(tc.save_every and step % tc.save_every == 0) or bool(tc.max_steps and step >= tc.max_steps)
                 or self.ctx.enabled)  # ranks agree on stopping every step (_stop_reason)
 
-    def _settle(self, result: StepResult, bar) -> None:
+    def _settle(self, result: StepResult, bar: tqdm) -> None:
         """Count an update whose outcome is now read (this waits for it on the device)."""
         if result.updated:
             self.bad_steps = 0
@@ -234,7 +234,7 @@ class _Loop:
             shapes = f"{b.size} sentences x {b.src.shape[1]} source / {b.tgt_in.shape[1]} target tokens"
             raise out_of_memory(err, max_tokens=self.tc.max_tokens, accumulate=self.tc.accumulate, shapes=shapes) from err
 
-    def _after_update(self, bar) -> None:
+    def _after_update(self, bar: tqdm) -> None:
         p, tc = self.p, self.tc
         if p.step % tc.log_every == 0 or p.step == 1:
             self._log_train(bar)
@@ -277,7 +277,7 @@ class _Loop:
             return f"no improvement in {tc.patience} validations"
         return None
 
-    def _log_train(self, bar) -> None:
+    def _log_train(self, bar: tqdm) -> None:
         w, p = self.window, self.p
         seconds = max(time.perf_counter() - w.t0, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]

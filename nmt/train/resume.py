@@ -9,11 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_checkpoints
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
+from nmt.train.optim import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,8 @@ class Progress:
     best_step: int = -1  # step of the best validation, the step best.pt holds; -1 in checkpoints before it was kept
 
 
-def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler, scaler) -> Progress:
+def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model: nn.Module, optimizer: torch.optim.Optimizer,
+               scheduler: Schedule, scaler: torch.amp.GradScaler) -> Progress:
     """Resume from the newest readable checkpoint of `run_dir`; a fresh `Progress` when it has none.
 
     Rank 0 first sets unreadable newer checkpoints aside and makes `best.pt` agree with the
@@ -133,8 +138,8 @@ def restore_best(run_dir: Path, progress: dict[str, Any]) -> None:
                 best, held, best_step, source.name)
 
 
-def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist, model, optimizer, scheduler,
-           scaler) -> Progress:
+def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist, model: nn.Module,
+           optimizer: torch.optim.Optimizer, scheduler: Schedule, scaler: torch.amp.GradScaler) -> Progress:
     """Load every piece of training state from `payload`, read from `path`; return the progress it records."""
     check_resumable(path, payload)  # again here: the other ranks of a torchrun job read the file themselves
     check_same_model(payload, cfg, path)

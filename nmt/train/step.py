@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.config import TrainConfig
 from nmt.data.batching import Batch
 from nmt.runtime import Dist, all_reduce, autocast
+from nmt.train.optim import Schedule
 
 
 @dataclass
@@ -40,7 +42,8 @@ class StepResult:
         return not bool(self.skipped)
 
 
-def train_step(objective, group: list[Batch], optimizer, scheduler, scaler, tc, device: torch.device,
+def train_step(objective: torch.nn.Module, group: list[Batch], optimizer: torch.optim.Optimizer, scheduler: Schedule,
+               scaler: torch.amp.GradScaler, tc: TrainConfig, device: torch.device,
                *, ctx: Dist = Dist()) -> StepResult:
     """One optimizer update over the batches in `group` (gradient accumulation); skipped if gradients are not finite.
 
