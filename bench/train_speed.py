@@ -55,7 +55,7 @@ from nmt.runtime import (
     pick_device,
     seed_everything,
 )
-from nmt.train.data import collated_batches, prepare_run
+from nmt.train.data import collated_batches, length_arrays, prepare_run
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.step import train_step
@@ -145,8 +145,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     scheduler = build_scheduler(optimizer, tc)
     scaler = grad_scaler(device, tc.precision)
 
-    lens = data.train.with_format("numpy")
-    src_lens, tgt_lens = np.asarray(lens["src_len"]), np.asarray(lens["tgt_len"])
+    src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
     sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=tc.max_tokens, shuffle=True,
                                 seed=tc.seed)
     lists = sampler.batch_list(0)[: steps + warmup]

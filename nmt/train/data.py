@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from nmt.config import ExperimentConfig
-from nmt.data.batching import Batch, collate
+from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
-from nmt.data.dataset import prepare_split
+from nmt.data.dataset import length_arrays, prepare_split
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from nmt.errors import ConfigError
 
@@ -56,6 +56,14 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
     train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True)
     valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False)
     return RunData(tokenizer, train, valid, {"train": train_report, "valid": valid_report})
+
+
+def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0,
+                  world_size: int = 1) -> TokenBatchSampler:
+    """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`)."""
+    src_lens, tgt_lens = length_arrays(ds)
+    return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
+                             rank=rank, world_size=world_size)
 
 
 def _column(ds, name: str):

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from nmt.config import ExperimentConfig, config_to_dict, save_config
-from nmt.data.batching import Batch, TokenBatchSampler
+from nmt.data.batching import Batch
 from nmt.data.tokenizer import PAD_ID
 from nmt.evaluate import score
 from nmt.models import build_model, count_parameters
@@ -57,7 +57,7 @@ from nmt.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from nmt.train.data import RunData, batch_loader, collated_batches, prepare_run
+from nmt.train.data import RunData, batch_loader, build_sampler, collated_batches, prepare_run
 from nmt.train.faults import (
     Interrupted,
     StopSignals,
@@ -134,9 +134,8 @@ class Trainer:
         self.metric_kind = "bleu" if self.tc.early_stop_metric == "bleu" and self.tc.valid_bleu else "loss"
         self.metrics = MetricsLog(self.run_dir, resume_step=progress.step, enabled=ctx.is_main,
                                   tensorboard=self.tc.tensorboard)
-        lens = data.train.with_format("numpy")
-        self.sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=self.tc.max_tokens,
-                                         shuffle=True, seed=self.tc.seed, rank=ctx.rank, world_size=ctx.world_size)
+        self.sampler = build_sampler(data.train, max_tokens=self.tc.max_tokens, shuffle=True, seed=self.tc.seed,
+                                     rank=ctx.rank, world_size=ctx.world_size)
 
     @classmethod
     def setup(cls, cfg: ExperimentConfig, *, restart: bool = False) -> Trainer:
@@ -370,9 +369,7 @@ class Trainer:
     def validate(self) -> dict[str, Any]:
         """Validation loss and perplexity (teacher forcing) and greedy BLEU; each rank does a share, all get the totals."""
         tc, valid, ctx = self.tc, self.data.valid, self.ctx
-        lens = valid.with_format("numpy")
-        sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=tc.max_tokens,
-                                    shuffle=False, seed=0)
+        sampler = build_sampler(valid, max_tokens=tc.max_tokens, shuffle=False, seed=0)
         loss_sum = nll_sum = 0.0
         ntok = 0
         with inference(self.model):

@@ -1,0 +1,124 @@
+"""Scale: lengths come out of Arrow as arrays and batches are built without per-row Python work.
+
+With `datasets` 5 a formatted column is a lazy `Column`; turning it into an array walks
+every row through the formatter in Python, which took minutes at a million pairs. These
+tests count the Python function calls of the whole path from a `Dataset` to an epoch of
+batches: a per-row step shows up as calls that grow with the row count.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from datasets import Dataset, Features, Value
+
+from nmt.data.batching import TokenBatchSampler, _chunk_bounds
+from nmt.data.dataset import length_arrays
+from nmt.train.data import build_sampler
+
+LEN_FEATURES = Features({"src_len": Value("int32"), "tgt_len": Value("int32")})
+
+
+def length_dataset(n: int, seed: int = 0) -> Dataset:
+    """`n` rows of lengths 1..100, kept by a filter-like `select` so the rows go through an indices mapping."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(1, 101, size=n + n // 4, dtype=np.int32)
+    tgt = np.clip(src + rng.integers(-5, 6, size=len(src)), 1, None).astype(np.int32)
+    ds = Dataset.from_dict({"src_len": src, "tgt_len": tgt}, features=LEN_FEATURES)
+    keep = np.sort(rng.choice(len(src), size=n, replace=False))
+    return ds.select(keep)
+
+
+def python_calls(fn: Callable[[], object]) -> int:
+    """Python-level function calls made while `fn` runs (C calls are not counted)."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def epoch_from_dataset(ds: Dataset) -> None:
+    sampler = build_sampler(ds, max_tokens=4096, shuffle=True, seed=1, rank=1, world_size=3)
+    sampler.batch_list(0)
+
+
+def test_lengths_are_int32_arrays_straight_from_arrow_in_row_order() -> None:
+    ds = length_dataset(5_000)
+    src, tgt = length_arrays(ds)
+    assert isinstance(src, np.ndarray) and src.dtype == np.int32 and src.shape == (len(ds),)
+    assert tgt.dtype == np.int32 and src.flags.c_contiguous
+    assert src.tolist() == ds["src_len"][:] and tgt.tolist() == ds["tgt_len"][:]  # the selected rows, in order
+
+
+def test_an_epoch_of_200000_rows_costs_no_per_row_python_calls() -> None:
+    small_ds, large_ds = length_dataset(20_000), length_dataset(200_000)
+    small = python_calls(lambda: epoch_from_dataset(small_ds))
+    large = python_calls(lambda: epoch_from_dataset(large_ds))
+    # Ten times the rows, about the same calls (a few per distinct length): nothing runs once per row.
+    assert large < small + 200, (small, large)
+    assert large < 2_000, large
+
+
+def test_the_call_count_sees_per_row_work() -> None:
+    """The counter of the test above catches the old path: `np.asarray` of a lazy formatted column."""
+    ds = length_dataset(2_000).with_format("numpy")
+    calls = python_calls(lambda: np.asarray(ds["src_len"]))
+    assert calls > 2_000
+
+
+def test_the_sampler_is_handed_the_arrow_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+    original = TokenBatchSampler.__init__
+
+    def spy(self, **kwargs):
+        seen.update(kwargs)
+        original(self, **kwargs)
+
+    monkeypatch.setattr(TokenBatchSampler, "__init__", spy)
+    ds = length_dataset(1_000)
+    build_sampler(ds, max_tokens=100, shuffle=False, seed=0)
+    assert isinstance(seen["src_lens"], np.ndarray) and seen["src_lens"].dtype == np.int32
+    assert isinstance(seen["tgt_lens"], np.ndarray) and seen["tgt_lens"].dtype == np.int32
+
+
+def reference_bounds(lengths_desc: np.ndarray, max_tokens: int) -> list[int]:
+    """The greedy cut, one row at a time: each batch takes `max_tokens // its first length` rows."""
+    bounds, i = [0], 0
+    while i < len(lengths_desc):
+        i = min(len(lengths_desc), i + max(1, max_tokens // max(1, int(lengths_desc[i]))))
+        bounds.append(i)
+    return bounds
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vectorised_cut_points_equal_the_greedy_cut(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3_000))
+    high = int(rng.choice([3, 60, 500]))  # few distinct lengths, many, and some above the budget
+    lengths = np.sort(rng.integers(0, high, size=n))[::-1]
+    max_tokens = int(rng.choice([1, 7, 100, 400]))
+    assert _chunk_bounds(lengths, max_tokens).tolist() == reference_bounds(lengths, max_tokens)
+
+
+def test_resuming_mid_epoch_slices_the_epoch_without_building_it_again() -> None:
+    src, tgt = length_arrays(length_dataset(3_000))
+    sampler = TokenBatchSampler(src_lens=src, tgt_lens=tgt, max_tokens=400, seed=5)
+    epoch = sampler.batch_list(2)
+    rest = sampler.batch_list(2)[7:]
+    assert rest.order is epoch.order  # a view of the same int32 order, not a copy
+    assert epoch.order.dtype == np.int32
+    assert list(rest) == list(epoch)[7:]
+    # A new sampler (a new process resuming) computes the same epoch and the same rest.
+    again = TokenBatchSampler(src_lens=src, tgt_lens=tgt, max_tokens=400, seed=5).batch_list(2)[7:]
+    assert list(again) == list(rest)
