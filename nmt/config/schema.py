@@ -137,6 +137,8 @@ class DataConfig:
     """Training pairs with more subword tokens than this on either side are dropped."""
     max_ratio: float = num(3.0, lo=0)
     """Training pairs whose token-length ratio (longer/shorter) exceeds this are dropped; 0 disables."""
+    num_proc: int = num(0, lo=0)
+    """Processes that clean and tokenize the corpus; 0: every CPU core this process may use."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -37,6 +37,8 @@ from nmt.errors import DataError
 
 PAIR_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
 _TEXT_TYPES = ("string", "large_string")
+MIN_ROWS_PER_PROCESS = 20_000
+"""Maps over fewer rows per process run in the calling process."""
 
 
 def load_pairs(
@@ -100,13 +102,14 @@ def load_pairs(
     raise DataError(f"{spec.path}: unknown corpus kind {spec.kind!r}")
 
 
-def clean_pairs(ds: Dataset) -> tuple[Dataset, dict[str, int]]:
+def clean_pairs(ds: Dataset, *, num_proc: int = 1) -> tuple[Dataset, dict[str, int]]:
     """Strip surrounding whitespace and drop pairs with an empty side.
 
     A pair is kept or dropped as a whole, so later pairs stay aligned.
 
     Args:
         ds: a `Dataset` with `src` and `tgt` (nulls count as empty).
+        num_proc: processes to clean in (small datasets use this one).
 
     Returns:
         The cleaned `Dataset` (columns `src`, `tgt`) and the counts `{"empty": n}`.
@@ -116,9 +119,17 @@ def clean_pairs(ds: Dataset) -> tuple[Dataset, dict[str, int]]:
         batched=True,
         remove_columns=ds.column_names,
         features=PAIR_FEATURES,
+        num_proc=processes_for(len(ds), num_proc),
         desc="Cleaning pairs",
     )
     return cleaned, {"empty": len(ds) - len(cleaned)}
+
+
+def processes_for(rows: int, num_proc: int) -> int | None:
+    """The `num_proc` to give `Dataset.map` for `rows` rows: None (this process) for small maps,
+    where starting workers costs more than it saves."""
+    n = min(num_proc, rows // MIN_ROWS_PER_PROCESS)
+    return n if n > 1 else None
 
 
 def _strip_and_drop_empty(batch: dict[str, list[str | None]]) -> dict[str, list[str]]:

@@ -15,14 +15,16 @@ the same corpus and tokenizer reads the ids back instead of encoding again.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from datasets import Dataset, Features, List, Value
 
 from nmt.config import CorpusConfig, DataConfig
-from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.data.corpus import clean_pairs, load_pairs, processes_for
 from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
 
@@ -34,6 +36,38 @@ ID_FEATURES = {
     "src_len": Value("int32"),
     "tgt_len": Value("int32"),
 }
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and `taskset` narrow)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity mask
+        return max(1, os.cpu_count() or 1)
+
+
+def tokenizer_sample(ds: Dataset, k: int, *, seed: int) -> tuple[list[str], list[str]]:
+    """The source and target text the tokenizer trains on: every pair, or k pairs drawn at random.
+
+    The rows are drawn as one NumPy array of row numbers (seeded, sorted to corpus order)
+    and taken from the memory-mapped Arrow table in one call, so only the k sampled pairs
+    ever become Python strings, however large the corpus.
+
+    Args:
+        ds: cleaned pairs (`src`, `tgt`).
+        k: most pairs to return (`tokenizer.max_sentences`).
+        seed: fixes the sample.
+
+    Returns:
+        (source lines, target lines), in corpus order.
+    """
+    n = len(ds)
+    rows = np.arange(n) if n <= k else np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+    if ds._indices is not None:  # rows of a select/filter result, as rows of the table behind it
+        rows = ds._indices.column(0).to_numpy()[rows]
+    table = ds.data.table.select(["src", "tgt"])
+    picked = table if n <= k and ds._indices is None else table.take(pa.array(rows))
+    return picked.column("src").to_pylist(), picked.column("tgt").to_pylist()
 
 
 def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +122,7 @@ def tokenize_pairs(
         _Encoder(tokenizer),
         batched=True,
         features=features,
-        num_proc=num_proc if num_proc > 1 else None,
+        num_proc=processes_for(len(ds), num_proc),
         desc="Tokenizing",
     )
     src_len, tgt_len = length_arrays(encoded)
@@ -126,7 +160,7 @@ def prepare_split(
         tokenizer: the sentencepiece models.
         cache_dir: Arrow cache of line-based corpora (see `load_pairs`).
         train: apply `data_cfg.max_len` and `data_cfg.max_ratio`.
-        num_proc: processes for encoding.
+        num_proc: processes for cleaning and encoding (small splits use this one).
 
     Returns:
         The tokenized split and the report `{"pairs", "empty", "too_long", "ratio",
@@ -138,7 +172,7 @@ def prepare_split(
     """
     name = _split_name(spec, data_cfg)
     raw = load_pairs(spec, src_lang=data_cfg.src_lang, tgt_lang=data_cfg.tgt_lang, cache_dir=cache_dir)
-    cleaned, clean_report = clean_pairs(raw)
+    cleaned, clean_report = clean_pairs(raw, num_proc=num_proc)
     tokenized, filter_report = tokenize_pairs(
         cleaned,
         tokenizer,

@@ -20,7 +20,7 @@ import torch
 from nmt.config import ExperimentConfig
 from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
-from nmt.data.dataset import length_arrays, prepare_split
+from nmt.data.dataset import available_cores, length_arrays, prepare_split, tokenizer_sample
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from nmt.errors import ConfigError
 
@@ -44,17 +44,21 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
         if getattr(data, name) is None:
             raise ConfigError(f"data.{name}: required for training (a corpus section with kind and path)")
     cache = run_dir / "cache"
+    num_proc = data.num_proc or available_cores()
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
     load_pairs(data.valid, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
     tokenizer = Tokenizer.load(run_dir)
     if tokenizer is None:
-        raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache))
-        tokenizer = train_tokenizer(cfg.tokenizer, _column(raw, "src"), _column(raw, "tgt"), seed=cfg.train.seed,
+        raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
+                             num_proc=num_proc)
+        src_lines, tgt_lines = tokenizer_sample(raw, cfg.tokenizer.max_sentences, seed=cfg.train.seed)
+        tokenizer = train_tokenizer(cfg.tokenizer, src_lines, tgt_lines, seed=cfg.train.seed,
                                     where=f"data.train ({data.train.path})")
+        del src_lines, tgt_lines
         tokenizer.save(run_dir)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True)
-    valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False)
+    train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc)
+    valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False, num_proc=num_proc)
     return RunData(tokenizer, train, valid, {"train": train_report, "valid": valid_report})
 
 
@@ -64,11 +68,6 @@ def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 
     src_lens, tgt_lens = length_arrays(ds)
     return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
                              rank=rank, world_size=world_size)
-
-
-def _column(ds, name: str):
-    for batch in ds.iter(batch_size=10_000):
-        yield from batch[name]
 
 
 def collated_batches(ds, batch_lists: list[list[int]], *, pad_to_multiple: int = 1) -> Iterator[Batch]:
