@@ -19,8 +19,9 @@ drops whole pairs only, so a sentence never moves next to another one's translat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import glob
 import gzip
-import itertools
 import json
 import os
 import zlib
@@ -33,6 +34,8 @@ from datasets import Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetGenerationError
 
 from nmt.config import CorpusConfig
+from nmt.data.textfiles import file_stamp, is_glob, read_text_shards, text_prefixes
+from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
 
 PAIR_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
@@ -61,37 +64,49 @@ def load_pairs(
             text files of different lengths, a missing column (with the columns
             found), or a hub dataset that cannot be loaded.
     """
-    path = os.path.expanduser(os.path.expandvars(spec.path))
+    entries = [os.path.expanduser(os.path.expandvars(p)) for p in spec.paths]
+    path = entries[0]
     cache = None if cache_dir is None else str(cache_dir)
+    if len(entries) > 1 and spec.kind in ("disk", "hf"):
+        raise DataError(f"kind {spec.kind} reads one dataset: give path as one string, not a list of {len(entries)}")
     match spec.kind:
         case "text":
-            src_path, tgt_path = _text_files(path, (src_lang, tgt_lang))
-            stamp = (_stamp(src_path), _stamp(tgt_path))
-            return _from_generator(_read_text, dict(src_path=src_path, tgt_path=tgt_path, stamp=stamp), cache)
+            shards = [_text_files(prefix, (src_lang, tgt_lang)) for prefix in text_prefixes(entries, src_lang)]
+            return read_text_shards(shards, cache)
         case "tsv":
-            _require_file(path)
+            files = _shard_files(entries, "tsv")
+            if len(files) > 1:
+                return _concat([load_pairs(_one(spec, f), src_lang=src_lang, tgt_lang=tgt_lang, cache_dir=cache_dir)
+                                for f in files])
+            path = files[0]
             with contextlib.closing(_lines(path)) as lines:
                 header = next(lines, "").split("\t")
             fields = resolve_fields(header, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
             # a tuple: `from_generator` would shard a list over processes
-            kwargs = dict(path=path, columns=tuple(header.index(f) for f in fields), stamp=_stamp(path))
+            kwargs = dict(path=path, columns=tuple(header.index(f) for f in fields), stamp=file_stamp(path))
             return _from_generator(_read_tsv, kwargs, cache)
         case "jsonl":
-            _require_file(path)
+            files = _shard_files(entries, "jsonl")
+            if len(files) > 1:
+                return _concat([load_pairs(_one(spec, f), src_lang=src_lang, tgt_lang=tgt_lang, cache_dir=cache_dir)
+                                for f in files])
+            path = files[0]
             with contextlib.closing(_json_objects(path)) as objects:
                 first = next(objects, None)
             if first is None:
                 return _empty_pairs()
             fields = resolve_fields(list(first[1]), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
-            return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=_stamp(path)), cache)
+            return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=file_stamp(path)), cache)
         case "parquet":
-            if not any(c in path for c in "*?[") and not Path(path).is_file():
-                raise DataError(f"{path}: parquet file not found{_path_hint(path)}")
+            for p in entries:
+                if not is_glob(p) and not Path(p).is_file():
+                    raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
+            where = path if len(entries) == 1 else f"{path} and {len(entries) - 1} more"
             try:
-                ds = datasets.load_dataset("parquet", data_files=path, split="train", cache_dir=cache)
+                ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
             except Exception as err:  # pyarrow and datasets raise many kinds
-                raise DataError(f"{path}: cannot read as parquet: {_short(err)}") from None
-            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+                raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
+            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
         case "disk":
             ds = select_fields(_load_disk(path, spec.split), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
             return _writable_copy(ds, path, cache)
@@ -213,21 +228,6 @@ def _empty_pairs() -> Dataset:
 # The generators' `stamp` argument is unused: it only makes the Arrow cache key depend on the files.
 
 
-def _read_text(src_path: str, tgt_path: str, stamp: object) -> Iterator[dict[str, str]]:
-    src_lines, tgt_lines = _lines(src_path), _lines(tgt_path)
-    n = 0
-    for s, t in itertools.zip_longest(src_lines, tgt_lines):
-        if s is None or t is None:
-            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
-            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
-            raise DataError(
-                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
-                "a parallel corpus needs the same number of lines on both sides"
-            )
-        n += 1
-        yield {"src": s, "tgt": t}
-
-
 def _read_tsv(path: str, columns: tuple[int, int], stamp: object) -> Iterator[dict[str, str]]:
     lines = _lines(path)
     width = len(next(lines).split("\t"))
@@ -317,19 +317,27 @@ def _require_file(path: str) -> None:
         raise DataError(f"{path}: file not found{_path_hint(path)}")
 
 
-def _stamp(path: str) -> tuple[str, int, int]:
-    """What the Arrow cache key knows of a file: an edited file gets a new cache."""
-    st = os.stat(path)
-    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+def _shard_files(entries: Sequence[str], kind: str) -> list[str]:
+    """The files that `entries` (paths or globs, a glob's matches sorted) name, in order; each must exist."""
+    files: list[str] = []
+    for entry in entries:
+        found = sorted(glob.glob(entry)) if is_glob(entry) else [entry]
+        if not found:
+            raise DataError(f"{entry}: no {kind} files match{_path_hint(entry)}")
+        files += found
+    for path in files:
+        _require_file(path)
+    return files
 
 
-def _path_hint(path: str) -> str:
-    """Why a path may not be where the user thinks: an unset variable, or a relative path."""
-    if "$" in path:
-        return " (an environment variable in it is not set)"
-    if not os.path.isabs(path):
-        return f" (relative paths are read from the working directory {os.getcwd()})"
-    return ""
+def _one(spec: CorpusConfig, path: str) -> CorpusConfig:
+    """`spec` reading the single file `path`."""
+    return dataclasses.replace(spec, path=path)
+
+
+def _concat(parts: list[Dataset]) -> Dataset:
+    """Shards one after another (memory-mapped tables are chained, not copied)."""
+    return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
 # --------------------------------------------------------------------------- Arrow datasets
