@@ -115,6 +115,7 @@ def child(overrides: list[str], out: Path) -> None:
     from nmt.config import load_config
 
     seconds = dict.fromkeys(PHASES, 0.0)
+    rss = dict.fromkeys(PHASES, 0)  # peak RSS when the phase last ended: which phase set the peak
     first: dict[str, float] = {}
 
     def timed(module, name: str, phase: str) -> None:
@@ -126,6 +127,7 @@ def child(overrides: list[str], out: Path) -> None:
                 return fn(*args, **kwargs)
             finally:
                 seconds[phase] += time.perf_counter() - t
+                rss[phase] = peak_rss_mb(resource.RUSAGE_SELF)
 
         setattr(module, name, wrapper)
 
@@ -152,7 +154,8 @@ def child(overrides: list[str], out: Path) -> None:
     summary = loop.train(cfg)
     result = {**{k: round(v, 2) for k, v in seconds.items()}, "first": round(first.get("seconds", float("nan")), 2),
               "rss_mb": first.get("rss_mb"), "worker_rss_mb": first.get("worker_rss_mb"),
-              "exit_rss_mb": peak_rss_mb(resource.RUSAGE_SELF), "step": summary["step"]}
+              "exit_rss_mb": peak_rss_mb(resource.RUSAGE_SELF), "rss_after_mb": rss,
+              "step": summary["step"]}
     out.write_text(json.dumps(result))
 
 
