@@ -14,8 +14,8 @@ twice in fresh processes, with a tiny Transformer (`train.max_steps: 1`, then 2)
             cache reused, one more update.
 
 Each start runs the real `nmt.train.loop.train`; the phases are timed by wrapping
-the functions it calls (`load_pairs`, `clean_pairs`, `train_tokenizer` with its
-sample, `tokenize_pairs`, `build_sampler`, `train_step`):
+the functions it calls (`load_pairs`, `clean_pairs`, `write_tokenizer_sample`,
+`train_tokenizer_on_files`, `tokenize_pairs`, `build_sampler`, `train_step`):
 
     read       text files into Arrow (a cache hit on the second start)
     clean      strip and drop empty pairs
@@ -134,8 +134,8 @@ def child(overrides: list[str], out: Path) -> None:
     for module in (data, dataset):
         timed(module, "load_pairs", "read")
         timed(module, "clean_pairs", "clean")
-    timed(data, "tokenizer_sample", "tokenizer")
-    timed(data, "train_tokenizer", "tokenizer")
+    timed(data, "write_tokenizer_sample", "tokenizer")
+    timed(data, "train_tokenizer_on_files", "tokenizer")
     timed(dataset, "tokenize_pairs", "tokenize")
     timed(loop, "build_sampler", "sampler")
     step = loop.train_step

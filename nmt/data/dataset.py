@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, Features, List, Value
 
 from nmt.config import CorpusConfig, DataConfig
@@ -38,6 +39,10 @@ ID_FEATURES = {
 }
 
 
+SAMPLE_CHUNK = 100_000
+"""Sentences joined into one write of the tokenizer's sample."""
+
+
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask, which containers and `taskset` narrow)."""
     try:
@@ -46,28 +51,40 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def tokenizer_sample(ds: Dataset, k: int, *, seed: int) -> tuple[list[str], list[str]]:
-    """The source and target text the tokenizer trains on: every pair, or k pairs drawn at random.
+def write_tokenizer_sample(ds: Dataset, k: int, *, seed: int, folder: Path) -> tuple[Path, Path]:
+    """Write the text the tokenizer trains on: every pair, or k pairs drawn at random.
 
-    The rows are drawn as one NumPy array of row numbers (seeded, sorted to corpus order)
-    and taken from the memory-mapped Arrow table in one call, so only the k sampled pairs
-    ever become Python strings, however large the corpus.
+    The rows are drawn as one NumPy array of row numbers (seeded, sorted to corpus
+    order), taken from the memory-mapped Arrow table in one call, and written out by
+    Arrow in chunks: not one sentence becomes a Python string, however large the corpus
+    or the sample.
 
     Args:
         ds: cleaned pairs (`src`, `tgt`).
-        k: most pairs to return (`tokenizer.max_sentences`).
+        k: most pairs to use (`tokenizer.max_sentences`).
         seed: fixes the sample.
+        folder: where `src.txt` and `tgt.txt` are written, one sentence per line
+            (a line break inside a sentence becomes a space).
 
     Returns:
-        (source lines, target lines), in corpus order.
+        The paths of the source and the target file.
     """
     n = len(ds)
-    rows = np.arange(n) if n <= k else np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
-    if ds._indices is not None:  # rows of a select/filter result, as rows of the table behind it
-        rows = ds._indices.column(0).to_numpy()[rows]
     table = ds.data.table.select(["src", "tgt"])
-    picked = table if n <= k and ds._indices is None else table.take(pa.array(rows))
-    return picked.column("src").to_pylist(), picked.column("tgt").to_pylist()
+    if n > k or ds._indices is not None:
+        rows = np.arange(n) if n <= k else np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+        if ds._indices is not None:  # rows of a select/filter result, as rows of the table behind it
+            rows = ds._indices.column(0).to_numpy()[rows]
+        table = table.take(pa.array(rows))
+    paths = (Path(folder) / "src.txt", Path(folder) / "tgt.txt")
+    for name, path in zip(("src", "tgt"), paths):
+        with open(path, "wb") as f:
+            for start in range(0, len(table), SAMPLE_CHUNK):
+                text = pc.replace_substring(table.column(name).slice(start, SAMPLE_CHUNK).combine_chunks(), "\n", " ")
+                lines = pa.ListArray.from_arrays(pa.array([0, len(text)], pa.int32()), text)
+                f.write(pc.binary_join(lines, "\n")[0].as_buffer())
+                f.write(b"\n")
+    return paths
 
 
 def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:

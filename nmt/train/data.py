@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,8 @@ import torch
 from nmt.config import ExperimentConfig
 from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
-from nmt.data.dataset import available_cores, length_arrays, prepare_split, tokenizer_sample
-from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from nmt.data.dataset import available_cores, length_arrays, prepare_split, write_tokenizer_sample
+from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
 from nmt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,11 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
     if tokenizer is None:
         raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
                              num_proc=num_proc)
-        src_lines, tgt_lines = tokenizer_sample(raw, cfg.tokenizer.max_sentences, seed=cfg.train.seed)
-        tokenizer = train_tokenizer(cfg.tokenizer, src_lines, tgt_lines, seed=cfg.train.seed,
-                                    where=f"data.train ({data.train.path})")
-        del src_lines, tgt_lines
+        with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
+            src_file, tgt_file = write_tokenizer_sample(raw, cfg.tokenizer.max_sentences, seed=cfg.train.seed,
+                                                        folder=Path(folder))
+            tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file,
+                                                 where=f"data.train ({data.train.path})")
         tokenizer.save(run_dir)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc)

@@ -16,7 +16,7 @@ import pytest
 from datasets import Dataset, Features, Value
 
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
-from nmt.data.dataset import length_arrays
+from nmt.data.dataset import length_arrays, write_tokenizer_sample
 from nmt.train.data import build_sampler
 
 LEN_FEATURES = Features({"src_len": Value("int32"), "tgt_len": Value("int32")})
@@ -122,3 +122,37 @@ def test_resuming_mid_epoch_slices_the_epoch_without_building_it_again() -> None
     # A new sampler (a new process resuming) computes the same epoch and the same rest.
     again = TokenBatchSampler(src_lens=src, tgt_lens=tgt, max_tokens=400, seed=5).batch_list(2)[7:]
     assert list(again) == list(rest)
+
+
+def text_dataset(n: int) -> Dataset:
+    src = [f"quelle {i}" for i in range(n)]
+    tgt = [f"ziel {i}" for i in range(n)]
+    return Dataset.from_dict({"src": src, "tgt": tgt})
+
+
+def test_tokenizer_sample_is_bounded_reproducible_aligned_and_in_corpus_order(tmp_path) -> None:
+    ds = text_dataset(5_000).select(range(0, 5_000, 2))  # rows through an indices mapping, like a filter's
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    src, tgt = write_tokenizer_sample(ds, 300, seed=4, folder=tmp_path / "a")
+    lines = src.read_text(encoding="utf-8").splitlines()
+    numbers = [int(line.split()[1]) for line in lines]
+    assert len(lines) == 300 and numbers == sorted(numbers) and all(k % 2 == 0 for k in numbers)
+    assert [f"ziel {k}" for k in numbers] == tgt.read_text(encoding="utf-8").splitlines()  # same pairs
+    again, _ = write_tokenizer_sample(ds, 300, seed=4, folder=tmp_path / "b")
+    other, _ = write_tokenizer_sample(ds, 300, seed=5, folder=tmp_path / "c")
+    assert again.read_bytes() == src.read_bytes() != other.read_bytes()
+
+
+def test_tokenizer_sample_of_a_small_corpus_is_all_of_it_one_sentence_per_line(tmp_path) -> None:
+    ds = Dataset.from_dict({"src": ["a b", "two\nlines", "c"], "tgt": ["x", "y", "z"]})
+    src, tgt = write_tokenizer_sample(ds, 10, seed=0, folder=tmp_path)
+    assert src.read_text(encoding="utf-8") == "a b\ntwo lines\nc\n"
+    assert tgt.read_text(encoding="utf-8") == "x\ny\nz\n"
+
+
+def test_tokenizer_sample_makes_no_python_call_per_sentence(tmp_path) -> None:
+    small_ds, large_ds = text_dataset(2_000), text_dataset(150_000)
+    (tmp_path / "s").mkdir(), (tmp_path / "l").mkdir()
+    small = python_calls(lambda: write_tokenizer_sample(small_ds, 100_000, seed=0, folder=tmp_path / "s"))
+    large = python_calls(lambda: write_tokenizer_sample(large_ds, 100_000, seed=0, folder=tmp_path / "l"))
+    assert large < small + 300, (small, large)
