@@ -8,16 +8,21 @@ batches: a per-row step shows up as calls that grow with the row count.
 
 from __future__ import annotations
 
+import pickle
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from datasets import Dataset, Features, Value
+from datasets.table import InMemoryTable
 
+from nmt.config import config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
 from nmt.data.dataset import length_arrays, write_tokenizer_sample
-from nmt.train.data import build_sampler
+from nmt.train.data import build_sampler, prepare_run
+from tests.conftest import tiny_config_dict
 
 LEN_FEATURES = Features({"src_len": Value("int32"), "tgt_len": Value("int32")})
 
@@ -156,3 +161,24 @@ def test_tokenizer_sample_makes_no_python_call_per_sentence(tmp_path) -> None:
     small = python_calls(lambda: write_tokenizer_sample(small_ds, 100_000, seed=0, folder=tmp_path / "s"))
     large = python_calls(lambda: write_tokenizer_sample(large_ds, 100_000, seed=0, folder=tmp_path / "l"))
     assert large < small + 300, (small, large)
+
+
+def test_the_prepared_training_split_is_memory_mapped_so_batch_workers_share_it(small_corpus, tmp_path) -> None:
+    """Workers get the split by fork or by pickle: either way they map the same files, never a copy."""
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["max_len"] = 12  # drops some pairs: the split then reads through an indices mapping
+    cfg = config_from_dict(raw)
+    train = prepare_run(cfg, tmp_path / "run").train
+    assert train.cache_files and all(Path(f["filename"]).is_relative_to(tmp_path / "run") for f in train.cache_files)
+    assert not any(isinstance(t, InMemoryTable) for t in _leaf_tables(train.data))
+    payload = pickle.dumps(train)
+    assert len(payload) < 20_000 < train.data.nbytes  # file names, not rows
+    again = pickle.loads(payload)
+    assert again[:5] == train[:5] and length_arrays(again)[0].tolist() == length_arrays(train)[0].tolist()
+    sampler = build_sampler(train, max_tokens=400, shuffle=True, seed=0)
+    assert len(pickle.dumps(sampler.batch_list(0))) < 8 * len(train) + 10_000  # int32 order and bounds
+
+
+def _leaf_tables(table):
+    blocks = getattr(table, "blocks", None)
+    return [t for row in blocks for t in row] if blocks else [table]
