@@ -8,8 +8,12 @@ Sources (`CorpusConfig.kind`):
     disk     a `Dataset` or `DatasetDict` written with `save_to_disk`.
     hf       a Hugging Face hub dataset (or a local folder `load_dataset` understands).
 
-Line-based files are read by a generator into Arrow files under `cache_dir`, so a
-corpus larger than memory works and a second run reuses the cache; the cache key
+For text, tsv, jsonl and parquet, `path` may also be a glob or a list: the shards are
+read one after another into one `Dataset` (for text, globs match prefixes).
+
+Line-based files are read into Arrow files under `cache_dir` (text files by Arrow
+compute in blocks, `nmt.data.textfiles`; tsv and jsonl by a generator), so a corpus
+larger than memory works and a second run reuses the cache; the cache key
 includes each file's size and modification time, so an edited file is read again.
 Column-based sources share one rule to find the two text columns (`resolve_fields`).
 Rows stay in corpus order; nothing is dropped here except by `clean_pairs`, which
