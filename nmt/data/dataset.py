@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from datasets import Dataset, Features, List, Value
 
 from nmt.config import CorpusConfig, DataConfig
-from nmt.data.corpus import clean_pairs, load_pairs, processes_for
+from nmt.data.corpus import WRITER_BATCH_ROWS, clean_pairs, load_pairs, processes_for
 from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
 
@@ -140,6 +140,8 @@ def tokenize_pairs(
         batched=True,
         features=features,
         num_proc=processes_for(len(ds), num_proc),
+        batch_size=WRITER_BATCH_ROWS,
+        writer_batch_size=WRITER_BATCH_ROWS,
         desc="Tokenizing",
     )
     src_len, tgt_len = length_arrays(encoded)
@@ -149,7 +151,8 @@ def tokenize_pairs(
         encoded = encoded.filter(
             _keep,
             batched=True,
-            batch_size=10_000,
+            batch_size=WRITER_BATCH_ROWS,
+            writer_batch_size=WRITER_BATCH_ROWS,
             input_columns=["src_len", "tgt_len"],
             fn_kwargs={"max_len": max_len, "max_ratio": max_ratio},
             desc="Filtering by length",

@@ -95,6 +95,7 @@ def read_text_shards(shards: Sequence[tuple[str, str]], cache_dir: str | None) -
             os.replace(tmp, path)  # whole or absent: a killed run leaves no half file behind
         finally:
             tmp.unlink(missing_ok=True)
+            pa.default_memory_pool().release_unused()  # the blocks' buffers, kept by the allocator otherwise
     return Dataset.from_file(str(path))
 
 
