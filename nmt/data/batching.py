@@ -126,7 +126,7 @@ class EpochBatches(Sequence[list[int]]):
 
     Args:
         order: (N,) row indices, int32.
-        starts, ends: (B,) bounds of each batch in `order`, in the order batches are yielded.
+        starts, ends: (B,) int32 bounds of each batch in `order`, in the order batches are yielded.
     """
 
     def __init__(self, *, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
@@ -234,7 +234,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         n = len(self.lengths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         order = order[np.argsort(-self.lengths[order], kind="stable")].astype(np.int32)  # longest first
-        bounds = _chunk_bounds(self.lengths[order], self.max_tokens)
+        bounds = _chunk_bounds(self.lengths[order], self.max_tokens).astype(np.int32)
         starts, ends = bounds[:-1], bounds[1:]
         if self.shuffle:
             perm = rng.permutation(len(starts))

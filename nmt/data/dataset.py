@@ -15,9 +15,11 @@ the same corpus and tokenizer reads the ids back instead of encoding again.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +32,7 @@ from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ID_FEATURES = {
     "src_ids": List(Value("int32")),
@@ -85,6 +88,43 @@ def write_tokenizer_sample(ds: Dataset, k: int, *, seed: int, folder: Path) -> t
                 f.write(pc.binary_join(lines, "\n")[0].as_buffer())
                 f.write(b"\n")
     return paths
+
+
+def in_forked_process(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`, run in a forked child process; its result (or exception) comes back pickled.
+
+    For one-off passes over a memory-mapped corpus: every page the child touches, and
+    every buffer it allocates, goes away with it instead of staying resident in the
+    training process. Where fork is not available, `fn` runs in this process.
+    """
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return fn(*args, **kwargs)
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_send_result, args=(send, fn, args, kwargs), daemon=True)
+    child.start()
+    send.close()
+    try:
+        ok, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise DataError(f"the process running {fn.__name__} ended without a result (exit code {child.exitcode}); "
+                        "if it was killed for memory, lower tokenizer.max_sentences") from None
+    finally:
+        receive.close()
+    child.join()
+    if not ok:
+        raise value
+    return value
+
+
+def _send_result(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        send.send((True, fn(*args, **kwargs)))
+    except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent, which raises it
+        send.send((False, err))
+    finally:
+        send.close()
 
 
 def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:

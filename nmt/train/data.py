@@ -21,7 +21,13 @@ import torch
 from nmt.config import ExperimentConfig
 from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
-from nmt.data.dataset import available_cores, length_arrays, prepare_split, write_tokenizer_sample
+from nmt.data.dataset import (
+    available_cores,
+    in_forked_process,
+    length_arrays,
+    prepare_split,
+    write_tokenizer_sample,
+)
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
 from nmt.errors import ConfigError
 
@@ -53,8 +59,9 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
         raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
                              num_proc=num_proc)
         with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
-            src_file, tgt_file = write_tokenizer_sample(raw, cfg.tokenizer.max_sentences, seed=cfg.train.seed,
-                                                        folder=Path(folder))
+            # in a child: drawing rows from all over the corpus would leave its pages resident here
+            src_file, tgt_file = in_forked_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,
+                                                   seed=cfg.train.seed, folder=Path(folder))
             tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file,
                                                  where=f"data.train ({data.train.path})")
         tokenizer.save(run_dir)

@@ -9,6 +9,7 @@ batches: a per-row step shows up as calls that grow with the row count.
 from __future__ import annotations
 
 import pickle
+import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,8 @@ from datasets.table import InMemoryTable
 
 from nmt.config import config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
-from nmt.data.dataset import length_arrays, write_tokenizer_sample
+from nmt.data.dataset import in_forked_process, length_arrays, write_tokenizer_sample
+from nmt.errors import DataError
 from nmt.train.data import build_sampler, prepare_run
 from tests.conftest import tiny_config_dict
 
@@ -182,3 +184,20 @@ def test_the_prepared_training_split_is_memory_mapped_so_batch_workers_share_it(
 def _leaf_tables(table):
     blocks = getattr(table, "blocks", None)
     return [t for row in blocks for t in row] if blocks else [table]
+
+
+def _allocate_and_sum(mb: int) -> int:
+    block = np.ones(mb << 20, dtype=np.uint8)
+    return int(block.sum())
+
+
+def _fail(message: str) -> None:
+    raise DataError(message)
+
+
+def test_a_forked_pass_returns_its_result_and_keeps_its_memory_out_of_this_process() -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert in_forked_process(_allocate_and_sum, 300) == 300 << 20
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < (100 << 10)  # KiB: not the child's 300 MB
+    with pytest.raises(DataError, match="a clear message"):
+        in_forked_process(_fail, "a clear message")
