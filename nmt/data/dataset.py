@@ -1,7 +1,9 @@
 """Tokenized splits: subword ids and lengths next to the text, with length and ratio filters.
 
 A split is an Arrow `Dataset` with the columns
-    src, tgt          the cleaned text (targets are the BLEU references),
+    src, tgt          the cleaned text (targets are the BLEU references); validation and
+                      test splits only: nothing reads a training split's text after the
+                      tokenizer is trained, and on a large corpus it is most of the cache,
     src_ids           source ids followed by EOS (int32),
     tgt_ids           target ids without specials: `collate` adds BOS and EOS,
     src_len, tgt_len  len(src_ids) and len(tgt_ids) + 1: the lengths the model sees
@@ -153,7 +155,8 @@ def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tokenize_pairs(
-    ds: Dataset, tokenizer: Tokenizer, *, max_len: int | None, max_ratio: float, num_proc: int = 1
+    ds: Dataset, tokenizer: Tokenizer, *, max_len: int | None, max_ratio: float, num_proc: int = 1,
+    keep_text: bool = True,
 ) -> tuple[Dataset, dict[str, int]]:
     """Encode `src` and `tgt`, then drop pairs that are too long or too unbalanced.
 
@@ -167,18 +170,20 @@ def tokenize_pairs(
         max_ratio: drop pairs with max(src_len, tgt_len) / min(src_len, tgt_len)
             above it (0: keep all). Pairs already too long count only as too long.
         num_proc: processes for encoding.
+        keep_text: keep the `src` and `tgt` columns next to the ids.
 
     Returns:
-        The tokenized `Dataset` (columns of the module docstring, text kept) and
-        the counts `{"too_long": n, "ratio": n}` of dropped pairs.
+        The tokenized `Dataset` (columns of the module docstring) and the counts
+        `{"too_long": n, "ratio": n}` of dropped pairs.
     """
-    features = Features({**ds.features, **ID_FEATURES})
+    features = Features({**(ds.features if keep_text else {}), **ID_FEATURES})
     if len(ds) == 0:  # `map` leaves an empty dataset as it is, without the new columns
         return Dataset.from_dict({name: [] for name in features}, features=features), {"too_long": 0, "ratio": 0}
     encoded = ds.map(
         _Encoder(tokenizer),
         batched=True,
         features=features,
+        remove_columns=None if keep_text else ["src", "tgt"],
         num_proc=processes_for(len(ds), num_proc),
         batch_size=WRITER_BATCH_ROWS,
         writer_batch_size=WRITER_BATCH_ROWS,
@@ -209,7 +214,7 @@ def prepare_split(
     train: bool,
     num_proc: int = 1,
 ) -> tuple[Dataset, dict[str, int]]:
-    """Load, clean and tokenize one split; training splits are also length-filtered.
+    """Load, clean and tokenize one split; training splits are also length-filtered, and keep ids only.
 
     Validation and test splits keep every cleaned pair, so their scores compare
     across runs whatever `max_len` and `max_ratio` are.
@@ -239,6 +244,7 @@ def prepare_split(
         max_len=data_cfg.max_len if train else None,
         max_ratio=data_cfg.max_ratio if train else 0.0,
         num_proc=num_proc,
+        keep_text=not train,
     )
     report = {"pairs": len(raw), **clean_report, **filter_report, "kept": len(tokenized)}
     dropped = f"{report['empty']} with an empty side"

@@ -127,7 +127,7 @@ def test_sharded_input_gets_the_same_cleaning_and_filter_report(tmp_path: Path, 
         spec = CorpusConfig(kind="text", path=path)
         cfg = DataConfig(train=spec, valid=spec, max_len=20)
         ds, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=True)
-        results.append((ds["src"][:], ds["tgt_ids"][:], report))
+        results.append((ds["src_ids"][:], ds["tgt_ids"][:], report))
     assert results[0] == results[1]
     report = results[0][2]
     assert report["pairs"] == 60 and report["empty"] == 2 and report["too_long"] >= 1
