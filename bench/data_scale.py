@@ -23,8 +23,10 @@ the functions it calls (`load_pairs`, `clean_pairs`, `write_tokenizer_sample`,
     tokenize   encode and filter by length (all cores)
     sampler    lengths out of Arrow and the first epoch's batches
     first      seconds from the process start to the end of its first update
-    RSS        peak resident memory of the training process (and of its largest
-               helper process, the tokenizing workers)
+    RSS        peak resident memory of the training process at its first update (and
+               of its largest child process: tokenizing workers, the tokenizer sample,
+               sentencepiece; forked children count the pages they share with it)
+    cache      the run directory's Arrow cache on disk after the start
 
 `uptime`'s load average is printed beside each start: other work on the machine
 slows every phase. The table is printed in Markdown.
@@ -183,16 +185,16 @@ def start(overrides: list[str], out: Path, timeout: float) -> dict:
 
 
 def table(rows: list[tuple[int, str, dict]]) -> str:
-    head = ("pairs", "start", *PHASES, "first update", "peak RSS (workers)", "load avg 1/5 min")
+    head = ("pairs", "start", *PHASES, "first update", "peak RSS (children)", "cache", "load avg 1/5 min")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for pairs, which, r in rows:
         load = f"{r['load'][0]:.1f} / {r['load'][1]:.1f}"
         if "error" in r:
-            lines.append(f"| {pairs:,} | {which} | " + " | ".join(["-"] * len(PHASES)) + f" | {r['error'].splitlines()[0]} | - | {load} |")
+            lines.append(f"| {pairs:,} | {which} | " + " | ".join(["-"] * len(PHASES)) + f" | {r['error'].splitlines()[0]} | - | - | {load} |")
             continue
         cells = [f"{r[p]:.1f} s" for p in PHASES]
         lines.append(f"| {pairs:,} | {which} | " + " | ".join(cells) + f" | **{r['first']:.1f} s** | "
-                     f"{r['rss_mb']} MB ({r['worker_rss_mb']} MB) | {load} |")
+                     f"{r['rss_mb']} MB ({r['worker_rss_mb']} MB) | {r['cache_mb']:,} MB | {load} |")
     return "\n".join(lines)
 
 
@@ -223,6 +225,7 @@ def main() -> None:
         for which, steps in (("first", 1), ("second", 2)):
             overrides = config_overrides(corpus, run_dir, [f"train.max_steps={steps}", *args.overrides])
             r = start(overrides, work / f"result-{pairs}-{which}.json", args.timeout)
+            r["cache_mb"] = round(sum(f.stat().st_size for f in (run_dir / "cache").rglob("*") if f.is_file()) / 2**20)
             rows.append((pairs, which, r))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
             if "error" in r:
