@@ -36,6 +36,7 @@ from nmt.errors import DataError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+ID_LISTS = pa.list_(pa.int32())
 ID_FEATURES = {
     "src_ids": List(Value("int32")),
     "tgt_ids": List(Value("int32")),
@@ -179,11 +180,11 @@ def tokenize_pairs(
     features = Features({**(ds.features if keep_text else {}), **ID_FEATURES})
     if len(ds) == 0:  # `map` leaves an empty dataset as it is, without the new columns
         return Dataset.from_dict({name: [] for name in features}, features=features), {"too_long": 0, "ratio": 0}
-    encoded = ds.map(
-        _Encoder(tokenizer),
+    encoded = ds.with_format("arrow").map(
+        _Encoder(tokenizer, keep_text=keep_text),
         batched=True,
         features=features,
-        remove_columns=None if keep_text else ["src", "tgt"],
+        remove_columns=ds.column_names,  # the output is what the encoder returns
         num_proc=processes_for(len(ds), num_proc),
         batch_size=WRITER_BATCH_ROWS,
         writer_batch_size=WRITER_BATCH_ROWS,
@@ -202,7 +203,7 @@ def tokenize_pairs(
             fn_kwargs={"max_len": max_len, "max_ratio": max_ratio},
             desc="Filtering by length",
         )
-    return encoded, report
+    return encoded.with_format(None), report
 
 
 def prepare_split(
@@ -267,27 +268,38 @@ class _Encoder:
     `datasets` cache key depends on the models and worker processes rebuild it cheaply.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.state = tokenizer.to_state()
+    def __init__(self, tokenizer: Tokenizer, *, keep_text: bool) -> None:
+        self.state, self.keep_text = tokenizer.to_state(), keep_text
         self.tokenizer: Tokenizer | None = tokenizer
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"state": self.state}
+        return {"state": self.state, "keep_text": self.keep_text}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.state, self.tokenizer = d["state"], None
+        self.state, self.keep_text, self.tokenizer = d["state"], d["keep_text"], None
 
-    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         if self.tokenizer is None:
             self.tokenizer = Tokenizer.from_state(self.state)
-        src_ids = [ids + [EOS_ID] for ids in self.tokenizer.encode_src(batch["src"])]
-        tgt_ids = self.tokenizer.encode_tgt(batch["tgt"])
-        return {
+        # sentencepiece encodes the batch; Arrow takes its lists in one conversion, and EOS and
+        # the lengths are array operations, not a Python step per pair
+        src_ids = _append(pa.array(self.tokenizer.encode_src(batch["src"].to_pylist()), ID_LISTS), EOS_ID)
+        tgt_ids = pa.array(self.tokenizer.encode_tgt(batch["tgt"].to_pylist()), ID_LISTS)
+        ids = {
             "src_ids": src_ids,
             "tgt_ids": tgt_ids,
-            "src_len": [len(ids) for ids in src_ids],
-            "tgt_len": [len(ids) + 1 for ids in tgt_ids],
+            "src_len": pc.list_value_length(src_ids),
+            "tgt_len": pc.add(pc.list_value_length(tgt_ids), np.int32(1)),
         }
+        text = {name: batch[name] for name in ("src", "tgt")} if self.keep_text else {}
+        return pa.table({**text, **ids})
+
+
+def _append(lists: pa.ListArray, value: int) -> pa.ListArray:
+    """`lists` with `value` appended to every list (lists built from Python: no offset, no nulls)."""
+    offsets = lists.offsets.to_numpy()  # (N + 1,) int32
+    values = np.insert(lists.values.to_numpy(zero_copy_only=False), offsets[1:], value).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets + np.arange(len(offsets), dtype=np.int32)), pa.array(values))
 
 
 def _filter_masks(
