@@ -19,9 +19,10 @@ import pytest
 from datasets import Dataset, Features, Value
 from datasets.table import InMemoryTable
 
-from nmt.config import config_from_dict
+import nmt.data.corpus as corpus_module
+from nmt.config import CorpusConfig, DataConfig, config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
-from nmt.data.dataset import in_forked_process, length_arrays, write_tokenizer_sample
+from nmt.data.dataset import in_forked_process, length_arrays, prepare_split, write_tokenizer_sample
 from nmt.errors import DataError
 from nmt.train.data import build_sampler, prepare_run
 from tests.conftest import tiny_config_dict
@@ -201,3 +202,19 @@ def test_a_forked_pass_returns_its_result_and_keeps_its_memory_out_of_this_proce
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < (100 << 10)  # KiB: not the child's 300 MB
     with pytest.raises(DataError, match="a clear message"):
         in_forked_process(_fail, "a clear message")
+
+
+def test_cleaning_and_tokenizing_in_several_processes_give_the_same_split(tmp_path, tokenizer, corpus,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpus_module, "MIN_ROWS_PER_PROCESS", 50)  # 400 pairs: several processes
+    de, en = corpus
+    de, en = [*de[:100], "  ", *de[100:]], [*en[:100], "x", *en[100:]]  # one pair to clean away
+    (tmp_path / "c.de").write_text("\n".join(de) + "\n", encoding="utf-8")
+    (tmp_path / "c.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    spec = CorpusConfig(kind="text", path=str(tmp_path / "c"))
+    cfg = DataConfig(train=spec, valid=spec, max_len=12)
+    one, one_report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "one", train=True, num_proc=1)
+    two, two_report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "two", train=True, num_proc=2)
+    assert len(two.cache_files) > len(one.cache_files)  # the maps did run in two processes
+    assert one_report == two_report and one_report["empty"] == 1 and one_report["too_long"] > 0
+    assert one[:] == two[:]
