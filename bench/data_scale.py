@@ -225,7 +225,8 @@ def main() -> None:
         for which, steps in (("first", 1), ("second", 2)):
             overrides = config_overrides(corpus, run_dir, [f"train.max_steps={steps}", *args.overrides])
             r = start(overrides, work / f"result-{pairs}-{which}.json", args.timeout)
-            r["cache_mb"] = round(sum(f.stat().st_size for f in (run_dir / "cache").rglob("*") if f.is_file()) / 2**20)
+            files = [f for f in (run_dir / "cache").rglob("*") if f.is_file()]
+            r["cache_mb"], r["cache_files"] = round(sum(f.stat().st_size for f in files) / 2**20), len(files)
             rows.append((pairs, which, r))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
             if "error" in r:
