@@ -14,7 +14,7 @@ twice in fresh processes, with a tiny Transformer (`train.max_steps: 1`, then 2)
             cache reused, one more update.
 
 Each start runs the real `nmt.train.loop.train`; the phases are timed by wrapping
-the functions it calls (`load_pairs`, `clean_pairs`, `write_tokenizer_sample`,
+the functions it calls (`load_pairs`, `clean_pairs`, `in_child_process` (the sample),
 `train_tokenizer_on_files`, `tokenize_pairs`, `build_sampler`, `train_step`):
 
     read       text files into Arrow (a cache hit on the second start)
@@ -136,7 +136,7 @@ def child(overrides: list[str], out: Path) -> None:
     for module in (data, dataset):
         timed(module, "load_pairs", "read")
         timed(module, "clean_pairs", "clean")
-    timed(data, "write_tokenizer_sample", "tokenizer")
+    timed(data, "in_child_process", "tokenizer")  # drawing and writing the sample, in a child process
     timed(data, "train_tokenizer_on_files", "tokenizer")
     timed(dataset, "tokenize_pairs", "tokenize")
     timed(loop, "build_sampler", "sampler")

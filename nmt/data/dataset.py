@@ -17,8 +17,11 @@ the same corpus and tokenizer reads the ids back instead of encoding again.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,41 +96,48 @@ def write_tokenizer_sample(ds: Dataset, k: int, *, seed: int, folder: Path) -> t
     return paths
 
 
-def in_forked_process(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)`, run in a forked child process; its result (or exception) comes back pickled.
+def in_child_process(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`, run in a fresh Python process; arguments and result travel pickled.
 
     For one-off passes over a memory-mapped corpus: every page the child touches, and
     every buffer it allocates, goes away with it instead of staying resident in the
-    training process. Where fork is not available, `fn` runs in this process.
+    training process. A `Dataset` whose tables live in files pickles as their paths, so
+    the child maps the same files. A fresh interpreter rather than a fork: forking a
+    process that runs threads (torch, Arrow, a process group) can leave the child
+    waiting forever on a lock some thread held.
+
+    Args:
+        fn: a module-level function (pickled by reference).
+
+    Raises:
+        Whatever `fn` raises; DataError when the child dies without a result.
     """
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return fn(*args, **kwargs)
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_send_result, args=(send, fn, args, kwargs), daemon=True)
-    child.start()
-    send.close()
-    try:
-        ok, value = receive.recv()
-    except EOFError:
-        child.join()
-        raise DataError(f"the process running {fn.__name__} ended without a result (exit code {child.exitcode}); "
-                        "if it was killed for memory, lower tokenizer.max_sentences") from None
-    finally:
-        receive.close()
-    child.join()
+    with tempfile.TemporaryDirectory(prefix="nmt-child-") as folder:
+        call, result = Path(folder) / "call.pkl", Path(folder) / "result.pkl"
+        call.write_bytes(pickle.dumps((fn, args, kwargs)))
+        package_root = str(Path(__file__).resolve().parents[2])  # where `nmt` is importable from
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        job = subprocess.run([sys.executable, "-c", _RUN_CALL, str(call), str(result)], env=env,
+                             capture_output=True, text=True)
+        if job.returncode != 0 or not result.is_file():
+            detail = job.stderr.strip().splitlines()[-1] if job.stderr.strip() else f"exit status {job.returncode}"
+            raise DataError(f"the process running {fn.__name__} ended without a result ({detail}); "
+                            "if it was killed for memory, lower tokenizer.max_sentences")
+        ok, value = pickle.loads(result.read_bytes())
     if not ok:
         raise value
     return value
 
 
-def _send_result(send: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    try:
-        send.send((True, fn(*args, **kwargs)))
-    except BaseException as err:  # noqa: BLE001 - every failure goes back to the parent, which raises it
-        send.send((False, err))
-    finally:
-        send.close()
+_RUN_CALL = """
+import pickle, sys
+fn, args, kwargs = pickle.load(open(sys.argv[1], 'rb'))
+try:
+    out = (True, fn(*args, **kwargs))
+except Exception as err:
+    out = (False, err)
+pickle.dump(out, open(sys.argv[2], 'wb'))
+"""
 
 
 def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:

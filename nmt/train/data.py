@@ -23,7 +23,7 @@ from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import (
     available_cores,
-    in_forked_process,
+    in_child_process,
     length_arrays,
     prepare_split,
     write_tokenizer_sample,
@@ -60,8 +60,8 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path) -> RunData:
                              num_proc=num_proc)
         with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
             # in a child: drawing rows from all over the corpus would leave its pages resident here
-            src_file, tgt_file = in_forked_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,
-                                                   seed=cfg.train.seed, folder=Path(folder))
+            src_file, tgt_file = in_child_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,
+                                                  seed=cfg.train.seed, folder=Path(folder))
             tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file,
                                                  where=f"data.train ({data.train.path})")
         tokenizer.save(run_dir)

@@ -22,7 +22,7 @@ from datasets.table import InMemoryTable
 import nmt.data.corpus as corpus_module
 from nmt.config import CorpusConfig, DataConfig, config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
-from nmt.data.dataset import in_forked_process, length_arrays, prepare_split, write_tokenizer_sample
+from nmt.data.dataset import in_child_process, length_arrays, prepare_split, write_tokenizer_sample
 from nmt.errors import DataError
 from nmt.train.data import build_sampler, prepare_run
 from tests.conftest import tiny_config_dict
@@ -196,12 +196,12 @@ def _fail(message: str) -> None:
     raise DataError(message)
 
 
-def test_a_forked_pass_returns_its_result_and_keeps_its_memory_out_of_this_process() -> None:
+def test_a_child_process_returns_its_result_and_keeps_its_memory_out_of_this_process() -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert in_forked_process(_allocate_and_sum, 300) == 300 << 20
+    assert in_child_process(_allocate_and_sum, 300) == 300 << 20
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < (100 << 10)  # KiB: not the child's 300 MB
     with pytest.raises(DataError, match="a clear message"):
-        in_forked_process(_fail, "a clear message")
+        in_child_process(_fail, "a clear message")
 
 
 def test_cleaning_and_tokenizing_in_several_processes_give_the_same_split(tmp_path, tokenizer, corpus,
