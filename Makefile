@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 TORCH_SPEC ?= torch>=2.1
 
-.PHONY: install demo test test-all lint clean data bench-train
+.PHONY: install demo test test-all lint clean data bench-train bench-data
 
 install: $(STAMP)
 
@@ -102,6 +102,11 @@ results: install
 
 bench-train: install
 	$(PY) bench/train_speed.py configs/multi30k_transformer.yaml $(ARGS)
+
+# Time each phase of `nmt train` on an N-pair corpus written outside the repository, e.g.
+# make bench-data ARGS="--pairs 100000 1000000".
+bench-data: install
+	$(PY) bench/data_scale.py $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache build dist *.egg-info

@@ -48,7 +48,7 @@ from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
 from nmt.models import count_parameters
 from nmt.runtime import Dist, batch_length_multiple, enable_fast_math, pick_device, seed_everything
-from nmt.train.data import collated_batches, prepare_run
+from nmt.train.data import collated_batches, length_arrays, prepare_run
 from nmt.train.setup import build_trainable, wrap_objective
 from nmt.train.step import train_step
 
@@ -134,8 +134,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     step_model = wrap_objective(parts.objective, tc, device, Dist())
     optimizer, scheduler, scaler = parts.optimizer, parts.scheduler, parts.scaler
 
-    lens = data.train.with_format("numpy")
-    src_lens, tgt_lens = np.asarray(lens["src_len"]), np.asarray(lens["tgt_len"])
+    src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
     sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=tc.max_tokens, shuffle=True,
                                 seed=tc.seed)
     lists = sampler.batch_list(0)[: steps + warmup]

@@ -241,7 +241,7 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, keypath, source)
+        return _convert(_member_for(inner, value), value, keypath, source)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value if value is not None else {}, keypath, source)
     if origin is Literal:
@@ -273,6 +273,22 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
     if tp in (int, float, str, bool) and (type(value) is not tp):
         raise ConfigError(f"{source}: {keypath}: expected {tp.__name__}, got {_describe(value)}")
     return value
+
+
+def _member_for(types_: list[Any], value: Any) -> Any:
+    """The member of a union that `value` is written as: a list for a list type, a mapping for a
+    section, an int for int (not bool), else the first; errors then name the first member's kind."""
+    def fits(tp: Any) -> bool:
+        origin = typing.get_origin(tp)
+        if origin is list:
+            return isinstance(value, list)
+        if dataclasses.is_dataclass(tp) or origin is dict:
+            return isinstance(value, dict)
+        if tp is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(tp, type) and isinstance(value, tp)
+
+    return next((tp for tp in types_ if fits(tp)), types_[0])
 
 
 def _describe(value: Any) -> str:

@@ -102,8 +102,8 @@ class CorpusConfig:
 
     kind: Literal["text", "tsv", "jsonl", "parquet", "disk", "hf"] = "text"
     """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset."""
-    path: str = ""
-    """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory."""
+    path: list[str] | str = ""
+    """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another."""
     src_field: str | None = None
     """Column holding the source sentence; default: the source language code, or `translation.<lang>`."""
     tgt_field: str | None = None
@@ -113,10 +113,23 @@ class CorpusConfig:
     split: str | None = None
     """Split to read from a hub dataset or a saved DatasetDict, e.g. `validation`."""
 
+    @property
+    def paths(self) -> list[str]:
+        """`path` as a list (one item unless a list was given)."""
+        return list(self.path) if isinstance(self.path, list) else [self.path]
+
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("path: must name a file, prefix, folder or hub dataset")
-        self.path = expand_vars(self.path)
+        if isinstance(self.path, list):
+            bad = next((p for p in self.path if not isinstance(p, str) or not p), None)
+            if bad is not None:
+                raise ValueError(f"path: every item of the list must be a non-empty path, not {bad!r}")
+            self.path = [expand_vars(p) for p in self.path]
+        elif isinstance(self.path, str):
+            self.path = expand_vars(self.path)
+        else:
+            raise ValueError(f"path: expected a path or a list of paths, got {type(self.path).__name__}")
         if self.kind == "tsv" and (self.src_field is None) != (self.tgt_field is None):
             raise ValueError("src_field and tgt_field: give both or neither")
 
@@ -139,6 +152,8 @@ class DataConfig:
     """Training pairs with more subword tokens than this on either side are dropped."""
     max_ratio: float = num(3.0, lo=0)
     """Training pairs whose token-length ratio (longer/shorter) exceeds this are dropped; 0 disables."""
+    num_proc: int = num(0, lo=0)
+    """Processes that clean and tokenize the corpus; 0: every CPU core this process may use."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -115,6 +115,46 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple if multiple > 1 else n
 
 
+class EpochBatches(Sequence[list[int]]):
+    """One epoch's batches as slices of a single row order, so an epoch of millions of
+    pairs costs one int32 array, not millions of Python ints.
+
+    Batch i is `order[starts[i]:ends[i]]`; it is handed out as a list of ints, as
+    `Dataset.__getitem__` and `collate` take it. Slicing returns another
+    `EpochBatches` over the same order (no copy), which is how a resumed run skips
+    the batches it has already trained on without building them again.
+
+    Args:
+        order: (N,) row indices, int32.
+        starts, ends: (B,) int32 bounds of each batch in `order`, in the order batches are yielded.
+    """
+
+    def __init__(self, *, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.order, self.starts, self.ends = order, starts, ends
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, i: int) -> list[int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> EpochBatches: ...
+    def __getitem__(self, i: int | slice) -> list[int] | EpochBatches:
+        if isinstance(i, slice):
+            return EpochBatches(order=self.order, starts=self.starts[i], ends=self.ends[i])
+        return self.order[self.starts[i] : self.ends[i]].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(list(a) == list(b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays inside, like a list
+
+    def __repr__(self) -> str:
+        return f"EpochBatches({len(self)} batches of {len(self.order)} rows)"
+
+
 class TokenBatchSampler(Sampler[list[int]]):
     """Batches of row indices under a token budget, bucketed by length, sharded over ranks.
 
@@ -124,6 +164,11 @@ class TokenBatchSampler(Sampler[list[int]]):
     `len(batch) * max(src_len, tgt_len)` (a sentence longer than the budget is a
     batch of its own), then shuffle the order of the batches.
 
+    Every step is a NumPy operation over all rows (or a loop over batches or
+    distinct lengths, never over rows), and an epoch is held as one int32 row
+    order plus batch bounds (`EpochBatches`): building an epoch of millions of
+    pairs takes a fraction of a second and a few bytes per pair.
+
     Sharding: every rank computes the same list; rank r takes batches r, r+W, ...
     So that every rank gets the same number of batches (DDP steps in lockstep)
     while each pair is still seen exactly once per epoch, the largest batches are
@@ -131,48 +176,49 @@ class TokenBatchSampler(Sampler[list[int]]):
     with fewer pairs than ranks are batches repeated (from the start of the list).
 
     Args:
-        src_lens, tgt_lens: (N,) lengths of each row (`src_len`, `tgt_len` columns).
+        src_lens, tgt_lens: (N,) lengths of each row (`src_len`, `tgt_len` columns),
+            ideally int32 NumPy arrays straight from Arrow (`nmt.train.data.length_arrays`).
         max_tokens: token budget of one batch.
         shuffle: shuffle rows and batches; False gives the sorted, longest-first order.
         seed: base seed; with the epoch it fixes the batches.
         rank, world_size: this process's shard.
 
     Raises:
-        ValueError: lengths of different shapes, max_tokens < 1, or a bad rank.
+        ValueError: lengths that are not 1-D arrays of the same length, max_tokens < 1, or a bad rank.
     """
 
     def __init__(
         self,
         *,
-        src_lens: Any,
-        tgt_lens: Any,
+        src_lens: np.ndarray | Sequence[int],
+        tgt_lens: np.ndarray | Sequence[int],
         max_tokens: int,
         shuffle: bool = True,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        src, tgt = np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)
+        src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
         if src.ndim != 1 or src.shape != tgt.shape:
             raise ValueError(f"src_lens {src.shape} and tgt_lens {tgt.shape} must be 1-D of the same length")
         if max_tokens < 1:
             raise ValueError(f"max_tokens ({max_tokens}) must be at least 1")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank ({rank}) must be in [0, world_size) with world_size ({world_size}) >= 1")
-        self.lengths = np.maximum(src, tgt)  # (N,)
+        self.lengths = np.maximum(src, tgt).astype(np.int32, copy=False)  # (N,)
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
-        self._cached: tuple[int, list[list[int]]] | None = None
+        self._cached: tuple[int, EpochBatches] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose batches `__iter__` yields."""
         self.epoch = epoch
 
-    def batch_list(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of row indices for `epoch`, in order (skip k to resume)."""
+    def batch_list(self, epoch: int) -> EpochBatches:
+        """This rank's batches of row indices for `epoch`, in order (slice off k to resume after k)."""
         if self._cached is None or self._cached[0] != epoch:
-            self._cached = (epoch, self._shard(self._all_batches(epoch)))
+            self._cached = (epoch, self._shard(*self._all_batches(epoch)))
         return self._cached[1]
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -181,30 +227,45 @@ class TokenBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return len(self.batch_list(self.epoch))
 
-    def _all_batches(self, epoch: int) -> list[np.ndarray]:
+    def _all_batches(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The row order and the (starts, ends) of every batch in it, in the order they are yielded."""
+        # The random draws (row permutation, then batch permutation) are those the published runs made.
         rng = np.random.default_rng([self.seed, epoch])
         n = len(self.lengths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = order[np.argsort(-self.lengths[order], kind="stable")]  # longest first
-        bounds = _chunk_bounds(self.lengths[order], self.max_tokens)
-        batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        order = order[np.argsort(-self.lengths[order], kind="stable")].astype(np.int32)  # longest first
+        bounds = _chunk_bounds(self.lengths[order], self.max_tokens).astype(np.int32)
+        starts, ends = bounds[:-1], bounds[1:]
         if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+            perm = rng.permutation(len(starts))
+            starts, ends = starts[perm], ends[perm]
+        return order, starts, ends
 
-    def _shard(self, batches: list[np.ndarray]) -> list[list[int]]:
+    def _shard(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> EpochBatches:
         w = self.world_size
         if w > 1:
-            sizes = [len(b) for b in batches]
-            while len(batches) % w:
+            while len(starts) % w:
+                sizes = ends - starts
                 j = int(np.argmax(sizes))
                 if sizes[j] < 2:  # fewer pairs than ranks: repeat batches
-                    batches += [batches[k % len(batches)] for k in range(-len(batches) % w)]
+                    again = np.arange(-len(starts) % w) % len(starts)
+                    starts, ends = np.concatenate([starts, starts[again]]), np.concatenate([ends, ends[again]])
                     break
-                half = sizes[j] // 2
-                batches[j : j + 1] = [batches[j][:half], batches[j][half:]]
-                sizes[j : j + 1] = [half, sizes[j] - half]
-        return [b.tolist() for b in batches[self.rank :: w]]
+                middle = starts[j] + sizes[j] // 2  # split the largest batch in two halves, in place
+                starts, ends = np.insert(starts, j + 1, middle), np.insert(ends, j, middle)
+        return EpochBatches(order=order, starts=starts[self.rank :: w], ends=ends[self.rank :: w])
+
+
+def _lengths(values: Any, name: str) -> np.ndarray:
+    """`values` as an integer array; lists and arrays convert at C speed, anything else is refused
+    (a lazy column would be walked row by row through Python: see `nmt.train.data.length_arrays`)."""
+    if not isinstance(values, (np.ndarray, list, tuple, range)):
+        raise TypeError(f"{name} must be a NumPy array or a list, not {type(values).__name__}: "
+                        "read lengths with nmt.train.data.length_arrays")
+    array = np.asarray(values)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, not {array.dtype}")
+    return array
 
 
 def inference_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -224,11 +285,29 @@ def inference_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]
     return [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _chunk_bounds(lengths_desc: np.ndarray, max_tokens: int) -> list[int]:
+def _chunk_bounds(lengths_desc: np.ndarray, max_tokens: int) -> np.ndarray:
     """Greedy cut points of a longest-first length list: each batch's first row is its
-    longest, so it takes `max_tokens // that length` rows (at least one)."""
-    bounds, i, n = [0], 0, len(lengths_desc)
-    while i < n:
-        i = min(n, i + max(1, max_tokens // max(1, int(lengths_desc[i]))))
-        bounds.append(i)
-    return bounds
+    longest, so it takes `max_tokens // that length` rows (at least one).
+
+    Within a run of equal lengths the batches starting there all take the same number
+    of rows, so the cut points are one `arange` per distinct length: the loop runs over
+    lengths (at most `data.max_len` or so of them), never over rows.
+
+    Returns:
+        (B + 1,) int64 bounds: batch b is rows `bounds[b]:bounds[b + 1]`.
+    """
+    n = len(lengths_desc)
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    run_starts = np.flatnonzero(np.r_[True, lengths_desc[1:] != lengths_desc[:-1]])
+    run_ends = np.r_[run_starts[1:], n]
+    takes = np.maximum(1, max_tokens // np.maximum(1, lengths_desc[run_starts].astype(np.int64)))
+    cuts, i = [], 0
+    for end, take in zip(run_ends.tolist(), takes.tolist()):
+        if i >= end:  # the previous run's last batch reached past this run
+            continue
+        here = np.arange(i, end, take, dtype=np.int64)
+        cuts.append(here)
+        i = int(here[-1]) + take
+    cuts.append(np.array([min(i, n)], dtype=np.int64))
+    return np.concatenate(cuts)

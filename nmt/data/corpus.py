@@ -8,8 +8,12 @@ Sources (`CorpusConfig.kind`):
     disk     a `Dataset` or `DatasetDict` written with `save_to_disk`.
     hf       a Hugging Face hub dataset (or a local folder `load_dataset` understands).
 
-Line-based files are read by a generator into Arrow files under `cache_dir`, so a
-corpus larger than memory works and a second run reuses the cache; the cache key
+For text, tsv, jsonl and parquet, `path` may also be a glob or a list: the shards are
+read one after another into one `Dataset` (for text, globs match prefixes).
+
+Line-based files are read into Arrow files under `cache_dir` (text files by Arrow
+compute in blocks, `nmt.data.textfiles`; tsv and jsonl by a generator), so a corpus
+larger than memory works and a second run reuses the cache; the cache key
 includes each file's size and modification time, so an edited file is read again.
 Column-based sources share one rule to find the two text columns (`resolve_fields`).
 Rows stay in corpus order; nothing is dropped here except by `clean_pairs`, which
@@ -19,8 +23,9 @@ drops whole pairs only, so a sentence never moves next to another one's translat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import glob
 import gzip
-import itertools
 import json
 import os
 import zlib
@@ -29,14 +34,31 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetGenerationError
 
 from nmt.config import CorpusConfig
+from nmt.data.textfiles import file_stamp, is_glob, read_text_shards, text_prefixes
+from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
 
 PAIR_FEATURES = Features({"src": Value("string"), "tgt": Value("string")})
 _TEXT_TYPES = ("string", "large_string")
+MIN_ROWS_PER_PROCESS = 20_000
+"""Maps over fewer rows per process run in the calling process."""
+PY_WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""The characters `str.strip()` removes (those for which `str.isspace()` holds). Cleaning trims
+exactly these, as it did in Python; Arrow's own whitespace set lacks U+001C to U+001F."""
+WRITER_BATCH_ROWS = 20_000
+"""Rows per map batch, and so per Arrow record batch of the maps' cache files. `datasets`
+uses 1,000; opening a file reads every batch's header, and the kernel maps the pages
+around each one it touches: at millions of rows, hundreds of MB of resident file pages
+for nothing."""
 
 
 def load_pairs(
@@ -59,37 +81,49 @@ def load_pairs(
             text files of different lengths, a missing column (with the columns
             found), or a hub dataset that cannot be loaded.
     """
-    path = os.path.expanduser(os.path.expandvars(spec.path))
+    entries = [os.path.expanduser(os.path.expandvars(p)) for p in spec.paths]
+    path = entries[0]
     cache = None if cache_dir is None else str(cache_dir)
+    if len(entries) > 1 and spec.kind in ("disk", "hf"):
+        raise DataError(f"kind {spec.kind} reads one dataset: give path as one string, not a list of {len(entries)}")
     match spec.kind:
         case "text":
-            src_path, tgt_path = _text_files(path, (src_lang, tgt_lang))
-            stamp = (_stamp(src_path), _stamp(tgt_path))
-            return _from_generator(_read_text, dict(src_path=src_path, tgt_path=tgt_path, stamp=stamp), cache)
+            shards = [_text_files(prefix, (src_lang, tgt_lang)) for prefix in text_prefixes(entries, src_lang)]
+            return read_text_shards(shards, cache)
         case "tsv":
-            _require_file(path)
+            files = _shard_files(entries, "tsv")
+            if len(files) > 1:
+                return _concat([load_pairs(_one(spec, f), src_lang=src_lang, tgt_lang=tgt_lang, cache_dir=cache_dir)
+                                for f in files])
+            path = files[0]
             with contextlib.closing(_lines(path)) as lines:
                 header = next(lines, "").split("\t")
             fields = resolve_fields(header, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
             # a tuple: `from_generator` would shard a list over processes
-            kwargs = dict(path=path, columns=tuple(header.index(f) for f in fields), stamp=_stamp(path))
+            kwargs = dict(path=path, columns=tuple(header.index(f) for f in fields), stamp=file_stamp(path))
             return _from_generator(_read_tsv, kwargs, cache)
         case "jsonl":
-            _require_file(path)
+            files = _shard_files(entries, "jsonl")
+            if len(files) > 1:
+                return _concat([load_pairs(_one(spec, f), src_lang=src_lang, tgt_lang=tgt_lang, cache_dir=cache_dir)
+                                for f in files])
+            path = files[0]
             with contextlib.closing(_json_objects(path)) as objects:
                 first = next(objects, None)
             if first is None:
                 return _empty_pairs()
             fields = resolve_fields(list(first[1]), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
-            return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=_stamp(path)), cache)
+            return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=file_stamp(path)), cache)
         case "parquet":
-            if not any(c in path for c in "*?[") and not Path(path).is_file():
-                raise DataError(f"{path}: parquet file not found{_path_hint(path)}")
+            for p in entries:
+                if not is_glob(p) and not Path(p).is_file():
+                    raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
+            where = path if len(entries) == 1 else f"{path} and {len(entries) - 1} more"
             try:
-                ds = datasets.load_dataset("parquet", data_files=path, split="train", cache_dir=cache)
+                ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
             except Exception as err:  # pyarrow and datasets raise many kinds
-                raise DataError(f"{path}: cannot read as parquet: {_short(err)}") from None
-            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+                raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
+            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
         case "disk":
             ds = select_fields(_load_disk(path, spec.split), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
             return _writable_copy(ds, path, cache)
@@ -100,35 +134,43 @@ def load_pairs(
     raise DataError(f"{spec.path}: unknown corpus kind {spec.kind!r}")
 
 
-def clean_pairs(ds: Dataset) -> tuple[Dataset, dict[str, int]]:
+def clean_pairs(ds: Dataset, *, num_proc: int = 1) -> tuple[Dataset, dict[str, int]]:
     """Strip surrounding whitespace and drop pairs with an empty side.
 
     A pair is kept or dropped as a whole, so later pairs stay aligned.
 
     Args:
         ds: a `Dataset` with `src` and `tgt` (nulls count as empty).
+        num_proc: processes to clean in (small datasets use this one).
 
     Returns:
         The cleaned `Dataset` (columns `src`, `tgt`) and the counts `{"empty": n}`.
     """
-    cleaned = ds.map(
+    cleaned = ds.with_format("arrow").map(
         _strip_and_drop_empty,
         batched=True,
         remove_columns=ds.column_names,
         features=PAIR_FEATURES,
+        num_proc=processes_for(len(ds), num_proc),
+        batch_size=WRITER_BATCH_ROWS,
+        writer_batch_size=WRITER_BATCH_ROWS,
         desc="Cleaning pairs",
-    )
+    ).with_format(None)
     return cleaned, {"empty": len(ds) - len(cleaned)}
 
 
-def _strip_and_drop_empty(batch: dict[str, list[str | None]]) -> dict[str, list[str]]:
-    src, tgt = [], []
-    for s, t in zip(batch["src"], batch["tgt"]):
-        s, t = (s or "").strip(), (t or "").strip()
-        if s and t:
-            src.append(s)
-            tgt.append(t)
-    return {"src": src, "tgt": tgt}
+def processes_for(rows: int, num_proc: int) -> int | None:
+    """The `num_proc` to give `Dataset.map` for `rows` rows: None (this process) for small maps,
+    where starting workers costs more than it saves."""
+    n = min(num_proc, rows // MIN_ROWS_PER_PROCESS)
+    return n if n > 1 else None
+
+
+def _strip_and_drop_empty(batch: pa.Table) -> pa.Table:
+    """`str.strip` both sides and keep pairs with text on both, in Arrow compute (no Python per pair)."""
+    src, tgt = (pc.utf8_trim(pc.fill_null(batch[name], ""), characters=PY_WHITESPACE) for name in ("src", "tgt"))
+    keep = pc.and_(pc.greater(pc.utf8_length(src), 0), pc.greater(pc.utf8_length(tgt), 0))
+    return pa.table({"src": src.filter(keep), "tgt": tgt.filter(keep)})
 
 
 # --------------------------------------------------------------------------- fields
@@ -200,21 +242,6 @@ def _empty_pairs() -> Dataset:
 
 
 # The generators' `stamp` argument is unused: it only makes the Arrow cache key depend on the files.
-
-
-def _read_text(src_path: str, tgt_path: str, stamp: object) -> Iterator[dict[str, str]]:
-    src_lines, tgt_lines = _lines(src_path), _lines(tgt_path)
-    n = 0
-    for s, t in itertools.zip_longest(src_lines, tgt_lines):
-        if s is None or t is None:
-            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
-            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
-            raise DataError(
-                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
-                "a parallel corpus needs the same number of lines on both sides"
-            )
-        n += 1
-        yield {"src": s, "tgt": t}
 
 
 def _read_tsv(path: str, columns: tuple[int, int], stamp: object) -> Iterator[dict[str, str]]:
@@ -306,19 +333,27 @@ def _require_file(path: str) -> None:
         raise DataError(f"{path}: file not found{_path_hint(path)}")
 
 
-def _stamp(path: str) -> tuple[str, int, int]:
-    """What the Arrow cache key knows of a file: an edited file gets a new cache."""
-    st = os.stat(path)
-    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+def _shard_files(entries: Sequence[str], kind: str) -> list[str]:
+    """The files that `entries` (paths or globs, a glob's matches sorted) name, in order; each must exist."""
+    files: list[str] = []
+    for entry in entries:
+        found = sorted(glob.glob(entry)) if is_glob(entry) else [entry]
+        if not found:
+            raise DataError(f"{entry}: no {kind} files match{_path_hint(entry)}")
+        files += found
+    for path in files:
+        _require_file(path)
+    return files
 
 
-def _path_hint(path: str) -> str:
-    """Why a path may not be where the user thinks: an unset variable, or a relative path."""
-    if "$" in path:
-        return " (an environment variable in it is not set)"
-    if not os.path.isabs(path):
-        return f" (relative paths are read from the working directory {os.getcwd()})"
-    return ""
+def _one(spec: CorpusConfig, path: str) -> CorpusConfig:
+    """`spec` reading the single file `path`."""
+    return dataclasses.replace(spec, path=path)
+
+
+def _concat(parts: list[Dataset]) -> Dataset:
+    """Shards one after another (memory-mapped tables are chained, not copied)."""
+    return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
 # --------------------------------------------------------------------------- Arrow datasets

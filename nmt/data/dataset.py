@@ -1,7 +1,9 @@
 """Tokenized splits: subword ids and lengths next to the text, with length and ratio filters.
 
 A split is an Arrow `Dataset` with the columns
-    src, tgt          the cleaned text (targets are the BLEU references),
+    src, tgt          the cleaned text (targets are the BLEU references); validation and
+                      test splits only: nothing reads a training split's text after the
+                      tokenizer is trained, and on a large corpus it is most of the cache,
     src_ids           source ids followed by EOS (int32),
     tgt_ids           target ids without specials: `collate` adds BOS and EOS,
     src_len, tgt_len  len(src_ids) and len(tgt_ids) + 1: the lengths the model sees
@@ -15,19 +17,29 @@ the same corpus and tokenizer reads the ids back instead of encoding again.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, Features, List, Value
 
 from nmt.config import CorpusConfig, DataConfig
-from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.data.corpus import WRITER_BATCH_ROWS, clean_pairs, load_pairs, processes_for
 from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
+ID_LISTS = pa.list_(pa.int32())
 ID_FEATURES = {
     "src_ids": List(Value("int32")),
     "tgt_ids": List(Value("int32")),
@@ -36,8 +48,126 @@ ID_FEATURES = {
 }
 
 
+SAMPLE_CHUNK = 100_000
+"""Sentences joined into one write of the tokenizer's sample."""
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and `taskset` narrow)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity mask
+        return max(1, os.cpu_count() or 1)
+
+
+def write_tokenizer_sample(ds: Dataset, k: int, *, seed: int, folder: Path) -> tuple[Path, Path]:
+    """Write the text the tokenizer trains on: every pair, or k pairs drawn at random.
+
+    The rows are drawn as one NumPy array of row numbers (seeded, sorted to corpus
+    order), taken from the memory-mapped Arrow table in one call, and written out by
+    Arrow in chunks: not one sentence becomes a Python string, however large the corpus
+    or the sample.
+
+    Args:
+        ds: cleaned pairs (`src`, `tgt`).
+        k: most pairs to use (`tokenizer.max_sentences`).
+        seed: fixes the sample.
+        folder: where `src.txt` and `tgt.txt` are written, one sentence per line
+            (a line break inside a sentence becomes a space).
+
+    Returns:
+        The paths of the source and the target file.
+    """
+    n = len(ds)
+    table = ds.data.table.select(["src", "tgt"])
+    if n > k or ds._indices is not None:
+        rows = np.arange(n) if n <= k else np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+        if ds._indices is not None:  # rows of a select/filter result, as rows of the table behind it
+            rows = ds._indices.column(0).to_numpy()[rows]
+        table = table.take(pa.array(rows))
+    paths = (Path(folder) / "src.txt", Path(folder) / "tgt.txt")
+    for name, path in zip(("src", "tgt"), paths):
+        with open(path, "wb") as f:
+            for start in range(0, len(table), SAMPLE_CHUNK):
+                text = pc.replace_substring(table.column(name).slice(start, SAMPLE_CHUNK).combine_chunks(), "\n", " ")
+                lines = pa.ListArray.from_arrays(pa.array([0, len(text)], pa.int32()), text)
+                f.write(pc.binary_join(lines, "\n")[0].as_buffer())
+                f.write(b"\n")
+    return paths
+
+
+def in_child_process(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`, run in a fresh Python process; arguments and result travel pickled.
+
+    For one-off passes over a memory-mapped corpus: every page the child touches, and
+    every buffer it allocates, goes away with it instead of staying resident in the
+    training process. A `Dataset` whose tables live in files pickles as their paths, so
+    the child maps the same files. A fresh interpreter rather than a fork: forking a
+    process that runs threads (torch, Arrow, a process group) can leave the child
+    waiting forever on a lock some thread held.
+
+    Args:
+        fn: a module-level function (pickled by reference).
+
+    Raises:
+        Whatever `fn` raises; DataError when the child dies without a result.
+    """
+    with tempfile.TemporaryDirectory(prefix="nmt-child-") as folder:
+        call, result = Path(folder) / "call.pkl", Path(folder) / "result.pkl"
+        call.write_bytes(pickle.dumps((fn, args, kwargs)))
+        package_root = str(Path(__file__).resolve().parents[2])  # where `nmt` is importable from
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        job = subprocess.run([sys.executable, "-c", _RUN_CALL, str(call), str(result)], env=env,
+                             capture_output=True, text=True)
+        if job.returncode != 0 or not result.is_file():
+            detail = job.stderr.strip().splitlines()[-1] if job.stderr.strip() else f"exit status {job.returncode}"
+            raise DataError(f"the process running {fn.__name__} ended without a result ({detail}); "
+                            "if it was killed for memory, lower tokenizer.max_sentences")
+        ok, value = pickle.loads(result.read_bytes())
+    if not ok:
+        raise value
+    return value
+
+
+_RUN_CALL = """
+import pickle, sys
+fn, args, kwargs = pickle.load(open(sys.argv[1], 'rb'))
+try:
+    out = (True, fn(*args, **kwargs))
+except Exception as err:
+    out = (False, err)
+pickle.dump(out, open(sys.argv[2], 'wb'))
+"""
+
+
+def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The `src_len` and `tgt_len` columns of a tokenized split as two (N,) int32 arrays.
+
+    They come straight out of Arrow: the columns of the table behind `ds` (memory-mapped
+    when the split lives in cache files) turn into NumPy at C speed, and rows chosen by
+    `select` or `filter` (an indices mapping over that table) are taken with one fancy
+    index. `ds.with_format("numpy")["src_len"]` would instead be a lazy `Column` of
+    `datasets` 5, which `np.asarray` walks row by row through the formatter: minutes for
+    a few million pairs.
+
+    Args:
+        ds: a `Dataset` with int32 columns `src_len` and `tgt_len`.
+
+    Returns:
+        (src_len, tgt_len), each (N,) int32 in the row order of `ds`.
+    """
+    table = ds.data  # the whole Arrow table, before any indices mapping
+    columns = [table.column(name).to_numpy() for name in ("src_len", "tgt_len")]
+    if ds._indices is not None:  # `datasets` keeps select/filter results as row numbers into `table`
+        rows = ds._indices.column(0).to_numpy()
+        columns = [c[rows] for c in columns]
+    src, tgt = (np.ascontiguousarray(c, dtype=np.int32) for c in columns)
+    return src, tgt
+
+
 def tokenize_pairs(
-    ds: Dataset, tokenizer: Tokenizer, *, max_len: int | None, max_ratio: float, num_proc: int = 1
+    ds: Dataset, tokenizer: Tokenizer, *, max_len: int | None, max_ratio: float, num_proc: int = 1,
+    keep_text: bool = True,
 ) -> tuple[Dataset, dict[str, int]]:
     """Encode `src` and `tgt`, then drop pairs that are too long or too unbalanced.
 
@@ -51,34 +181,39 @@ def tokenize_pairs(
         max_ratio: drop pairs with max(src_len, tgt_len) / min(src_len, tgt_len)
             above it (0: keep all). Pairs already too long count only as too long.
         num_proc: processes for encoding.
+        keep_text: keep the `src` and `tgt` columns next to the ids.
 
     Returns:
-        The tokenized `Dataset` (columns of the module docstring, text kept) and
-        the counts `{"too_long": n, "ratio": n}` of dropped pairs.
+        The tokenized `Dataset` (columns of the module docstring) and the counts
+        `{"too_long": n, "ratio": n}` of dropped pairs.
     """
-    features = Features({**ds.features, **ID_FEATURES})
+    features = Features({**(ds.features if keep_text else {}), **ID_FEATURES})
     if len(ds) == 0:  # `map` leaves an empty dataset as it is, without the new columns
         return Dataset.from_dict({name: [] for name in features}, features=features), {"too_long": 0, "ratio": 0}
-    encoded = ds.map(
-        _Encoder(tokenizer),
+    encoded = ds.with_format("arrow").map(
+        _Encoder(tokenizer, keep_text=keep_text),
         batched=True,
         features=features,
-        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=ds.column_names,  # the output is what the encoder returns
+        num_proc=processes_for(len(ds), num_proc),
+        batch_size=WRITER_BATCH_ROWS,
+        writer_batch_size=WRITER_BATCH_ROWS,
         desc="Tokenizing",
     )
-    lens = encoded.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
-    too_long, ratio = _filter_masks(lens["src_len"], lens["tgt_len"], max_len=max_len, max_ratio=max_ratio)
+    src_len, tgt_len = length_arrays(encoded)
+    too_long, ratio = _filter_masks(src_len, tgt_len, max_len=max_len, max_ratio=max_ratio)
     report = {"too_long": int(too_long.sum()), "ratio": int(ratio.sum())}
     if report["too_long"] or report["ratio"]:
         encoded = encoded.filter(
             _keep,
             batched=True,
-            batch_size=10_000,
+            batch_size=WRITER_BATCH_ROWS,
+            writer_batch_size=WRITER_BATCH_ROWS,
             input_columns=["src_len", "tgt_len"],
             fn_kwargs={"max_len": max_len, "max_ratio": max_ratio},
             desc="Filtering by length",
         )
-    return encoded, report
+    return encoded.with_format(None), report
 
 
 def prepare_split(
@@ -90,7 +225,7 @@ def prepare_split(
     train: bool,
     num_proc: int = 1,
 ) -> tuple[Dataset, dict[str, int]]:
-    """Load, clean and tokenize one split; training splits are also length-filtered.
+    """Load, clean and tokenize one split; training splits are also length-filtered, and keep ids only.
 
     Validation and test splits keep every cleaned pair, so their scores compare
     across runs whatever `max_len` and `max_ratio` are.
@@ -101,7 +236,7 @@ def prepare_split(
         tokenizer: the sentencepiece models.
         cache_dir: Arrow cache of line-based corpora (see `load_pairs`).
         train: apply `data_cfg.max_len` and `data_cfg.max_ratio`.
-        num_proc: processes for encoding.
+        num_proc: processes for cleaning and encoding (small splits use this one).
 
     Returns:
         The tokenized split and the report `{"pairs", "empty", "too_long", "ratio",
@@ -113,13 +248,14 @@ def prepare_split(
     """
     name = _split_name(spec, data_cfg)
     raw = load_pairs(spec, src_lang=data_cfg.src_lang, tgt_lang=data_cfg.tgt_lang, cache_dir=cache_dir)
-    cleaned, clean_report = clean_pairs(raw)
+    cleaned, clean_report = clean_pairs(raw, num_proc=num_proc)
     tokenized, filter_report = tokenize_pairs(
         cleaned,
         tokenizer,
         max_len=data_cfg.max_len if train else None,
         max_ratio=data_cfg.max_ratio if train else 0.0,
         num_proc=num_proc,
+        keep_text=not train,
     )
     report = {"pairs": len(raw), **clean_report, **filter_report, "kept": len(tokenized)}
     dropped = f"{report['empty']} with an empty side"
@@ -142,27 +278,38 @@ class _Encoder:
     `datasets` cache key depends on the models and worker processes rebuild it cheaply.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.state = tokenizer.to_state()
+    def __init__(self, tokenizer: Tokenizer, *, keep_text: bool) -> None:
+        self.state, self.keep_text = tokenizer.to_state(), keep_text
         self.tokenizer: Tokenizer | None = tokenizer
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"state": self.state}
+        return {"state": self.state, "keep_text": self.keep_text}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.state, self.tokenizer = d["state"], None
+        self.state, self.keep_text, self.tokenizer = d["state"], d["keep_text"], None
 
-    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         if self.tokenizer is None:
             self.tokenizer = Tokenizer.from_state(self.state)
-        src_ids = [ids + [EOS_ID] for ids in self.tokenizer.encode_src(batch["src"])]
-        tgt_ids = self.tokenizer.encode_tgt(batch["tgt"])
-        return {
+        # sentencepiece encodes the batch; Arrow takes its lists in one conversion, and EOS and
+        # the lengths are array operations, not a Python step per pair
+        src_ids = _append(pa.array(self.tokenizer.encode_src(batch["src"].to_pylist()), ID_LISTS), EOS_ID)
+        tgt_ids = pa.array(self.tokenizer.encode_tgt(batch["tgt"].to_pylist()), ID_LISTS)
+        ids = {
             "src_ids": src_ids,
             "tgt_ids": tgt_ids,
-            "src_len": [len(ids) for ids in src_ids],
-            "tgt_len": [len(ids) + 1 for ids in tgt_ids],
+            "src_len": pc.list_value_length(src_ids),
+            "tgt_len": pc.add(pc.list_value_length(tgt_ids), np.int32(1)),
         }
+        text = {name: batch[name] for name in ("src", "tgt")} if self.keep_text else {}
+        return pa.table({**text, **ids})
+
+
+def _append(lists: pa.ListArray, value: int) -> pa.ListArray:
+    """`lists` with `value` appended to every list (lists built from Python: no offset, no nulls)."""
+    offsets = lists.offsets.to_numpy()  # (N + 1,) int32
+    values = np.insert(lists.values.to_numpy(zero_copy_only=False), offsets[1:], value).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets + np.arange(len(offsets), dtype=np.int32)), pa.array(values))
 
 
 def _filter_masks(

@@ -7,13 +7,17 @@ and a joint vocabulary can be shared by both embeddings.
 
 from __future__ import annotations
 
-import io
+import json
 import random
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from nmt.config import TokenizerConfig
 from nmt.errors import DataError
@@ -110,11 +114,29 @@ def train_tokenizer(
     """
     src_sample = _sample(src_lines, cfg.max_sentences, seed)
     tgt_sample = _sample(tgt_lines, cfg.max_sentences, seed + 1)
+    with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
+        files = []
+        for name, sample in (("src.txt", src_sample), ("tgt.txt", tgt_sample)):
+            path = Path(folder) / name
+            path.write_text("".join(f"{line.replace(chr(10), ' ')}\n" for line in sample), encoding="utf-8")
+            files.append(path)
+        return train_tokenizer_on_files(cfg, files[0], files[1], where=where)
+
+
+def train_tokenizer_on_files(cfg: TokenizerConfig, src_file: Path, tgt_file: Path, *, where: str) -> Tokenizer:
+    """Train sentencepiece on text files of one sentence per line (source, target), in a child process.
+
+    sentencepiece holds its whole input, and what it builds from it, in memory; in a
+    child process all of it goes back to the system when training ends, so a million
+    training sentences never weigh on the memory of the process that then trains the model.
+
+    Raises:
+        DataError: no text at all, or too little for `cfg.vocab_size`.
+    """
     if cfg.joint:
-        return Tokenizer(src_model=_train_one(cfg, src_sample + tgt_sample, "joint", where))
-    return Tokenizer(
-        src_model=_train_one(cfg, src_sample, "source", where), tgt_model=_train_one(cfg, tgt_sample, "target", where)
-    )
+        return Tokenizer(src_model=_train_one(cfg, [src_file, tgt_file], "joint", where))
+    return Tokenizer(src_model=_train_one(cfg, [src_file], "source", where),
+                     tgt_model=_train_one(cfg, [tgt_file], "target", where))
 
 
 def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:
@@ -131,36 +153,61 @@ def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:
     return [line for _, line in sorted(reservoir)]
 
 
-def _train_one(cfg: TokenizerConfig, sentences: list[str], which: str, where: str) -> bytes:
-    if not sentences:
+def _train_one(cfg: TokenizerConfig, files: list[Path], which: str, where: str) -> bytes:
+    if all(Path(f).stat().st_size == 0 for f in files):
         raise DataError(
             f"{where}: no {which} training text for the tokenizer: no pair is left after dropping those "
             "with an empty side; check that both files hold text"
         )
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=model,
-            model_type=cfg.type,
-            vocab_size=cfg.vocab_size,
-            character_coverage=cfg.character_coverage,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            input_sentence_size=0,  # all of them: the sample above already bounds the size
-            shuffle_input_sentence=False,
-            num_threads=2,
-            minloglevel=2,
-            max_sentence_length=1 << 16,
+    options = dict(
+        input=",".join(str(f) for f in files),
+        model_type=cfg.type,
+        vocab_size=cfg.vocab_size,
+        character_coverage=cfg.character_coverage,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        input_sentence_size=0,  # all of them: the sample already bounds the size
+        shuffle_input_sentence=False,
+        num_threads=2,
+        minloglevel=2,
+        max_sentence_length=1 << 16,
+    )
+    with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
+        model_path = Path(folder) / "spm.model"
+        job = subprocess.run([sys.executable, "-c", _CHILD, str(model_path)], input=json.dumps(options), text=True,
+                             capture_output=True)
+        if job.returncode == 0 and model_path.is_file():
+            return _without_input_paths(model_path.read_bytes())
+    error = job.stderr.strip().splitlines()[-1] if job.stderr.strip() else f"exit status {job.returncode}"
+    found = re.search(r"value <= (\d+)", error)
+    if "Vocabulary size is too large" in error or "Vocabulary size too high" in error:
+        limit = f" to at most {found.group(1)}" if found else ""
+        raise DataError(
+            f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} text of {where}; lower it{limit}"
         )
-    except RuntimeError as err:
-        found = re.search(r"value <= (\d+)", str(err))
-        if "Vocabulary size is too large" in str(err) or "Vocabulary size too high" in str(err):
-            limit = f" to at most {found.group(1)}" if found else ""
-            raise DataError(
-                f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} text of {where}; lower it{limit}"
-            ) from None
-        raise DataError(f"{where}: sentencepiece failed on the {which} text: {str(err).strip().splitlines()[0]}") from None
-    return model.getvalue()
+    raise DataError(f"{where}: sentencepiece failed on the {which} text: {error}")
+
+
+# The child process: sentencepiece alone (no torch, no datasets), options as JSON on stdin.
+_CHILD = """
+import io, json, sys
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
+model = io.BytesIO()
+try:
+    spm.SentencePieceTrainer.train(model_writer=model, **json.load(sys.stdin))
+except RuntimeError as err:
+    sys.exit(str(err).strip().splitlines()[0] if str(err).strip() else 'RuntimeError')
+open(sys.argv[1], 'wb').write(model.getvalue())
+"""
+
+
+def _without_input_paths(model: bytes) -> bytes:
+    """The model without the paths of its (temporary) input files, which it records: the same
+    sentences give the same bytes, whatever file they were read from."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    proto.trainer_spec.ClearField("input")
+    return proto.SerializeToString()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,16 @@ from typing import Any
 import torch
 
 from nmt.config import ExperimentConfig
-from nmt.data.batching import Batch, collate
+from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
-from nmt.data.dataset import prepare_split
-from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from nmt.data.dataset import (
+    available_cores,
+    in_child_process,
+    length_arrays,
+    prepare_split,
+    write_tokenizer_sample,
+)
+from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
 from nmt.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,7 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
         if getattr(data, name) is None:
             raise ConfigError(f"data.{name}: required for training (a corpus section with kind and path)")
     cache = run_dir / "cache"
+    num_proc = data.num_proc or available_cores()
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
     load_pairs(data.valid, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
     given, tokenizer = tokenizer, Tokenizer.load(run_dir)
@@ -60,32 +68,46 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
         tokenizer = given
         tokenizer.save(run_dir)
     if tokenizer is None:
-        raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache))
-        tokenizer = train_tokenizer(cfg.tokenizer, _column(raw, "src"), _column(raw, "tgt"), seed=cfg.train.seed,
-                                    where=f"data.train ({data.train.path})")
+        raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
+                             num_proc=num_proc)
+        with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
+            # in a child: drawing rows from all over the corpus would leave its pages resident here
+            src_file, tgt_file = in_child_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,
+                                                  seed=cfg.train.seed, folder=Path(folder))
+            tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file,
+                                                 where=f"data.train ({data.train.path})")
         tokenizer.save(run_dir)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True)
-    valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False)
+    train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc)
+    valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False, num_proc=num_proc)
     return RunData(tokenizer, train, valid, {"train": train_report, "valid": valid_report})
 
 
-def _column(ds, name: str):
-    for batch in ds.iter(batch_size=10_000):
-        yield from batch[name]
+def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0,
+                  world_size: int = 1) -> TokenBatchSampler:
+    """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`)."""
+    src_lens, tgt_lens = length_arrays(ds)
+    return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
+                             rank=rank, world_size=world_size)
 
 
-def collated_batches(ds, batch_lists: list[list[int]], *, pad_to_multiple: int = 1) -> Iterator[Batch]:
+BATCH_COLUMNS = ["src_ids", "tgt_ids"]
+"""What `collate` reads. Fetching only these leaves the text alone: a row's text columns are
+more pages of the memory map to touch, and more Python strings to build, for nothing."""
+
+
+def collated_batches(ds, batch_lists: Sequence[list[int]], *, pad_to_multiple: int = 1) -> Iterator[Batch]:
     """Collated batches for lists of row indices, in this process (rows fetched from Arrow per batch)."""
+    ids = ds.select_columns(BATCH_COLUMNS)
     for indices in batch_lists:
-        yield collate(ds[indices], indices, pad_id=PAD_ID, pad_to_multiple=pad_to_multiple)
+        yield collate(ids[indices], indices, pad_id=PAD_ID, pad_to_multiple=pad_to_multiple)
 
 
 class _EpochBatches(torch.utils.data.Dataset):
     """Item i is the collated batch of `batch_lists[i]`, so DataLoader workers can build batches."""
 
-    def __init__(self, ds, batch_lists: list[list[int]], pad_to_multiple: int) -> None:
-        self.ds, self.batch_lists, self.pad_to_multiple = ds, batch_lists, pad_to_multiple
+    def __init__(self, ds, batch_lists: Sequence[list[int]], pad_to_multiple: int) -> None:
+        self.ds, self.batch_lists, self.pad_to_multiple = ds.select_columns(BATCH_COLUMNS), batch_lists, pad_to_multiple
 
     def __len__(self) -> int:
         return len(self.batch_lists)
@@ -95,7 +117,7 @@ class _EpochBatches(torch.utils.data.Dataset):
         return collate(self.ds[indices], indices, pad_id=PAD_ID, pad_to_multiple=self.pad_to_multiple)
 
 
-def batch_loader(ds, batch_lists: list[list[int]], *, num_workers: int = 0, pin_memory: bool = False,
+def batch_loader(ds, batch_lists: Sequence[list[int]], *, num_workers: int = 0, pin_memory: bool = False,
                  pad_to_multiple: int = 1):
     """A DataLoader yielding the batches in order, built by `num_workers` processes (0: this one)."""
     return torch.utils.data.DataLoader(

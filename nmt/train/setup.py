@@ -33,7 +33,7 @@ from nmt.runtime import (
     seed_everything,
     shutdown_distributed,
 )
-from nmt.train.data import RunData, prepare_run
+from nmt.train.data import RunData, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
 from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
@@ -115,9 +115,8 @@ def wrap_objective(objective: nn.Module, tc: TrainConfig, device: torch.device, 
 
 def train_sampler(data: RunData, tc: TrainConfig, ctx: Dist) -> TokenBatchSampler:
     """This rank's shuffled token-budget batches of the training split."""
-    lens = data.train.with_format("numpy")
-    return TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=tc.max_tokens,
-                             shuffle=True, seed=tc.seed, rank=ctx.rank, world_size=ctx.world_size)
+    return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
+                         world_size=ctx.world_size)
 
 
 def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:

@@ -15,11 +15,10 @@ import torch
 from torch import nn
 
 from nmt.config import ExperimentConfig
-from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
 from nmt.metrics import METRICS, score
 from nmt.runtime import Dist, all_gather, all_reduce, autocast, inference
-from nmt.train.data import RunData, collated_batches
+from nmt.train.data import RunData, build_sampler, collated_batches
 from nmt.train.loss import label_smoothed_loss, perplexity
 from nmt.translate import Translator
 
@@ -37,9 +36,7 @@ def validate(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: tor
     """{"loss", "ppl"} on the validation set, plus `eval.metrics` (and the early-stopping metric)
     of greedy translations when `train.valid_bleu`. Leaves the model in training mode."""
     tc, valid = cfg.train, data.valid
-    lens = valid.with_format("numpy")
-    sampler = TokenBatchSampler(src_lens=lens["src_len"], tgt_lens=lens["tgt_len"], max_tokens=tc.max_tokens,
-                                shuffle=False, seed=0)
+    sampler = build_sampler(valid, max_tokens=tc.max_tokens, shuffle=False, seed=0)
     loss_sum = nll_sum = 0.0
     ntok = 0
     with inference(model):

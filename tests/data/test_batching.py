@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, Features, Value
 
 from nmt.data.batching import Batch, TokenBatchSampler, collate, inference_batches
+from nmt.data.dataset import length_arrays
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MAX_TOKENS = 400
@@ -104,10 +105,19 @@ def test_empty_dataset_and_bad_arguments() -> None:
         TokenBatchSampler(src_lens=[1, 2], tgt_lens=[1], max_tokens=10)
 
 
-def test_lengths_straight_from_a_dataset_column() -> None:
-    ds = Dataset.from_dict({"src_len": [3, 5, 2], "tgt_len": [4, 1, 2]}).with_format("numpy")
-    s = TokenBatchSampler(src_lens=ds["src_len"], tgt_lens=ds["tgt_len"], max_tokens=10, shuffle=False)
+def test_lengths_straight_from_a_dataset() -> None:
+    ds = Dataset.from_dict({"src_len": [3, 5, 2], "tgt_len": [4, 1, 2]}, features=Features(
+        {"src_len": Value("int32"), "tgt_len": Value("int32")}))
+    src_lens, tgt_lens = length_arrays(ds)
+    s = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=10, shuffle=False)
     assert s.batch_list(0) == [[1, 0], [2]]  # 2 * 5 and 1 * 2 tokens
+
+
+def test_a_lazy_dataset_column_is_refused_with_the_way_out() -> None:
+    """`datasets` 5 columns are lazy: converting one walks every row through Python."""
+    ds = Dataset.from_dict({"src_len": [3, 5, 2], "tgt_len": [4, 1, 2]}).with_format("numpy")
+    with pytest.raises(TypeError, match="length_arrays"):
+        TokenBatchSampler(src_lens=ds["src_len"], tgt_lens=ds["tgt_len"], max_tokens=10)
 
 
 # --------------------------------------------------------------------------- collate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from nmt.config import CorpusConfig
-from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.data.corpus import PY_WHITESPACE, clean_pairs, load_pairs
 from nmt.errors import DataError
 
 DE = ["ein hund", "eine katze", "das haus", "der baum"]
@@ -235,3 +236,12 @@ def test_clean_pairs_treats_nulls_as_empty() -> None:
     ds = Dataset.from_dict({"src": ["a", None, "c"], "tgt": ["A", "B", None]})
     cleaned, report = clean_pairs(ds)
     assert pairs(cleaned) == [("a", "A")] and report == {"empty": 2}
+
+
+def test_clean_pairs_strips_exactly_what_python_strips() -> None:
+    assert PY_WHITESPACE == "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
+    texts = ["\x1c a \x1f", "\x85b\u3000", "\u200bc\u200b", "\u2028\t", " d\u00a0e ", "\ufefff", "g\x00"]
+    ds = Dataset.from_dict({"src": texts, "tgt": ["x"] * len(texts)})
+    cleaned, report = clean_pairs(ds)
+    expected = [t.strip() for t in texts if t.strip()]
+    assert cleaned["src"][:] == expected and report == {"empty": len(texts) - len(expected)}

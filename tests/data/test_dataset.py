@@ -82,7 +82,8 @@ def test_prepare_split_filters_training_only(tmp_path: Path, tokenizer: Tokenize
     cfg = DataConfig(train=spec, valid=spec, max_len=8, max_ratio=0.0)
 
     train, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=True)
-    assert train["src"] == ["hund", "haus"]
+    assert train.column_names == ["src_ids", "tgt_ids", "src_len", "tgt_len"]  # no text: nothing reads it
+    assert train["src_ids"][:] == [[*ids, EOS_ID] for ids in tokenizer.encode_src(["hund", "haus"])]
     assert report == {"pairs": 4, "empty": 1, "too_long": 1, "ratio": 0, "kept": 2}
     valid, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=False)
     assert valid["tgt"] == ["dog", "cat dog tree house man woman child book", "house"]

@@ -8,8 +8,6 @@ import signal
 import time
 
 import pytest
-import torch
-import torch.multiprocessing as mp
 
 from nmt.checkpoint import (
     latest_checkpoint,
@@ -24,18 +22,19 @@ from tests.train.helpers import nmt_process, same_weights, tiny_cfg, wait_for, w
 def test_sigkill_after_a_checkpoint_then_resume_is_bitwise_exact(small_corpus, tmp_path):
     """20 uninterrupted updates equal 10, a SIGKILL, and 10 more after resuming (CPU, fp32, dropout on)."""
     killed = tmp_path / "killed"
-    # A forked child starts with everything imported; SIGKILL ends it with no chance to clean up.
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its first use imports torch._dynamo: do it once, here
-    proc = mp.get_context("fork").Process(
-        target=train, args=(tiny_cfg(small_corpus, killed, max_steps=100_000, save_every=10, keep_last=100),))
-    proc.start()
-    deadline = time.monotonic() + 120
-    while not (killed / "ckpt_10.pt").exists():
-        assert proc.is_alive() and time.monotonic() < deadline, f"training process ended ({proc.exitcode})"
-        time.sleep(0.002)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.join()
-    assert proc.exitcode == -signal.SIGKILL
+    # `nmt train` in a process of its own, which SIGKILL ends with no chance to clean up. (A forked
+    # child of this test process could deadlock in torch on a lock held by a thread it does not inherit.)
+    config = write_cfg(tmp_path / "killed.yaml", small_corpus, killed, max_steps=100_000, save_every=10, keep_last=100)
+    proc = nmt_process("train", str(config))
+    try:
+        wait_for(lambda: (killed / "ckpt_10.pt").exists(), proc, poll=0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
     assert latest_checkpoint(killed).name == "ckpt_10.pt", "killed too late: the run got past step 20"
 
     straight = tmp_path / "straight"

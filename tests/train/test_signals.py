@@ -79,8 +79,9 @@ def test_signals_to_a_training_process_exit_with_130_and_143(small_corpus, tmp_p
     procs = {}
     for signum, workers in ((signal.SIGTERM, 0), (signal.SIGINT, 1)):
         run = tmp_path / signum.name
+        # keep_last high: both runs train at once, and the second must not prune ckpt_2.pt before it is seen
         config = write_cfg(tmp_path / f"{signum.name}.yaml", small_corpus, run, max_steps=100_000, save_every=2,
-                           num_workers=workers)
+                           num_workers=workers, keep_last=10_000)
         procs[signum] = (run, nmt_process("train", str(config)))
     for signum, (run, proc) in procs.items():
         wait_for(lambda run=run: (run / "ckpt_2.pt").exists(), proc, timeout=300)

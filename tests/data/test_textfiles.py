@@ -1,0 +1,175 @@
+"""Text corpora into Arrow: block reading, shards (globs, lists, `.gz`), and the same cleaning and report."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nmt.config import CorpusConfig, DataConfig, load_config
+from nmt.data import textfiles
+from nmt.data.corpus import load_pairs
+from nmt.data.dataset import prepare_split
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import ConfigError, DataError
+
+from .conftest import toy_corpus
+
+
+def write(path: Path, data: bytes) -> None:
+    if path.suffix == ".gz":
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    write(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+
+def load(tmp_path: Path, kind: str, path: str | list[str]):
+    return load_pairs(CorpusConfig(kind=kind, path=path), src_lang="de", tgt_lang="en", cache_dir=tmp_path / "cache")
+
+
+def reference_lines(data: bytes) -> list[str]:
+    """The line rules, one line at a time: only '\\n' ends a line, '\\r\\n' counts as '\\n', BOM dropped."""
+    text = data.decode("utf-8").removeprefix("\ufeff")
+    if not text:
+        return []
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+        return [line.removesuffix("\r") for line in lines]
+    return [line.removesuffix("\r") for line in lines[:-1]] + [lines[-1]]
+
+
+TRICKY = [
+    b"",
+    b"\n",
+    b"\n\n",
+    b"\xef\xbb\xbfbom first\r\nsecond\n",
+    "gr\u00fc\u00dfe \u2028 inside\r\nk\u00e4se\r\r\n\r\nlast without newline\r".encode(),
+    "\u65e5\u672c\u8a9e \u00e9\u00e8\n".encode() * 5 + b" tail",
+]
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 1 << 22])
+@pytest.mark.parametrize("data", TRICKY, ids=range(len(TRICKY)))
+def test_blocks_of_any_size_split_lines_as_the_line_rules_say(tmp_path: Path, monkeypatch, block: int,
+                                                               data: bytes) -> None:
+    monkeypatch.setattr(textfiles, "BLOCK_BYTES", block)
+    for name in ("t.de", "t.de.gz"):
+        write(tmp_path / name, data)
+        lines = [s for arr in textfiles.line_blocks(str(tmp_path / name)) for s in arr.to_pylist()]
+        assert lines == reference_lines(data)
+
+
+def test_invalid_utf8_in_a_later_block_names_the_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(textfiles, "BLOCK_BYTES", 8)
+    write(tmp_path / "t.de", b"one\ntwo\nthree\nfo\xffur\nfive\n")
+    write_lines(tmp_path / "t.en", ["a"] * 5)
+    with pytest.raises(DataError, match=r"t\.de:4: invalid UTF-8 at byte 2 of the line"):
+        load(tmp_path, "text", str(tmp_path / "t"))
+
+
+def test_shards_by_glob_and_by_list_read_in_order(tmp_path: Path) -> None:
+    de, en = toy_corpus(30, seed=3)
+    for k, (lo, hi) in enumerate([(0, 10), (10, 25), (25, 30)]):
+        gz = ".gz" if k == 1 else ""
+        write_lines(tmp_path / f"part-{k}.de{gz}", de[lo:hi])
+        write_lines(tmp_path / f"part-{k}.en", en[lo:hi])
+    by_glob = load(tmp_path, "text", str(tmp_path / "part-*"))
+    assert by_glob["src"][:] == de and by_glob["tgt"][:] == en
+    by_list = load(tmp_path, "text", [str(tmp_path / "part-2"), str(tmp_path / "part-[01]")])
+    assert by_list["src"][:] == de[25:] + de[:25]
+
+
+def test_a_shard_with_different_line_counts_is_named(tmp_path: Path) -> None:
+    write_lines(tmp_path / "a.de", ["x", "y"])
+    write_lines(tmp_path / "a.en", ["x", "y"])
+    write_lines(tmp_path / "b.de", ["x", "y", "z"])
+    write_lines(tmp_path / "b.en.gz", ["x"])
+    with pytest.raises(DataError, match=r"b\.de has 3 lines but .*b\.en\.gz has 1"):
+        load(tmp_path, "text", [str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_a_glob_that_matches_nothing_says_what_it_looked_for(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no files match .*nothing-\*\.de or .*nothing-\*\.de\.gz"):
+        load(tmp_path, "text", str(tmp_path / "nothing-*"))
+
+
+def test_tsv_and_jsonl_shards(tmp_path: Path) -> None:
+    (tmp_path / "a.tsv").write_text("de\ten\nhund\tdog\n", encoding="utf-8")
+    (tmp_path / "b.tsv").write_text("en\tde\ncat\tkatze\n", encoding="utf-8")  # each shard has its own header
+    assert load(tmp_path, "tsv", str(tmp_path / "*.tsv"))["src"][:] == ["hund", "katze"]
+    (tmp_path / "a.jsonl").write_text('{"de": "haus", "en": "house"}\n', encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text('{"translation": {"de": "baum", "en": "tree"}}\n', encoding="utf-8")
+    ds = load(tmp_path, "jsonl", [str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl")])
+    assert ds["tgt"][:] == ["tree", "house"]
+
+
+def test_sharded_input_gets_the_same_cleaning_and_filter_report(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    de, en = toy_corpus(60, seed=5)
+    de[7], en[40] = "   ", ""  # empty sides, one in each shard
+    de[20] = " ".join(["hund"] * 40)  # too long
+    write_lines(tmp_path / "whole.de", de)
+    write_lines(tmp_path / "whole.en", en)
+    write_lines(tmp_path / "s-0.de.gz", de[:30])
+    write_lines(tmp_path / "s-0.en", en[:30])
+    write_lines(tmp_path / "s-1.de", de[30:])
+    write_lines(tmp_path / "s-1.en.gz", en[30:])
+    results = []
+    for path in (str(tmp_path / "whole"), str(tmp_path / "s-*")):
+        spec = CorpusConfig(kind="text", path=path)
+        cfg = DataConfig(train=spec, valid=spec, max_len=20)
+        ds, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=True)
+        results.append((ds["src_ids"][:], ds["tgt_ids"][:], report))
+    assert results[0] == results[1]
+    report = results[0][2]
+    assert report["pairs"] == 60 and report["empty"] == 2 and report["too_long"] >= 1
+    assert report["kept"] == 58 - report["too_long"] - report["ratio"] == len(results[1][0])
+
+
+def test_reading_makes_no_python_call_per_line(tmp_path: Path) -> None:
+    """Lines stay in Arrow: the Python calls grow with blocks, not with lines."""
+    def calls_for(n: int) -> int:
+        de, en = toy_corpus(n, seed=n)
+        write_lines(tmp_path / f"c{n}.de", de)
+        write_lines(tmp_path / f"c{n}.en", en)
+        count = 0
+
+        def profile(frame, event, arg):
+            nonlocal count
+            count += event == "call"
+
+        sys.setprofile(profile)
+        try:
+            ds = textfiles.read_text_shards([(str(tmp_path / f"c{n}.de"), str(tmp_path / f"c{n}.en"))],
+                                            str(tmp_path / "cache"))
+        finally:
+            sys.setprofile(None)
+        assert len(ds) == n
+        return count
+
+    small, large = calls_for(2_000), calls_for(100_000)
+    assert large < small + 300, (small, large)
+
+
+def test_path_list_in_a_config(tmp_path: Path) -> None:
+    raw = {"data": {"train": {"kind": "text", "path": ["$HOME/a", "b-*"]}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.data.train.paths[1] == "b-*" and not cfg.data.train.paths[0].startswith("$")
+    raw["data"]["train"]["path"] = ["a", 3]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"data\.train\.path\[1\]: expected str, got int 3"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_disk_and_hub_take_one_path(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="kind disk reads one dataset"):
+        load(tmp_path, "disk", [str(tmp_path / "a"), str(tmp_path / "b")])
