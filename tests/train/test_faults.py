@@ -37,10 +37,14 @@ def test_sigkill_after_a_checkpoint_then_resume_is_bitwise_exact(small_corpus, t
     assert proc.returncode == -signal.SIGKILL
     assert latest_checkpoint(killed).name == "ckpt_10.pt", "killed too late: the run got past step 20"
 
+    # the other two runs in processes like the first: one environment (threads, caches) for all three
     straight = tmp_path / "straight"
-    train(tiny_cfg(small_corpus, straight, max_steps=20, save_every=10))
-    summary = train(tiny_cfg(small_corpus, killed, max_steps=20, save_every=10, keep_last=100))
-    assert summary["step"] == 20
+    for path, run, keep in ((tmp_path / "straight.yaml", straight, 2), (tmp_path / "resumed.yaml", killed, 100)):
+        finish = nmt_process("train", str(write_cfg(path, small_corpus, run, max_steps=20, save_every=10,
+                                                     keep_last=keep)))
+        _, err = finish.communicate(timeout=300)
+        assert finish.returncode == 0, err[-3000:]
+    assert load_checkpoint(killed / "ckpt_20.pt")["progress"]["step"] == 20
     assert same_weights(weights(straight / "ckpt_20.pt"), weights(killed / "ckpt_20.pt"))
 
 
