@@ -52,16 +52,14 @@ def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfi
 
 
 def start_ranks(target, world_size: int, cfg: ExperimentConfig, out) -> None:
-    """Run `target(rank, world_size, port, cfg, out)` in `world_size` gloo processes (forked where CUDA is absent)."""
+    """Run `target(rank, world_size, port, cfg, out)` in `world_size` gloo processes (spawned)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # fork: the children start with torch and nmt imported (spawn would import them again), and with
-    # what building the first optimizer imports (torch._dynamo, seconds of it) already done here.
-    # Where CUDA is present, a backward pass run earlier in this process (another test) has started
-    # autograd's device threads, and autograd then refuses to run in a forked child: spawn there.
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
-    start_method = "spawn" if torch.cuda.is_available() else "fork"
+    # spawn, not fork: a forked child inherits this test process's memory but not its threads (Arrow's
+    # pool after the data tests, autograd's device threads on CUDA machines), and was seen to deadlock
+    # in a torch operation on a lock one of them held. Spawned ranks import torch afresh (seconds).
+    start_method = "spawn"
     mp.start_processes(target, args=(world_size, port, cfg, str(out)), nprocs=world_size, start_method=start_method)
 
 
