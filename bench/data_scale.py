@@ -114,6 +114,7 @@ def child(overrides: list[str], out: Path) -> None:
     import nmt.data.dataset as dataset
     import nmt.train.data as data
     import nmt.train.loop as loop
+    import nmt.train.setup as setup
     from nmt.config import load_config
 
     seconds = dict.fromkeys(PHASES, 0.0)
@@ -139,7 +140,7 @@ def child(overrides: list[str], out: Path) -> None:
     timed(data, "in_child_process", "tokenizer")  # drawing and writing the sample, in a child process
     timed(data, "train_tokenizer_on_files", "tokenizer")
     timed(dataset, "tokenize_pairs", "tokenize")
-    timed(loop, "build_sampler", "sampler")
+    timed(setup, "build_sampler", "sampler")
     step = loop.train_step
 
     def first_step(*args, **kwargs):
