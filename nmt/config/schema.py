@@ -104,14 +104,16 @@ class CorpusConfig:
     """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset."""
     path: list[str] | str = ""
     """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another."""
-    src_field: str | None = None
-    """Column holding the source sentence; default: the source language code, or `translation.<lang>`."""
-    tgt_field: str | None = None
-    """Column holding the target sentence; default: the target language code, or `translation.<lang>`."""
+    src_field: str | int | None = None
+    """Column holding the source sentence; default: the source language code, or `translation.<lang>`. For `tsv`, a column number (0 is the first) reads a file without a header row."""
+    tgt_field: str | int | None = None
+    """Column holding the target sentence; default: the target language code, or `translation.<lang>`. A number as for `src_field` (give both as numbers)."""
     hf_config: str | None = None
     """Hub dataset configuration name (`kind: hf`), e.g. `de-en` for wmt14."""
     split: str | None = None
     """Split to read from a hub dataset or a saved DatasetDict, e.g. `validation`."""
+    weight: float = num(1.0, lo=0, lo_open=True)
+    """Training corpora only (`data.train` may be a list of corpus sections): how many times an epoch takes each of this corpus's pairs. 3 repeats a small in-domain corpus three times; 0.25 takes a fresh random quarter of a large one each epoch."""
 
     @property
     def paths(self) -> list[str]:
@@ -130,8 +132,22 @@ class CorpusConfig:
             self.path = expand_vars(self.path)
         else:
             raise ValueError(f"path: expected a path or a list of paths, got {type(self.path).__name__}")
+        check_ranges(self)
         if self.kind == "tsv" and (self.src_field is None) != (self.tgt_field is None):
             raise ValueError("src_field and tgt_field: give both or neither")
+        numbers = [isinstance(f, int) and not isinstance(f, bool) for f in (self.src_field, self.tgt_field)]
+        if any(numbers):
+            if self.kind != "tsv":
+                raise ValueError(f"src_field and tgt_field: column numbers are for kind: tsv, not {self.kind}; "
+                                 "give column names")
+            if not all(numbers):
+                raise ValueError("src_field and tgt_field: give both as column numbers (a file without a header) "
+                                 "or both as names")
+            if min(self.src_field, self.tgt_field) < 0:  # type: ignore[type-var]
+                raise ValueError(f"src_field and tgt_field: column numbers start at 0, not "
+                                 f"{min(self.src_field, self.tgt_field)}")  # type: ignore[type-var]
+            if self.src_field == self.tgt_field:
+                raise ValueError(f"src_field and tgt_field: both read column {self.src_field}")
 
 
 @dataclass
@@ -142,8 +158,8 @@ class DataConfig:
     """Source language code: the suffix of text files and the default column name."""
     tgt_lang: str = "en"
     """Target language code."""
-    train: CorpusConfig | None = None
-    """Training split (required)."""
+    train: CorpusConfig | list[CorpusConfig] | None = None
+    """Training split (required): one corpus section, or a list of them, each with its `weight`."""
     valid: CorpusConfig | None = None
     """Validation split (required): loss, perplexity and BLEU during training."""
     test: dict[str, CorpusConfig] = field(default_factory=dict)
@@ -159,6 +175,19 @@ class DataConfig:
         check_ranges(self)
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {self.src_lang!r}")
+        if isinstance(self.train, list) and not self.train:
+            raise ValueError("train: an empty list; give one corpus section or a list of them")
+        evaluated = {"valid": self.valid, **{f"test.{name}": spec for name, spec in self.test.items()}}
+        for name, spec in evaluated.items():
+            if spec is not None and spec.weight != 1.0:
+                raise ValueError(f"{name}.weight: weights apply to training corpora only; remove it")
+
+    @property
+    def train_corpora(self) -> list[CorpusConfig]:
+        """The training corpora as a list (one item unless `train` is a list); empty without `train`."""
+        if self.train is None:
+            return []
+        return list(self.train) if isinstance(self.train, list) else [self.train]
 
 
 @dataclass

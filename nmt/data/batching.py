@@ -10,6 +10,7 @@ little of the budget is padding; the order of the batches is then shuffled.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -169,9 +170,15 @@ class TokenBatchSampler(Sampler[list[int]]):
     order plus batch bounds (`EpochBatches`): building an epoch of millions of
     pairs takes a fraction of a second and a few bytes per pair.
 
+    Weighted corpora: when the rows are several corpora one after another (`parts`),
+    an epoch takes each corpus's rows `weight` times: whole copies for the integer
+    part, and for the fraction a share of its rows drawn afresh each epoch (seeded by
+    seed, epoch and corpus). Without `parts`, or with every weight 1, an epoch is
+    each row once and the random draws are exactly those of an unweighted sampler.
+
     Sharding: every rank computes the same list; rank r takes batches r, r+W, ...
     So that every rank gets the same number of batches (DDP steps in lockstep)
-    while each pair is still seen exactly once per epoch, the largest batches are
+    while each drawn row is still seen exactly once per epoch, the largest batches are
     split in two until the count divides by W; halves stay under the budget. Only
     with fewer pairs than ranks are batches repeated (from the start of the list).
 
@@ -182,9 +189,11 @@ class TokenBatchSampler(Sampler[list[int]]):
         shuffle: shuffle rows and batches; False gives the sorted, longest-first order.
         seed: base seed; with the epoch it fixes the batches.
         rank, world_size: this process's shard.
+        parts: (rows, weight) of each corpus, in row order; the rows must add up to N.
 
     Raises:
-        ValueError: lengths that are not 1-D arrays of the same length, max_tokens < 1, or a bad rank.
+        ValueError: lengths that are not 1-D arrays of the same length, max_tokens < 1, a bad
+            rank, or parts that do not cover the rows or have a weight that is not above 0.
     """
 
     def __init__(
@@ -197,6 +206,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        parts: Sequence[tuple[int, float]] | None = None,
     ) -> None:
         src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
         if src.ndim != 1 or src.shape != tgt.shape:
@@ -205,6 +215,12 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError(f"max_tokens ({max_tokens}) must be at least 1")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank ({rank}) must be in [0, world_size) with world_size ({world_size}) >= 1")
+        if parts is not None:
+            if sum(rows for rows, _ in parts) != len(src) or any(rows < 0 for rows, _ in parts):
+                raise ValueError(f"parts {list(parts)} must be row counts adding up to the {len(src)} rows")
+            if not all(math.isfinite(w) and w > 0 for _, w in parts):
+                raise ValueError(f"parts {list(parts)}: every weight must be a finite number above 0")
+        self.parts = None if parts is None or all(w == 1 for _, w in parts) else [(int(r), float(w)) for r, w in parts]
         self.lengths = np.maximum(src, tgt).astype(np.int32, copy=False)  # (N,)
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
@@ -231,8 +247,12 @@ class TokenBatchSampler(Sampler[list[int]]):
         """The row order and the (starts, ends) of every batch in it, in the order they are yielded."""
         # The random draws (row permutation, then batch permutation) are those the published runs made.
         rng = np.random.default_rng([self.seed, epoch])
-        n = len(self.lengths)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if self.parts is None:
+            n = len(self.lengths)
+            order = rng.permutation(n) if self.shuffle else np.arange(n)
+        else:
+            rows = self._weighted_rows(epoch)
+            order = rows[rng.permutation(len(rows))] if self.shuffle else rows
         order = order[np.argsort(-self.lengths[order], kind="stable")].astype(np.int32)  # longest first
         bounds = _chunk_bounds(self.lengths[order], self.max_tokens).astype(np.int32)
         starts, ends = bounds[:-1], bounds[1:]
@@ -240,6 +260,22 @@ class TokenBatchSampler(Sampler[list[int]]):
             perm = rng.permutation(len(starts))
             starts, ends = starts[perm], ends[perm]
         return order, starts, ends
+
+    def _weighted_rows(self, epoch: int) -> np.ndarray:
+        """The rows `epoch` takes from weighted corpora, in corpus order: each corpus's rows
+        floor(weight) times, then round(fraction x rows) of them drawn without replacement."""
+        taken, start = [], 0
+        assert self.parts is not None
+        for part, (rows, weight) in enumerate(self.parts):
+            whole, fraction = divmod(weight, 1.0)
+            span = np.arange(start, start + rows, dtype=np.int64)
+            taken += [span] * int(whole)
+            share = min(rows, max(1, round(fraction * rows))) if fraction else 0  # a weight above 0 takes a pair
+            if share:
+                draw = np.random.default_rng([self.seed, epoch, 1, part]).choice(rows, size=share, replace=False)
+                taken.append(start + np.sort(draw))
+            start += rows
+        return np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)
 
     def _shard(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> EpochBatches:
         w = self.world_size

@@ -2,7 +2,8 @@
 
 Sources (`CorpusConfig.kind`):
     text     PATH.SRC and PATH.TGT, one sentence per line (either may be `.gz`).
-    tsv      one tab-separated file with a header row (no quoting: tabs split fields).
+    tsv      one tab-separated file with a header row, or none when the fields are column
+             numbers (no quoting: tabs split fields).
     jsonl    one JSON object per line, flat or with a nested `translation` object.
     parquet  one parquet file (or glob).
     disk     a `Dataset` or `DatasetDict` written with `save_to_disk`.
@@ -26,6 +27,7 @@ import contextlib
 import dataclasses
 import glob
 import gzip
+import itertools
 import json
 import os
 import zlib
@@ -97,10 +99,22 @@ def load_pairs(
                                 for f in files])
             path = files[0]
             with contextlib.closing(_lines(path)) as lines:
-                header = next(lines, "").split("\t")
-            fields = resolve_fields(header, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+                first = next(lines, None)
+            if first is None:
+                return _empty_pairs()
+            header = isinstance(spec.src_field, str) or spec.src_field is None
+            if header:
+                names = first.split("\t")
+                columns = tuple(names.index(f) for f in resolve_fields(names, spec, src_lang=src_lang,
+                                                                        tgt_lang=tgt_lang, where=path))
+            else:  # column numbers: a file without a header row
+                columns = (int(spec.src_field), int(spec.tgt_field))  # type: ignore[arg-type]
+                width = len(first.split("\t"))
+                if max(columns) >= width:
+                    raise DataError(f"{path}:1: {width} tab-separated fields, so no column {max(columns)} "
+                                    f"(src_field and tgt_field count from 0)")
             # a tuple: `from_generator` would shard a list over processes
-            kwargs = dict(path=path, columns=tuple(header.index(f) for f in fields), stamp=file_stamp(path))
+            kwargs = dict(path=path, columns=columns, header=header, stamp=file_stamp(path))
             return _from_generator(_read_tsv, kwargs, cache)
         case "jsonl":
             files = _shard_files(entries, "jsonl")
@@ -244,15 +258,18 @@ def _empty_pairs() -> Dataset:
 # The generators' `stamp` argument is unused: it only makes the Arrow cache key depend on the files.
 
 
-def _read_tsv(path: str, columns: tuple[int, int], stamp: object) -> Iterator[dict[str, str]]:
+def _read_tsv(path: str, columns: tuple[int, int], header: bool, stamp: object) -> Iterator[dict[str, str]]:
+    """Rows of a TSV file; every line has as many fields as the first (the header, where there is one)."""
     lines = _lines(path)
-    width = len(next(lines).split("\t"))
+    first = next(lines)
+    width = len(first.split("\t"))
+    which = "the header has" if header else "line 1 has"
     # Tabs alone split fields: no quoting, and a lone '\r' inside a field is text, as in text files
     # (the csv module would refuse it as a line break inside an unquoted field).
-    for lineno, line in enumerate(lines, 2):
+    for lineno, line in enumerate(lines if header else itertools.chain([first], lines), 2 if header else 1):
         row = line.split("\t")
         if len(row) != width:
-            raise DataError(f"{path}:{lineno}: {len(row)} tab-separated fields, the header has {width}")
+            raise DataError(f"{path}:{lineno}: {len(row)} tab-separated fields, {which} {width}")
         yield {"src": row[columns[0]], "tgt": row[columns[1]]}
 
 

@@ -332,8 +332,10 @@ def _keep(src_len: list[int], tgt_len: list[int], *, max_len: int | None, max_ra
 
 
 def _split_name(spec: CorpusConfig, data_cfg: DataConfig) -> str:
-    """`data.train`, `data.valid` or `data.test.NAME`: how the config names this split."""
-    named = {"data.train": data_cfg.train, "data.valid": data_cfg.valid}
+    """`data.train` (`data.train[i]` in a list), `data.valid` or `data.test.NAME`: how the config names this split."""
+    corpora = data_cfg.train_corpora
+    named = {"data.train" if len(corpora) == 1 else f"data.train[{i}]": spec for i, spec in enumerate(corpora)}
+    named["data.valid"] = data_cfg.valid
     named.update({f"data.test.{k}": v for k, v in data_cfg.test.items()})
     for name, candidate in named.items():
         if candidate is spec:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from datasets import concatenate_datasets
 
 from nmt.config import ExperimentConfig
 from nmt.data.batching import Batch, TokenBatchSampler, collate
@@ -39,9 +40,11 @@ class RunData:
     """Tokenizer and tokenized splits of one run."""
 
     tokenizer: Tokenizer
-    train: Any  # datasets.Dataset with src_ids, tgt_ids, src_len, tgt_len, src, tgt
+    train: Any  # datasets.Dataset with src_ids, tgt_ids, src_len, tgt_len: the training corpora one after another
     valid: Any
     reports: dict[str, dict[str, int]] = field(default_factory=dict)
+    train_parts: list[tuple[int, float]] | None = None
+    """(rows, weight) of each training corpus in `train`, in order (None: one corpus)."""
 
 
 def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
@@ -67,28 +70,43 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     if tokenizer is None and given is not None:
         tokenizer = given
         tokenizer.save(run_dir)
+    corpora = data.train_corpora
     if tokenizer is None:
-        raw, _ = clean_pairs(load_pairs(data.train, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
-                             num_proc=num_proc)
+        # the tokenizer learns from every training corpus as it is, unweighted
+        raw = _one_after_another([
+            clean_pairs(load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
+                        num_proc=num_proc)[0] for spec in corpora])
         with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
             # in a child: drawing rows from all over the corpus would leave its pages resident here
             src_file, tgt_file = in_child_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,
                                                   seed=cfg.train.seed, folder=Path(folder))
-            tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file,
-                                                 where=f"data.train ({data.train.path})")
+            paths = ", ".join(str(spec.path) for spec in corpora)
+            tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file, where=f"data.train ({paths})")
         tokenizer.save(run_dir)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    train, train_report = prepare_split(data.train, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc)
-    valid, valid_report = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False, num_proc=num_proc)
-    return RunData(tokenizer, train, valid, {"train": train_report, "valid": valid_report})
+    parts = [prepare_split(spec, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc) for spec in corpora]
+    train = _one_after_another([split for split, _ in parts])
+    reports = {"train": {key: sum(report[key] for _, report in parts) for key in parts[0][1]}}
+    if len(parts) > 1:
+        reports.update({f"train[{i}]": report for i, (_, report) in enumerate(parts)})
+    valid, reports["valid"] = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False,
+                                            num_proc=num_proc)
+    weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
+    return RunData(tokenizer, train, valid, reports, train_parts=weighted if len(parts) > 1 else None)
 
 
-def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0,
-                  world_size: int = 1) -> TokenBatchSampler:
-    """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`)."""
+def _one_after_another(splits: list[Any]) -> Any:
+    """One `Dataset` of the rows of `splits` in order (memory-mapped tables are chained, not copied)."""
+    return splits[0] if len(splits) == 1 else concatenate_datasets(splits)
+
+
+def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                  parts: Sequence[tuple[int, float]] | None = None) -> TokenBatchSampler:
+    """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`);
+    `parts` weights the corpora the split is made of (`RunData.train_parts`)."""
     src_lens, tgt_lens = length_arrays(ds)
     return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
-                             rank=rank, world_size=world_size)
+                             rank=rank, world_size=world_size, parts=parts)
 
 
 BATCH_COLUMNS = ["src_ids", "tgt_ids"]

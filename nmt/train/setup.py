@@ -116,7 +116,7 @@ def wrap_objective(objective: nn.Module, tc: TrainConfig, device: torch.device, 
 def train_sampler(data: RunData, tc: TrainConfig, ctx: Dist) -> TokenBatchSampler:
     """This rank's shuffled token-budget batches of the training split."""
     return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
-                         world_size=ctx.world_size)
+                         world_size=ctx.world_size, parts=data.train_parts)
 
 
 def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
@@ -164,6 +164,9 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             per_update = tc.max_tokens * tc.accumulate * ctx.world_size
             log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
                      t.model.name, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
+            for i, (rows, weight) in enumerate(data.train_parts or []):
+                log.info("data.train[%d]: %d pairs, weight %g: about %d pairs per epoch", i, rows, weight,
+                         round(rows * weight))
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
                      "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
         return run

@@ -95,6 +95,44 @@ def test_fewer_pairs_than_ranks_repeat_batches() -> None:
     assert {i for shard in shards for batch in shard for i in batch} == {0, 1}
 
 
+def test_weighted_corpora_take_each_row_weight_times_per_epoch(lengths) -> None:
+    # rows 0..999 are one corpus taken 3 times, 1000..2999 another taken a fresh quarter of each epoch
+    s = sampler(lengths, parts=[(1000, 3.0), (2000, 0.25)])
+    shares = []
+    for epoch in (0, 1):
+        counts = np.bincount([i for batch in s.batch_list(epoch) for i in batch], minlength=3000)
+        assert (counts[:1000] == 3).all()
+        assert set(counts[1000:].tolist()) == {0, 1} and counts[1000:].sum() == 500
+        shares.append(set(np.flatnonzero(counts[1000:]).tolist()))
+        for batch in s.batch_list(epoch):
+            assert cost(batch, lengths) <= MAX_TOKENS or len(batch) == 1
+    assert shares[0] != shares[1]  # a different quarter each epoch
+    again = sampler(lengths, parts=[(1000, 3.0), (2000, 0.25)])
+    assert again.batch_list(1) == s.batch_list(1)  # and the same one for the same seed and epoch
+
+
+def test_weights_of_one_are_the_unweighted_epoch(lengths) -> None:
+    assert sampler(lengths, parts=[(1000, 1.0), (2000, 1.0)]).batch_list(1) == sampler(lengths).batch_list(1)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_weighted_shards_are_equal_and_cover_the_epoch(lengths, world_size: int) -> None:
+    parts = [(2500, 0.5), (500, 2.0)]
+    whole = sampler(lengths, parts=parts).batch_list(0)
+    shards = [sampler(lengths, parts=parts, rank=r, world_size=world_size).batch_list(0) for r in range(world_size)]
+    assert len({len(shard) for shard in shards}) == 1
+    assert sorted(i for shard in shards for b in shard for i in b) == sorted(i for b in whole for i in b)
+
+
+def test_a_tiny_weight_still_takes_a_pair_and_bad_parts_are_refused(lengths) -> None:
+    counts = np.bincount([i for b in sampler(lengths, parts=[(2999, 1e-9), (1, 1.0)]).batch_list(0) for i in b])
+    assert counts.sum() == 2 and counts[2999] == 1
+    with pytest.raises(ValueError, match="adding up to the 3000 rows"):
+        sampler(lengths, parts=[(1000, 1.0)])
+    with pytest.raises(ValueError, match="finite number above 0"):
+        sampler(lengths, parts=[(1000, 0.0), (2000, 1.0)])
+
+
 def test_empty_dataset_and_bad_arguments() -> None:
     assert TokenBatchSampler(src_lens=[], tgt_lens=[], max_tokens=10).batch_list(0) == []
     with pytest.raises(ValueError, match=r"max_tokens \(0\)"):

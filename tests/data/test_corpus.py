@@ -137,6 +137,44 @@ def test_tsv_lone_carriage_return_is_text_and_shifts_no_pair(tmp_path: Path) -> 
     assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv")) == [("ein\rHund", "a\rdog"), ("Katze", "cat")]
 
 
+def test_tsv_without_a_header_reads_columns_by_number_from_the_first_line(tmp_path: Path) -> None:
+    write_lines(tmp_path / "c.tsv", [f"{i}\t{e}\t{d}" for i, (d, e) in enumerate(PAIRS)])  # id, en, de
+    assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv", src_field=2, tgt_field=1)) == PAIRS
+    # the same file read by name would take its first pair as the header
+    with pytest.raises(DataError, match=r"no src column 'de'.*columns found: '0', 'a dog', 'ein hund'"):
+        load(tmp_path, "tsv", tmp_path / "c.tsv")
+
+
+def test_tsv_without_a_header_names_the_line_with_the_wrong_field_count(tmp_path: Path) -> None:
+    write_lines(tmp_path / "c.tsv", ["a\tb", "c\td", "e\tf\tg"])
+    with pytest.raises(DataError, match=r"c\.tsv:3: 3 tab-separated fields, line 1 has 2"):
+        load(tmp_path, "tsv", tmp_path / "c.tsv", src_field=0, tgt_field=1)
+
+
+def test_tsv_column_number_beyond_the_fields_is_one_clear_error(tmp_path: Path) -> None:
+    write_lines(tmp_path / "c.tsv", ["a\tb"])
+    with pytest.raises(DataError, match=r"c\.tsv:1: 2 tab-separated fields, so no column 2 \(src_field and "
+                                        r"tgt_field count from 0\)"):
+        load(tmp_path, "tsv", tmp_path / "c.tsv", src_field=1, tgt_field=2)
+
+
+@pytest.mark.parametrize(("kind", "fields", "problem"), [
+    ("jsonl", {"src_field": 0, "tgt_field": 1}, "column numbers are for kind: tsv, not jsonl"),
+    ("tsv", {"src_field": 0, "tgt_field": "en"}, "give both as column numbers"),
+    ("tsv", {"src_field": -1, "tgt_field": 1}, "column numbers start at 0, not -1"),
+    ("tsv", {"src_field": 1, "tgt_field": 1}, "both read column 1"),
+])
+def test_column_numbers_are_checked_with_the_config(kind: str, fields: dict, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        CorpusConfig(kind=kind, path="c", **fields)
+
+
+def test_an_empty_tsv_file_reads_as_no_pairs(tmp_path: Path) -> None:
+    (tmp_path / "c.tsv").write_bytes(b"")
+    assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv")) == []
+    assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv", src_field=0, tgt_field=1)) == []
+
+
 def test_jsonl_flat_nested_and_dotted_fields(tmp_path: Path) -> None:
     write_lines(tmp_path / "flat.jsonl", [json.dumps({"de": d, "en": e, "id": 1}) for d, e in PAIRS])
     nested = [json.dumps({"translation": {"de": d, "en": e}}) for d, e in PAIRS]

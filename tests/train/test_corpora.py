@@ -1,0 +1,71 @@
+"""Several training corpora with weights, one of them a TSV file without a header, through `nmt train`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from nmt.checkpoint import load_checkpoint
+from nmt.config import config_from_dict
+from nmt.train.data import prepare_run
+from tests.conftest import tiny_config_dict
+
+
+def two_corpora(small_corpus: Path, tmp_path: Path) -> dict:
+    """The text training split (weight 1) and the test split as a headerless TSV, German first (weight 3);
+    the tiny config translates English (column 1) into German (column 0)."""
+    de = (small_corpus / "test.de").read_text(encoding="utf-8").splitlines()
+    en = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "extra.tsv").write_text("".join(f"{d}\t{e}\n" for d, e in zip(de, en)), encoding="utf-8")
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["train"] = [
+        {"kind": "text", "path": str(small_corpus / "train")},
+        {"kind": "tsv", "path": str(tmp_path / "extra.tsv"), "src_field": 1, "tgt_field": 0, "weight": 3},
+    ]
+    raw["train"].update({"max_steps": 2, "valid_every": 2})
+    return raw
+
+
+def nmt(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+
+
+def test_weighted_corpora_train_through_the_cli(small_corpus, tmp_path):
+    raw = two_corpora(small_corpus, tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run = nmt("train", str(tmp_path / "c.yaml"))
+    assert run.returncode == 0, run.stderr
+    kept = re.search(r"data\.train\[1\] \(\S+extra\.tsv\): 30 pairs read, (\d+) kept", run.stderr)
+    assert kept, run.stderr
+    assert f"data.train[1]: {kept[1]} pairs, weight 3: about {3 * int(kept[1])} pairs per epoch" in run.stderr
+    saved = load_checkpoint(tmp_path / "run" / "best.pt")["config"]["data"]["train"]
+    assert [spec["weight"] for spec in saved] == [1.0, 3.0] and saved[1]["src_field"] == 1
+    assert config_from_dict(load_checkpoint(tmp_path / "run" / "best.pt")["config"]).data.train_corpora[1].weight == 3
+
+
+def test_the_corpora_are_one_split_in_order_with_their_weights(small_corpus, tmp_path):
+    cfg = config_from_dict(two_corpora(small_corpus, tmp_path))
+    (tmp_path / "run").mkdir()
+    data = prepare_run(cfg, tmp_path / "run")
+    first, second = data.reports["train[0]"]["kept"], data.reports["train[1]"]["kept"]
+    assert data.reports["train[1]"]["pairs"] == 30 and second > 20
+    assert data.train_parts == [(first, 1.0), (second, 3.0)] and len(data.train) == first + second
+    assert data.reports["train"]["kept"] == first + second
+    # the TSV's rows come last, in file order, the source read from column 1
+    en = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    sources = data.tokenizer.decode_tgt([ids[:-1] for ids in data.train[first:]["src_ids"]])
+    assert sources == [line for line in en if line in sources] and len(sources) == second
+
+
+def test_a_weight_on_the_validation_set_is_refused_in_one_line(small_corpus, tmp_path):
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["valid"]["weight"] = 2
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run = nmt("train", str(tmp_path / "c.yaml"))
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"nmt: error: {tmp_path / 'c.yaml'}: data: valid.weight: weights apply to training corpora only; remove it"]
