@@ -156,3 +156,16 @@ def test_refused_override_is_one_short_line(tmp_path, item, pattern):
 def test_anchors_without_aliases_and_equal_values_under_different_keys_load(tmp_path):
     cfg = load_config(write(tmp_path, "data:\n  test:\n    a: &t {path: x}\n    b: {path: x}\n"), ["data.test.c={path: x}"])
     assert [t.path for t in cfg.data.test.values()] == ["x", "x", "x"]
+
+
+def test_the_schema_offers_exactly_the_attention_scores_and_corpus_kinds_the_code_builds() -> None:
+    import typing
+
+    from nmt.config.schema import CorpusConfig, RNNConfig
+    from nmt.models.attention import ATTENTION_KINDS
+
+    hints = typing.get_type_hints(RNNConfig)
+    assert typing.get_args(hints["attention"]) == ATTENTION_KINDS
+    source = (Path(__file__).resolve().parents[1] / "nmt" / "data" / "corpus.py").read_text(encoding="utf-8")
+    assert set(typing.get_args(typing.get_type_hints(CorpusConfig)["kind"])) == set(
+        re.findall(r'^        case "(\w+)":', source, flags=re.M))
