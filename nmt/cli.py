@@ -38,11 +38,11 @@ SetOption = Annotated[
 
 
 def _check_device(name: str) -> str:
-    """`--device`: one of the devices `train.device` accepts, refused before any work starts."""
-    from nmt.config.schema import DEVICES
+    """`--device`: one of the devices `train.device` accepts or `cuda:N`, refused before any work starts."""
+    from nmt.config.schema import CUDA_INDEX, DEVICES
 
-    if name not in DEVICES:
-        raise UserError(f"--device {shorten(repr(name), 60)}: not one of {', '.join(map(repr, DEVICES))}")
+    if name not in DEVICES and not CUDA_INDEX.fullmatch(name):
+        raise UserError(f"--device {shorten(repr(name), 60)}: not one of {', '.join(map(repr, DEVICES))} or 'cuda:N'")
     return name
 
 
@@ -107,7 +107,7 @@ def translate(
     min_len: Annotated[Optional[int], typer.Option(help="No end of sentence before this many tokens (default: the checkpoint's).")] = None,
     max_len_a: Annotated[Optional[float], typer.Option(help="Longest output is a x source length + b tokens (default: the checkpoint's).")] = None,
     max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
     precision: Annotated[str, typer.Option(help="auto (fp32, the fastest measured for decoding, also on GPUs), fp32, bf16 or fp16.")] = "auto",
     sample: Annotated[bool, typer.Option("--sample", help="Sample translations instead of searching (back-translation).")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
@@ -154,7 +154,7 @@ def evaluate(
     hyp: Annotated[Optional[Path], typer.Option(help="Ready translations to score (no checkpoint needed).")] = None,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
     save_translations: Annotated[Optional[Path], typer.Option(
         help="Also write each set's translations to DIR/<set>.hyp.")] = None,
 ) -> None:
@@ -240,7 +240,7 @@ def analyze(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write DIR/analysis.md with plots and attention heatmaps.")] = None,
     sentences: Annotated[str, typer.Option(help="Test sentences (0-based, comma-separated) for --report heatmaps.")] = "0",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """BLEU by source length for one or more models on one test set."""
     from nmt.analysis import (
@@ -294,7 +294,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8080,
     beam: Annotated[Optional[int], typer.Option(help="Default beam size (default: the checkpoint's decode.beam).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.", callback=_check_device)] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...]}, GET /health."""
     from nmt.serve import serve as run_server

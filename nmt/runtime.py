@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt.config.schema import DEVICES
+from nmt.config.schema import CUDA_INDEX, DEVICES
 from nmt.errors import UserError, shorten
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,16 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """`auto`: CUDA, then MPS, then CPU. An unknown or absent device is a user error."""
-    if name not in DEVICES:
+    """`auto`: CUDA, then MPS, then CPU; `cuda:N` names one GPU. An unknown or absent device is a user error."""
+    if name not in DEVICES and not CUDA_INDEX.fullmatch(name):
         raise UserError(f"device {shorten(repr(name), 60)} (train.device or --device): not one of "
-                        f"{', '.join(map(repr, DEVICES))}")
+                        f"{', '.join(map(repr, DEVICES))} or 'cuda:N'")
+    if name.startswith("cuda:"):
+        index, count = int(name[5:]), torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index >= count:
+            have = f"{count} CUDA device{'s' if count != 1 else ''}" + (f" (cuda:0 to cuda:{count - 1})" if count else "")
+            raise UserError(f"device {name!r} (--device): this machine has {have}; use 'auto' or 'cpu'")
+        return torch.device("cuda", index)
     if name == "auto":
         if torch.cuda.is_available():
             return _local_gpu()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from nmt.config import ExperimentConfig, TransformerConfig, load_config, reference_markdown
 from nmt.config.schema import range_of
@@ -160,7 +161,7 @@ def test_run_dir_expands_like_corpus_paths(tmp_path, monkeypatch, run_dir, expec
 def test_cli_device_outside_the_known_ones_is_one_line_and_exit_2(command):
     proc = subprocess.run([sys.executable, "-m", "nmt", *command, "--device", "tpu"], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr == "nmt: error: --device 'tpu': not one of 'auto', 'cpu', 'cuda', 'mps'\n"
+    assert proc.stderr == "nmt: error: --device 'tpu': not one of 'auto', 'cpu', 'cuda', 'mps' or 'cuda:N'\n"
 
 
 def test_pick_device_refuses_an_unknown_name():
@@ -170,3 +171,23 @@ def test_pick_device_refuses_an_unknown_name():
     with pytest.raises(UserError, match=r"^device 'tpu' \(train.device or --device\): not one of 'auto', 'cpu'"):
         pick_device("tpu")
     assert pick_device("cpu").type == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the message of a machine without CUDA")
+def test_a_gpu_by_number_on_a_machine_without_one_is_one_line(tiny_config_file, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(tmp_path / "model.pt"), "--device",
+                           "cuda:1"], input="Hallo\n", capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == ("nmt: error: device 'cuda:1' (--device): this machine has 0 CUDA devices; "
+                           "use 'auto' or 'cpu'\n")
+
+
+def test_a_gpu_number_past_the_machine_s_gpus_names_how_many_there_are():
+    from nmt.errors import UserError
+    from nmt.runtime import pick_device
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(UserError, match=rf"^device 'cuda:{count}' \(--device\): this machine has {count} CUDA dev"):
+        pick_device(f"cuda:{count}")
+    if count:
+        assert pick_device("cuda:0") == torch.device("cuda", 0)

@@ -22,6 +22,8 @@ from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DEVICES: tuple[str, ...] = get_args(Device)
 """The devices `train.device` and `--device` accept."""
+CUDA_INDEX = re.compile(r"cuda:\d{1,4}")
+"""`cuda:N`, one GPU by number: the inference commands' `--device` accepts it besides `DEVICES`."""
 
 
 @dataclass(frozen=True)
