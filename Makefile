@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 TORCH_SPEC ?= torch>=2.1
 
-.PHONY: install demo test test-all lint clean data bench-train bench-data
+.PHONY: install demo test test-slow test-all lint clean data bench-train bench-data
 
 install: $(STAMP)
 
@@ -35,6 +35,11 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the data-scale bench):
+# about 2 minutes here; CI runs them after `make test`.
+test-slow: install
+	$(PY) -m pytest -q -m slow $(ARGS)
 
 test-all: install
 	$(PY) -m pytest -q $(ARGS)
