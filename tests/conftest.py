@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,12 @@ TOY = ROOT / "data" / "toy"
 MULTI30K = Path(os.environ.get("NMT_DATA", ROOT.parent / "shared" / "data" / "multi30k"))
 
 torch.set_num_threads(1)  # tiny models: threads cost more than they give
+
+# A suite started as a background job of a shell without job control inherits SIGINT ignored, and so
+# would every `nmt` process it starts (an ignored signal stays ignored across exec): the tests that
+# interrupt one would wait in vain. With a handler here, children start with the default disposition.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
