@@ -39,10 +39,11 @@ SetOption = Annotated[
 
 def _check_device(name: str) -> str:
     """`--device`: one of the devices `train.device` accepts or `cuda:N`, refused before any work starts."""
-    from nmt.config.schema import CUDA_INDEX, DEVICES
+    from nmt.config.schema import device_problem
 
-    if name not in DEVICES and not CUDA_INDEX.fullmatch(name):
-        raise UserError(f"--device {shorten(repr(name), 60)}: not one of {', '.join(map(repr, DEVICES))} or 'cuda:N'")
+    problem = device_problem(name)
+    if problem:
+        raise UserError(f"--device {shorten(repr(name), 60)}: {problem}")
     return name
 
 

@@ -19,21 +19,22 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt.config.schema import CUDA_INDEX, DEVICES
+from nmt.config.schema import CUDA_INDEX, device_problem
 from nmt.errors import UserError, shorten
 
 log = logging.getLogger(__name__)
 
-_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The torch dtype of each reduced precision: autocast's in training, the weights' in decoding."""
 
 
 def pick_device(name: str = "auto") -> torch.device:
     """`auto`: CUDA, then MPS, then CPU; `cuda:N` names one GPU. An unknown or absent device is a user error."""
-    if name not in DEVICES and not CUDA_INDEX.fullmatch(name):
-        raise UserError(f"device {shorten(repr(name), 60)} (train.device or --device): not one of "
-                        f"{', '.join(map(repr, DEVICES))} or 'cuda:N'")
-    if name.startswith("cuda:"):
-        index, count = int(name[5:]), torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problem = device_problem(name)
+    if problem:
+        raise UserError(f"device {shorten(repr(name), 60)} (train.device or --device): {problem}")
+    if numbered := CUDA_INDEX.fullmatch(name):
+        index, count = int(numbered[1]), torch.cuda.device_count() if torch.cuda.is_available() else 0
         if index >= count:
             have = f"{count} CUDA device{'s' if count != 1 else ''}" + (f" (cuda:0 to cuda:{count - 1})" if count else "")
             raise UserError(f"device {name!r} (--device): this machine has {have}; use 'auto' or 'cpu'")
@@ -91,7 +92,7 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     """Mixed-precision context for `precision` in fp32 | bf16 | fp16 (fp32: no autocast)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_AMP_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=HALF_DTYPES[precision])
 
 
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:

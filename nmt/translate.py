@@ -52,7 +52,7 @@ from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic
 from nmt.models.ensemble import Ensemble
 from nmt.plot import plot_attention
-from nmt.runtime import inference, pick_device
+from nmt.runtime import HALF_DTYPES, inference, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ engines do, rather than autocasting: on an H100, beam search under bf16 autocast
 fp32 (186 vs 724 sentences/s, test_2016_flickr, beam 5), since decoding is bound by per-step kernel
 launches and autocast adds a cast before every matrix product. Log-probabilities, search scores and
 returned attention stay fp32 whatever the weights are."""
-HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 AUTO_MAX_TOKENS = {"cuda": 128_000}
 """Batch budget (padded source tokens times beam) for `decode.max_tokens: 0`, by device type;

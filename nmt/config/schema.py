@@ -22,8 +22,15 @@ from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DEVICES: tuple[str, ...] = get_args(Device)
 """The devices `train.device` and `--device` accept."""
-CUDA_INDEX = re.compile(r"cuda:\d{1,4}")
+CUDA_INDEX = re.compile(r"cuda:(\d{1,4})")
 """`cuda:N`, one GPU by number: the inference commands' `--device` accepts it besides `DEVICES`."""
+
+
+def device_problem(name: str) -> str | None:
+    """Why `name` is no device `--device` accepts (one of `DEVICES`, or `cuda:N`); None when it is one."""
+    if name in DEVICES or CUDA_INDEX.fullmatch(name):
+        return None
+    return f"not one of {', '.join(map(repr, DEVICES))} or 'cuda:N'"
 
 
 @dataclass(frozen=True)

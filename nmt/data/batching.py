@@ -247,12 +247,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         """The row order and the (starts, ends) of every batch in it, in the order they are yielded."""
         # The random draws (row permutation, then batch permutation) are those the published runs made.
         rng = np.random.default_rng([self.seed, epoch])
-        if self.parts is None:
-            n = len(self.lengths)
-            order = rng.permutation(n) if self.shuffle else np.arange(n)
-        else:
-            rows = self._weighted_rows(epoch)
-            order = rows[rng.permutation(len(rows))] if self.shuffle else rows
+        rows = np.arange(len(self.lengths)) if self.parts is None else self._weighted_rows(self.parts, epoch)
+        order = rows[rng.permutation(len(rows))] if self.shuffle else rows
         order = order[np.argsort(-self.lengths[order], kind="stable")].astype(np.int32)  # longest first
         bounds = _chunk_bounds(self.lengths[order], self.max_tokens).astype(np.int32)
         starts, ends = bounds[:-1], bounds[1:]
@@ -261,12 +257,11 @@ class TokenBatchSampler(Sampler[list[int]]):
             starts, ends = starts[perm], ends[perm]
         return order, starts, ends
 
-    def _weighted_rows(self, epoch: int) -> np.ndarray:
+    def _weighted_rows(self, parts: list[tuple[int, float]], epoch: int) -> np.ndarray:
         """The rows `epoch` takes from weighted corpora, in corpus order: each corpus's rows
         floor(weight) times, then round(fraction x rows) of them drawn without replacement."""
         taken, start = [], 0
-        assert self.parts is not None
-        for part, (rows, weight) in enumerate(self.parts):
+        for part, (rows, weight) in enumerate(parts):
             whole, fraction = divmod(weight, 1.0)
             span = np.arange(start, start + rows, dtype=np.int64)
             taken += [span] * int(whole)

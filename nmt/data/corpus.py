@@ -102,12 +102,12 @@ def load_pairs(
                 first = next(lines, None)
             if first is None:
                 return _empty_pairs()
-            header = isinstance(spec.src_field, str) or spec.src_field is None
+            header = not isinstance(spec.src_field, int)  # column numbers: a file without a header row
             if header:
                 names = first.split("\t")
                 columns = tuple(names.index(f) for f in resolve_fields(names, spec, src_lang=src_lang,
                                                                         tgt_lang=tgt_lang, where=path))
-            else:  # column numbers: a file without a header row
+            else:
                 columns = (int(spec.src_field), int(spec.tgt_field))  # type: ignore[arg-type]
                 width = len(first.split("\t"))
                 if max(columns) >= width:

@@ -44,7 +44,7 @@ class RunData:
     valid: Any
     reports: dict[str, dict[str, int]] = field(default_factory=dict)
     train_parts: list[tuple[int, float]] | None = None
-    """(rows, weight) of each training corpus in `train`, in order (None: one corpus)."""
+    """(rows, weight) of each training corpus in `train`, in order (None: one corpus of weight 1)."""
 
 
 def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
@@ -92,7 +92,7 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     valid, reports["valid"] = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False,
                                             num_proc=num_proc)
     weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
-    return RunData(tokenizer, train, valid, reports, train_parts=weighted if len(parts) > 1 else None)
+    return RunData(tokenizer, train, valid, reports, train_parts=weighted)
 
 
 def _one_after_another(splits: list[Any]) -> Any:

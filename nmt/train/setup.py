@@ -164,7 +164,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             per_update = tc.max_tokens * tc.accumulate * ctx.world_size
             log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
                      t.model.name, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
-            for i, (rows, weight) in enumerate(data.train_parts or []):
+            parts = data.train_parts or []
+            for i, (rows, weight) in enumerate(parts if len(parts) > 1 else []):  # one corpus: the line above
                 log.info("data.train[%d]: %d pairs, weight %g: about %d pairs per epoch", i, rows, weight,
                          round(rows * weight))
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "

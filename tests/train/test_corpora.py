@@ -69,3 +69,11 @@ def test_a_weight_on_the_validation_set_is_refused_in_one_line(small_corpus, tmp
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         f"nmt: error: {tmp_path / 'c.yaml'}: data: valid.weight: weights apply to training corpora only; remove it"]
+
+
+def test_the_weight_of_a_single_corpus_counts_too(small_corpus, tmp_path):
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["train"]["weight"] = 2
+    (tmp_path / "run").mkdir()
+    data = prepare_run(config_from_dict(raw), tmp_path / "run")
+    assert data.train_parts == [(len(data.train), 2.0)]
