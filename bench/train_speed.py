@@ -1,7 +1,7 @@
 """Training throughput: target tokens/s, model FLOP utilisation and peak memory, in one table.
 
     python bench/train_speed.py configs/multi30k_transformer.yaml \\
-        [--shapes config,base] [--precisions fp32,bf16] [--compile off,on] \\
+        [--shapes config,base] [--precisions fp32,bf16,bf16-autocast] [--compile off,on] \\
         [--steps 30] [--warmup 5] [--reference] [--json results.json] [--set k=v ...]
 
 Each row trains one model shape at one precision, eager or compiled, on the same
@@ -11,7 +11,12 @@ compiled by `wrap_objective` with `train.compile_mode`, batch lengths padded to 
 `nmt.train.step.train_step`. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
 FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
-torch.nn.Transformer of each shape (eager) as a yardstick.
+torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
+on a bf16 copy of the weights (`train.half_weights`), `bf16-autocast` under autocast.
+
+`ops/update` counts the aten operations one eager update dispatches (views and
+allocations, which launch nothing, left out): on a GPU nearly each is a kernel launch, and a small
+model whose step is bound by launches is as fast as this count is low.
 
 The steps run back to back without waiting for the device; the clock stops after
 the last one finishes (`torch.cuda.synchronize`), so the figure includes every
@@ -42,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler
@@ -49,7 +55,7 @@ from nmt.data.tokenizer import PAD_ID
 from nmt.models import count_parameters
 from nmt.runtime import Dist, batch_length_multiple, enable_fast_math, pick_device, seed_everything
 from nmt.train.data import collated_batches, length_arrays, prepare_run
-from nmt.train.setup import build_trainable, wrap_objective
+from nmt.train.setup import build_trainable, prepare_step
 from nmt.train.step import train_step
 
 # Dense bf16 peak of common GPUs (FLOP/s).
@@ -106,6 +112,7 @@ class Row:
     mfu: float | None = None
     peak_mem_mib: float | None = None
     warmup_s: float = 0.0
+    ops: int | None = None
     error: str = ""
 
 
@@ -117,7 +124,9 @@ def _sync(device: torch.device) -> None:
 def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: int, reference: bool,
             peak: float | None) -> Row:
     """Train `steps` timed updates after `warmup` ones; fill in the row's figures."""
-    tc = replace(cfg.train, precision=row.precision, max_tokens=row.max_tokens, compile=row.compiled)
+    precision, _, variant = row.precision.partition("-")  # bf16-autocast: bf16 without the bf16 copy
+    tc = replace(cfg.train, precision=precision, half_weights=variant != "autocast", max_tokens=row.max_tokens,
+                 compile=row.compiled)
     t = cfg.model.transformer
     tok = data.tokenizer
     seed_everything(tc.seed)
@@ -131,8 +140,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     parts = build_trainable(run_cfg, tok, device, model=model)  # what `nmt train` builds, unwrapped
     parts.model.train()
     row.params = count_parameters(parts.model)
-    step_model = wrap_objective(parts.objective, tc, device, Dist())
-    optimizer, scheduler, scaler = parts.optimizer, parts.scheduler, parts.scaler
+    prepare_step(parts, tc, device, Dist())
 
     src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
     sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=tc.max_tokens, shuffle=True,
@@ -149,7 +157,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         start, tokens, work = time.perf_counter(), 0, 0.0
         for i in range(first, first + count):
             b = batches[i % len(batches)]
-            train_step(step_model, [b], optimizer, scheduler, scaler, tc, device)
+            train_step(parts, [b], tc, device)
             tokens, work = tokens + b.ntokens, work + flops[i % len(batches)]
         _sync(device)
         return time.perf_counter() - start, tokens, work
@@ -164,22 +172,45 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     row.mfu = 100 * work / seconds / peak if peak else None
     if device.type == "cuda":
         row.peak_mem_mib = torch.cuda.max_memory_allocated(device) / 2**20
+    if not row.compiled:
+        with _OpCount() as count:
+            train_step(parts, [batches[0]], tc, device)
+        row.ops = count.ops
     return row
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts the aten operations dispatched under it (forward, backward, optimizer) that may launch a kernel."""
+
+    NO_KERNEL = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute",
+                           "expand", "unsqueeze", "squeeze", "slice", "select", "as_strided", "alias", "detach",
+                           "split", "split_with_sizes", "unbind", "chunk", "narrow", "lift_fresh", "empty",
+                           "empty_like", "empty_strided", "new_empty"})  # views and allocations
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.overloadpacket.__name__ not in self.NO_KERNEL
+        return func(*args, **(kwargs or {}))
+
+
 def format_table(rows: list[Row]) -> str:
-    head = (f"{'shape':6s} {'model':20s} {'prec':4s} {'compile':7s} {'tokens':>6s} {'params':>7s} "
-            f"{'tgt tok/s':>10s} {'s/step':>7s} {'TFLOP/s':>8s} {'MFU %':>6s} {'peak MiB':>9s} {'warm-up s':>9s}")
+    head = (f"{'shape':6s} {'model':20s} {'prec':13s} {'compile':7s} {'tokens':>6s} {'params':>7s} "
+            f"{'tgt tok/s':>10s} {'s/step':>7s} {'TFLOP/s':>8s} {'MFU %':>6s} {'peak MiB':>9s} {'warm-up s':>9s} "
+            f"{'ops/update':>10s}")
     lines = [head, "-" * len(head)]
     for r in rows:
+        what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {'on' if r.compiled else 'off':7s}"
         if r.error:
-            lines.append(f"{r.shape:6s} {r.model:20s} {r.precision:4s} {'on' if r.compiled else 'off':7s} failed: {r.error}")
+            lines.append(f"{what} failed: {r.error}")
             continue
         mfu = f"{r.mfu:6.1f}" if r.mfu is not None else f"{'-':>6s}"
         mem = f"{r.peak_mem_mib:9.0f}" if r.peak_mem_mib is not None else f"{'-':>9s}"
-        lines.append(f"{r.shape:6s} {r.model:20s} {r.precision:4s} {'on' if r.compiled else 'off':7s} "
-                     f"{r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
-                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f}")
+        ops = f"{r.ops:10d}" if r.ops is not None else f"{'-':>10s}"
+        lines.append(f"{what} {r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
+                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f} {ops}")
     return "\n".join(lines)
 
 
@@ -187,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--shapes", default="config", help="Comma-separated: config, base.")
-    ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, fp16 (default: the config's).")
+    ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, bf16-autocast, fp16 (default: the config's).")
     ap.add_argument("--compile", default="off", help="Comma-separated: off, on.")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5, help="Untimed updates first (compiled rows take more, "
@@ -195,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base-max-tokens", type=int, default=32768)
     ap.add_argument("--reference", action="store_true", help="Add torch.nn.Transformer rows (eager).")
     ap.add_argument("--json", help="Also write the rows to this file.")
+    ap.add_argument("--work", default="runs/bench", help="Where the tokenizer and data caches go (one folder per config).")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args(argv)
 
@@ -203,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--shapes base and --reference need a Transformer config")
     device = pick_device(cfg.train.device)
     enable_fast_math(device)
-    run_dir = Path("runs/bench") / Path(args.config).stem
+    run_dir = Path(args.work) / Path(args.config).stem
     run_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_run(cfg, run_dir)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

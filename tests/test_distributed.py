@@ -92,6 +92,17 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus,
         assert torch.allclose(v, single_weights[k], atol=1e-4), k
 
 
+def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, tmp_path):
+    """bf16 on a bf16 copy of the model: DDP wraps the copy, reduces its gradients, and every rank's
+    fp32 weights (the ones checkpointed) take the same update, accumulation included."""
+    cfg = tiny_cfg(small_corpus, tmp_path / "ddp", max_steps=3, device="cpu", precision="bf16", accumulate=2)
+    ranks = run_ranks(cfg, 2, tmp_path)
+    assert same_weights(ranks[0]["model"], ranks[1]["model"])
+    assert {v.dtype for v in ranks[0]["model"].values() if v.is_floating_point()} == {torch.float32}
+    assert ranks[0]["summary"]["step"] == 3
+    assert same_weights(ranks[0]["model"], weights(tmp_path / "ddp" / "ckpt_3.pt"))
+
+
 def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=4, valid_every=2, device="cpu")
     cfg.decode.beam = 1

@@ -108,7 +108,7 @@ class _Loop:
     def __init__(self, run: Run) -> None:
         cfg, t = run.cfg, run.trainable
         self.cfg, self.tc, self.ctx, self.device, self.data = cfg, cfg.train, run.ctx, run.device, run.data
-        self.model, self.train_model = t.model, t.objective
+        self.trainable, self.model = t, t.model
         self.optimizer, self.scheduler, self.scaler, self.p = t.optimizer, t.scheduler, t.scaler, run.progress
         self.sampler, self.run_dir = run.sampler, run.run_dir
         self.n_params = count_parameters(self.model)
@@ -227,8 +227,7 @@ class _Loop:
 
     def _update(self, group: list[Batch]) -> StepResult:
         try:
-            return train_step(self.train_model, group, self.optimizer, self.scheduler, self.scaler, self.tc,
-                              self.device, ctx=self.ctx)
+            return train_step(self.trainable, group, self.tc, self.device, ctx=self.ctx)
         except torch.cuda.OutOfMemoryError as err:
             b = max(group, key=lambda b: b.src.numel() + b.tgt_in.numel())
             shapes = f"{b.size} sentences x {b.src.shape[1]} source / {b.tgt_in.shape[1]} target tokens"

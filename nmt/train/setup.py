@@ -3,9 +3,10 @@
 `build_run(cfg)` finds where the run starts (`nmt.train.start`: random weights, or
 another run's checkpoint), joins the process group, locks and prepares the run directory,
 prepares the data (rank 0 first), builds the model and its optimizer, resumes
-from the newest checkpoint and wraps the model for DDP and `torch.compile`.
-`build_trainable` is the part that needs no run directory: `bench/train_speed.py`
-uses it to measure exactly what `nmt train` runs.
+from the newest checkpoint and readies the step (`prepare_step`: a bf16 copy of the
+model, DDP, `torch.compile`). `build_trainable` and `prepare_step` are the parts that
+need no run directory: `bench/train_speed.py` uses them to measure exactly what
+`nmt train` runs.
 """
 
 from __future__ import annotations
@@ -35,30 +36,15 @@ from nmt.runtime import (
 )
 from nmt.train.data import RunData, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
+from nmt.train.half import HalfCopy
 from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
-from nmt.train.optim import Schedule, build_optimizer, build_scheduler
+from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.resume import Progress, prepare_run_dir, resume_run
+from nmt.train.step import Trainable
 from nmt.train.start import starting_point
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Trainable:
-    """A model with what updates it.
-
-    Attributes:
-        model: the raw module, whose state dict checkpoints hold.
-        objective: the module a step calls: the model with its loss (`Objective`),
-            wrapped by DDP and compiled as the config asks.
-    """
-
-    model: nn.Module
-    objective: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Schedule
-    scaler: torch.amp.GradScaler
 
 
 @dataclass
@@ -103,14 +89,22 @@ def build_trainable(cfg: ExperimentConfig, tokenizer: Tokenizer, device: torch.d
                      scaler=grad_scaler(device, tc.precision))
 
 
-def wrap_objective(objective: nn.Module, tc: TrainConfig, device: torch.device, ctx: Dist) -> nn.Module:
-    """The objective under DDP when there are several processes, compiled when `train.compile`."""
+def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist) -> None:
+    """Make `t.objective` what a training step calls, once the weights are loaded.
+
+    With bf16 and `train.half_weights` it runs on a bf16 copy of the model
+    (`t.half`); under DDP when there are several processes; compiled when `train.compile`.
+    """
+    objective = t.objective
+    if tc.precision == "bf16" and tc.half_weights:
+        t.half = HalfCopy(t.model, torch.bfloat16)
+        objective = Objective(t.half.copy, pad_id=objective.pad_id, smoothing=objective.smoothing)
     if ctx.enabled:
         objective = torch.nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None)
     if tc.compile:
         objective = compile_model(objective, mode=tc.compile_mode)
-    return objective
+    t.objective = objective
 
 
 def train_sampler(data: RunData, tc: TrainConfig, ctx: Dist) -> TokenBatchSampler:
@@ -157,7 +151,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                 log.info("fine-tuning: weights, model and tokenizer from %s", tc.init_from)
         seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
         progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
-        t.objective = wrap_objective(t.objective, tc, device, ctx)
+        prepare_step(t, tc, device, ctx)
         run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
                   sampler=train_sampler(data, tc, ctx), lock=lock, owns_group=owns_group)
         if ctx.is_main:

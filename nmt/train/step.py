@@ -13,12 +13,32 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Batch
 from nmt.runtime import Dist, all_reduce, autocast
+from nmt.train.half import HalfCopy
 from nmt.train.optim import Schedule
+
+
+@dataclass
+class Trainable:
+    """A model with what updates it.
+
+    Attributes:
+        model: the raw module, whose state dict checkpoints hold.
+        objective: the module a step calls: the model (or its bf16 copy) with its loss
+            (`Objective`), wrapped by DDP and compiled as the config asks (`prepare_step`).
+        half: the bf16 copy the objective runs on (`train.half_weights`), else None.
+    """
+
+    model: nn.Module
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Schedule
+    scaler: torch.amp.GradScaler
+    half: HalfCopy | None = None
 
 
 @dataclass
@@ -42,14 +62,9 @@ class StepResult:
         return not bool(self.skipped)
 
 
-def train_step(objective: torch.nn.Module, group: list[Batch], optimizer: torch.optim.Optimizer, scheduler: Schedule,
-               scaler: torch.amp.GradScaler, tc: TrainConfig, device: torch.device,
-               *, ctx: Dist = Dist()) -> StepResult:
-    """One optimizer update over the batches in `group` (gradient accumulation); skipped if gradients are not finite.
-
-    Args:
-        objective: an `nmt.train.loss.Objective` (maybe wrapped by DDP or torch.compile):
-            batch tensors -> (summed loss, summed NLL).
+def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.device, *,
+               ctx: Dist = Dist()) -> StepResult:
+    """One optimizer update of `t` over the batches in `group` (gradient accumulation); skipped if gradients are not finite.
 
     The loss is normalised by the target tokens of the whole update on all ranks,
     so accumulating k batches, or k ranks with one batch each, equals one batch k
@@ -57,18 +72,25 @@ def train_step(objective: torch.nn.Module, group: list[Batch], optimizer: torch.
     A non-finite gradient norm skips the optimizer on the device (for fp16 the
     scaler also lowers its scale); the norm is the same on every rank, so is the
     choice. The schedule is stepped in any case: the loop, which learns of a
-    skipped update later, steps it back (`Schedule.unstep`).
+    skipped update later, steps it back (`Schedule.unstep`). With a bf16 copy
+    (`t.half`) the passes run on it without autocast, its gradients move to the
+    fp32 weights after each synchronised backward, and the updated weights back
+    to it after the optimizer.
     """
+    objective, optimizer, scaler, half = t.objective, t.optimizer, t.scaler, t.half
+    precision = "fp32" if half is not None else tc.precision  # the copy is bf16 already: no autocast
     tokens = sum(b.ntokens for b in group)
     update_tokens = int(all_reduce([tokens], device, ctx)[0])
     weight = ctx.world_size / max(update_tokens, 1)  # DDP averages over ranks; undo that
     loss_sum = nll_sum = torch.zeros((), device=device)
     for i, b in enumerate(group):
-        sync = objective.no_sync() if ctx.enabled and i < len(group) - 1 else contextlib.nullcontext()
-        with sync:
-            with autocast(device, tc.precision):
+        synced = not ctx.enabled or i == len(group) - 1  # DDP all-reduces the last backward only
+        with contextlib.nullcontext() if synced else objective.no_sync():
+            with autocast(device, precision):
                 loss, nll = objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
             scaler.scale(loss * weight).backward()
+        if half is not None and synced:
+            half.grads_to_master()
         loss_sum = loss_sum + loss.detach().float()
         nll_sum = nll_sum + nll.detach().float()
     scaler.unscale_(optimizer)
@@ -79,9 +101,11 @@ def train_step(objective: torch.nn.Module, group: list[Batch], optimizer: torch.
         scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
     else:
         step_unless(optimizer, skipped)
-    scheduler.step()
+    t.scheduler.step()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    if half is not None:
+        half.refresh()
     return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm.detach(), skipped)
 
 

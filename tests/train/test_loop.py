@@ -30,15 +30,20 @@ def test_each_precision_trains_on_cpu(precision, small_corpus, tmp_path):
     logged = records(run, "train")
     assert [r["step"] for r in logged] == [1, 2, 3, 4]
     assert all(math.isfinite(r["loss"]) and r["peak_rss_mb"] > 0 and r["tokens_per_update"] > 0 for r in logged)
-    scaler = load_checkpoint(run / "ckpt_4.pt")["scaler"]
-    assert (scaler.get("scale") == 2.0**16) == (precision == "fp16")  # a scaler only for fp16
+    ckpt = load_checkpoint(run / "ckpt_4.pt")
+    assert (ckpt["scaler"].get("scale") == 2.0**16) == (precision == "fp16")  # a scaler only for fp16
+    assert {v.dtype for v in ckpt["model"].values() if v.is_floating_point()} == {torch.float32}  # master weights
 
 
-def test_stop_and_resume_is_bitwise_exact(small_corpus, tmp_path):
-    """8 updates (accumulating 2 batches, crossing an epoch, with dropout) equal 4, stop, then 4 more."""
-    straight = train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=8, accumulate=2))
-    train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=4, accumulate=2))
-    resumed = train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=8, accumulate=2))
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_stop_and_resume_is_bitwise_exact(precision, small_corpus, tmp_path):
+    """8 updates (accumulating 2 batches, crossing an epoch, with dropout) equal 4, stop, then 4 more.
+
+    In bf16 the resumed run rebuilds its bf16 copy from the saved fp32 weights, as the straight run refreshed it.
+    """
+    straight = train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=8, accumulate=2, precision=precision))
+    train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=4, accumulate=2, precision=precision))
+    resumed = train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=8, accumulate=2, precision=precision))
     assert straight["epoch"] == resumed["epoch"] == 1
     assert same_weights(weights(tmp_path / "a" / "ckpt_8.pt"), weights(tmp_path / "b" / "ckpt_8.pt"))
     assert straight["last_valid"] == resumed["last_valid"]

@@ -14,7 +14,7 @@ from nmt.data.tokenizer import PAD_ID
 from nmt.runtime import batch_length_multiple, compile_model
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
-from nmt.train.step import step_unless, train_step
+from nmt.train.step import Trainable, step_unless, train_step
 from tests.models.tiny import tiny_model
 
 
@@ -73,15 +73,14 @@ def test_a_non_finite_update_leaves_weights_and_adam_state_alone(fused):
     optimizer = build_optimizer(model, tc, torch.device("cpu"))
     if not fused:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scheduler = build_scheduler(optimizer, tc)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    objective = Objective(model, pad_id=PAD_ID, smoothing=0.1)
-    good = train_step(objective, [_batch(1)], optimizer, scheduler, scaler, tc, torch.device("cpu"))
+    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
+                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    good = train_step(t, [_batch(1)], tc, torch.device("cpu"))
     assert not bool(good.skipped) and good.updated and math.isfinite(float(good.grad_norm))
     before = copy.deepcopy(model.state_dict())
     state_before = copy.deepcopy(optimizer.state_dict()["state"])
     model.output.weight.register_hook(lambda g: torch.full_like(g, math.nan))  # a poisoned gradient
-    bad = train_step(objective, [_batch(2)], optimizer, scheduler, scaler, tc, torch.device("cpu"))
+    bad = train_step(t, [_batch(2)], tc, torch.device("cpu"))
     assert bool(bad.skipped) and not bad.updated
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -1,0 +1,161 @@
+"""bf16 training on a bf16 copy of the model: no casts in the passes, fp32 master weights, autocast's gradients."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nmt.config import TrainConfig
+from nmt.data.batching import collate
+from nmt.data.tokenizer import PAD_ID
+from nmt.runtime import Dist, autocast
+from nmt.train.half import HalfCopy
+from nmt.train.loss import Objective
+from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.setup import prepare_step
+from nmt.train.step import Trainable, train_step
+from tests.models.tiny import tiny_model
+
+CPU = torch.device("cpu")
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operations run under it (backward included), by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _model(kind: str = "transformer", seed: int = 0, tie: str = "none") -> torch.nn.Module:
+    return tiny_model(kind, seed=seed, vocab=23, transformer=dict(max_positions=64), tie_embeddings=tie).train()
+
+
+def _batch(seed: int = 0, n: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        s, t = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        rows.append({"src_ids": torch.randint(4, 23, (s,), generator=g).tolist() + [2],
+                     "tgt_ids": torch.randint(4, 23, (t,), generator=g).tolist(), "index": i})
+    return rows
+
+
+def _trainable(model: torch.nn.Module, tc: TrainConfig, optimizer: torch.optim.Optimizer | None = None) -> Trainable:
+    optimizer = optimizer or build_optimizer(model, tc, CPU)
+    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
+                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    prepare_step(t, tc, CPU, Dist())
+    return t
+
+
+def _casts_in_one_pass(objective: torch.nn.Module, precision: str) -> int:
+    b = collate(_batch())
+    with OpCounter() as ops:
+        with autocast(CPU, precision):
+            loss, _ = objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+        loss.backward()
+    return ops.counts["_to_copy"]
+
+
+def test_the_bf16_copy_runs_forward_and_backward_without_weight_casts():
+    model = _model()
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    autocast_casts = _casts_in_one_pass(Objective(model, pad_id=PAD_ID, smoothing=0.1), "bf16")
+    half = HalfCopy(model, torch.bfloat16)
+    half_casts = _casts_in_one_pass(Objective(half.copy, pad_id=PAD_ID, smoothing=0.1), "fp32")
+    assert autocast_casts >= 3 * linears  # weight and bias cast forward, gradient cast back, per layer
+    assert half_casts <= 3  # the loss's fp32 rows and mask only, whatever the model's size
+
+
+def test_the_copy_shares_the_models_tying_and_follows_its_weights():
+    model = _model(tie="all")
+    half = HalfCopy(model, torch.bfloat16)
+    assert len(half.halves) == len(half.masters) == len(list(model.parameters()))
+    assert all(h.dtype == torch.bfloat16 for h in half.halves)
+    embeddings = {n: p for n, p in half.copy.named_parameters(remove_duplicate=False) if "weight" in n}
+    tied = [n for n, p in model.named_parameters(remove_duplicate=False)
+            if any(p is q for m, q in model.named_parameters(remove_duplicate=False) if m != n)]
+    assert tied  # the tiny model does tie its embeddings
+    for n in tied:
+        twins = [m for m in tied if m != n and model.get_parameter(m) is model.get_parameter(n)]
+        assert all(embeddings[m] is embeddings[n] for m in twins)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    half.refresh()
+    for p, h in zip(half.masters, half.halves, strict=True):
+        assert torch.equal(h, p.detach().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_a_bf16_step_on_the_copy_is_as_close_to_fp32_as_autocast(kind):
+    """The gradients reaching the fp32 weights match fp32 training's as well as autocast's do."""
+    batch = [collate(_batch(1))]
+    grads = {}
+    for name, precision, half_weights in (("fp32", "fp32", True), ("half", "bf16", True), ("autocast", "bf16", False)):
+        tc = TrainConfig(precision=precision, half_weights=half_weights, clip_norm=0.0, warmup_steps=0, lr=1.0)
+        model = _model(kind)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        t = _trainable(model, tc, torch.optim.SGD(model.parameters(), lr=1.0))  # the update is minus the gradient
+        assert (t.half is not None) == (name == "half")
+        result = train_step(t, batch, tc, CPU)
+        assert result.updated and math.isfinite(float(result.loss))
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        grads[name] = torch.cat([(before[n] - p.detach()).flatten() for n, p in model.named_parameters()])
+        if t.half is not None:  # the copy holds the updated weights, and no gradients of its own
+            for p, h in zip(t.half.masters, t.half.halves, strict=True):
+                assert torch.equal(h, p.detach().to(torch.bfloat16)) and h.grad is None
+    exact = grads["fp32"]
+    half_error = float((grads["half"] - exact).norm() / exact.norm())
+    autocast_error = float((grads["autocast"] - exact).norm() / exact.norm())
+    assert 0 < half_error < 0.05  # bf16 rounding, nothing worse
+    assert half_error < 2 * autocast_error
+
+
+def test_accumulated_bf16_batches_add_up_in_fp32():
+    """Two accumulated micro-batches update as the one batch holding both (single process: fp32 sums)."""
+    rows = _batch(2, n=8)
+    tc_two = TrainConfig(precision="bf16", clip_norm=0.0, warmup_steps=0, lr=1.0, accumulate=2)
+    deltas = []
+    for group in ([collate(rows[:4]), collate(rows[4:])], [collate(rows)]):
+        model = _model()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        t = _trainable(model, tc_two, torch.optim.SGD(model.parameters(), lr=1.0))
+        train_step(t, group, tc_two, CPU)
+        deltas.append({n: before[n] - p.detach() for n, p in model.named_parameters()})
+    for n, a in deltas[0].items():
+        torch.testing.assert_close(a, deltas[1][n], rtol=0.05, atol=2e-3, msg=n)
+
+
+def test_a_skipped_bf16_update_leaves_weights_and_copy_alone():
+    tc = TrainConfig(precision="bf16", lr=1e-3, warmup_steps=0, clip_norm=1.0)
+    model = _model()
+    t = _trainable(model, tc)
+    assert train_step(t, [collate(_batch(1))], tc, CPU).updated
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    t.half.copy.output.weight.register_hook(lambda g: torch.full_like(g, math.nan))  # a poisoned gradient
+    assert not train_step(t, [collate(_batch(2))], tc, CPU).updated
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+    for p, h in zip(t.half.masters, t.half.halves, strict=True):
+        assert torch.equal(h, p.detach().to(torch.bfloat16))
+
+
+def test_bf16_training_on_the_copy_learns_a_batch_as_fp32_does():
+    batch = [collate(_batch(3))]
+    curves = {}
+    for precision in ("fp32", "bf16"):
+        tc = TrainConfig(precision=precision, lr=1e-2, warmup_steps=0)
+        t = _trainable(_model(), tc)
+        curves[precision] = [float(train_step(t, batch, tc, CPU).loss) for _ in range(40)]
+    assert curves["bf16"][-1] < 0.5 * curves["bf16"][0]
+    assert curves["bf16"][-1] == pytest.approx(curves["fp32"][-1], rel=0.05)
