@@ -41,8 +41,8 @@ from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.resume import Progress, prepare_run_dir, resume_run
-from nmt.train.step import Trainable
 from nmt.train.start import starting_point
+from nmt.train.step import Trainable
 
 log = logging.getLogger(__name__)
 
