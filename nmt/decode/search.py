@@ -224,9 +224,12 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
                if opts.cached else None),
     )
     finished = _Finished.empty(batch, K, longest, device)
+    bans = None
     for step in range(longest + 1):
         log_probs, state, attn = _next_log_probs(model, act, opts)
-        log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), opts.min_len, ids)
+        if bans is None:
+            bans = _Bans.build(log_probs.size(1), opts.min_len, ids, device)
+        log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), bans)
         b = act.sent.numel()
         scores, tokens, origins = step_fn(log_probs.view(b, K, -1), act.scores, step=step,
                                           prefix=act.prefix.view(b, K, -1))  # (b, K)
@@ -263,24 +266,39 @@ def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[
     return logits[:, -1].float().log_softmax(dim=-1), None, None
 
 
-def _constrain(log_probs: Tensor, step: int, max_len: Tensor, min_len: int, ids: _Ids) -> Tensor:
+def _constrain(log_probs: Tensor, step: int, max_len: Tensor, bans: _Bans) -> Tensor:
     """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len.
 
     Args:
         log_probs: (N, V) for the token after `step` output tokens; not modified.
         max_len: each row's maximum output length, (N,).
     """
-    out = log_probs.clone()  # (N, V)
-    out[:, ids.pad] = -math.inf
-    if ids.bos != ids.eos:
-        out[:, ids.bos] = -math.inf
-    if step < min_len:
-        out[:, ids.eos] = -math.inf
+    out = log_probs + (bans.early if step < bans.min_len else bans.always)  # (N, V)
     # At max_len only EOS, with the model's own log-probability (even before min_len);
     # applied to every row by `where`, since asking which rows are there would wait for the device.
-    eos_only = torch.full_like(out, -math.inf)
-    eos_only[:, ids.eos] = log_probs[:, ids.eos]
-    return torch.where((max_len <= step).unsqueeze(1), eos_only, out)
+    return torch.where((max_len <= step).unsqueeze(1), log_probs + bans.all_but_eos, out)
+
+
+@dataclass(frozen=True)
+class _Bans:
+    """What `_constrain` adds to log-probabilities: 0 where a token is allowed, -inf where not, each (V,)."""
+
+    always: Tensor  # PAD and BOS
+    early: Tensor  # PAD, BOS and EOS: before min_len
+    all_but_eos: Tensor  # everything but EOS: at max_len
+    min_len: int
+
+    @classmethod
+    def build(cls, vocab: int, min_len: int, ids: _Ids, device: torch.device) -> _Bans:
+        always = torch.zeros(vocab, device=device)
+        always[ids.pad] = -math.inf
+        if ids.bos != ids.eos:
+            always[ids.bos] = -math.inf
+        early = always.clone()
+        early[ids.eos] = -math.inf
+        all_but_eos = torch.full((vocab,), -math.inf, device=device)
+        all_but_eos[ids.eos] = 0.0
+        return cls(always, early, all_but_eos, min_len)
 
 
 def _record(finished: _Finished, sent: Tensor, ended: Tensor, scores: Tensor, prefix: Tensor,

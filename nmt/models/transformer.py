@@ -183,14 +183,15 @@ class DecoderLayer(nn.Module):
         )
 
     def forward(
-        self, x: Tensor, self_mask: Tensor, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
+        self, x: Tensor, self_mask: Tensor | None, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
         need_attn: bool = False, start: int = 0,
     ) -> tuple[Tensor, KV, Tensor | None]:
         """Run T new target positions that follow the `past` ones.
 
         Args:
             x: (B, T, D).
-            self_mask: causal mask (T, t + T), True = future.
+            self_mask: causal mask (T, t + T), True = future; None for a single new token
+                (T = 1), which sees every earlier position.
             past: cached self-attention keys and values of the t = `start` earlier
                 positions, or None (t = 0). Either exactly (B, H, t, Dh), grown by
                 concatenation, or preallocated buffers (B, H, L, Dh) with L >= t + T
@@ -288,7 +289,9 @@ class Decoder(nn.Module):
         """
         T = tokens.size(1)
         x = self.dropout(self.embed(tokens) + self.positions(T, offset=start))  # (B, T, D)
-        self_mask = causal_mask(start + T, device=tokens.device)[start:]  # (T, start + T)
+        # One new token (a search step) sees every position before it: no mask, so the fused
+        # attention kernels take their unmasked path and no mask is built per step.
+        self_mask = None if T == 1 else causal_mask(start + T, device=tokens.device)[start:]  # (T, start + T)
         memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
         present, attn = [], None
