@@ -159,3 +159,23 @@ def test_bf16_training_on_the_copy_learns_a_batch_as_fp32_does():
         curves[precision] = [float(train_step(t, batch, tc, CPU).loss) for _ in range(40)]
     assert curves["bf16"][-1] < 0.5 * curves["bf16"][0]
     assert curves["bf16"][-1] == pytest.approx(curves["fp32"][-1], rel=0.05)
+
+
+def test_a_compiled_bf16_copy_gives_the_eager_copys_loss_and_gradients():
+    """`train.compile` compiles the objective over the bf16 copy: same loss and gradients as eager."""
+    batch = collate(_batch(4))
+    args = (batch.src, batch.src_pad_mask, batch.tgt_in, batch.tgt_out)
+    results = []
+    for compile_ in (False, True):
+        tc = TrainConfig(precision="bf16", compile=compile_)
+        t = _trainable(_model(), tc)
+        assert compile_ == (type(t.objective) is not Objective)  # compiled, not the eager fallback
+        loss, nll = t.objective(*args)
+        loss.backward()
+        t.half.grads_to_master()
+        results.append((loss.detach(), nll.detach(), [p.grad.clone() for p in t.model.parameters()]))
+    (loss, nll, grads), (c_loss, c_nll, c_grads) = results
+    torch.testing.assert_close(c_loss, loss, rtol=2e-2, atol=0.0)
+    torch.testing.assert_close(c_nll, nll, rtol=2e-2, atol=0.0)
+    exact = torch.cat([g.flatten() for g in grads])
+    assert float((torch.cat([g.flatten() for g in c_grads]) - exact).norm() / exact.norm()) < 0.03
