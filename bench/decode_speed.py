@@ -1,7 +1,7 @@
 """Decoding speed of a checkpoint: greedy and beam search, with and without incremental caches.
 
     python bench/decode_speed.py CHECKPOINT FILE [--limit N] [--beam 5] [--threads T] [--device cpu]
-        [--precision auto|fp32|bf16|fp16] [--max-tokens N]
+        [--precision fp32,bf16] [--max-tokens N] [--ref REFERENCES] [--outputs DIR] [--against DIR]
 
 FILE holds one source sentence per line (plain text or .gz). Each setting
 translates the same lines through `Translator.translate_nbest` (tokenization,
@@ -11,6 +11,17 @@ wall time and peak memory (resident set size sampled every 5 ms on CPU,
 `torch.cuda.max_memory_allocated` on CUDA), and the batch budget and precision
 each row ran with, in one table. `cached` uses `decode_step` with KV caches;
 `uncached` recomputes the decoder over the whole prefix at each step.
+
+Quality next to speed: `--ref` adds each row's BLEU against references, and
+`--outputs DIR` writes each row's translations to DIR/<row>.txt, so that another
+run (another device or precision) given `--against DIR` reports how many of its
+lines are identical to that run's row of the same search. For example, GPU
+against CPU outputs of the same checkpoint:
+
+    python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cpu --only beam \
+        --cached-only --outputs cpu/
+    python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cuda --only beam \
+        --cached-only --precision fp32,bf16 --against cpu/
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from pathlib import Path
 import torch
 
 from nmt.data.text import read_lines
+from nmt.metrics import score
 from nmt.translate import Translator
 
 SETTINGS = [("greedy", 1, True), ("greedy", 1, False), ("beam", None, True), ("beam", None, False)]
@@ -86,43 +98,69 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--precision", default="auto", help="auto (fp32), fp32, bf16, fp16")
+    parser.add_argument("--precision", default="auto",
+                        help="comma-separated, each row's: auto (fp32), fp32, bf16, fp16")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="batch budget, padded source tokens x beam (default: the checkpoint's; 0: by device)")
     parser.add_argument("--only", choices=["greedy", "beam"], default=None, help="run one search only")
     parser.add_argument("--cached-only", action="store_true", help="skip the (slow) uncached runs")
+    parser.add_argument("--ref", default=None, help="reference translations of FILE: adds each row's BLEU")
+    parser.add_argument("--outputs", type=Path, default=None, help="write each row's translations to DIR/<row>.txt")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="a DIR of another run's --outputs: count the lines identical to its same search")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=args.precision)
     lines = read_lines(args.file)
     lines = lines[: args.limit] if args.limit else lines
-    print(f"{len(lines)} sentences from {args.file}; device {translator.device}, precision {translator.precision}, "
-          f"{torch.get_num_threads()} threads")
-    print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'tokens':>7} {'peak MiB':>9} "
-          f"{'max_tokens':>10} {'precision':>9}")
+    refs = read_lines(args.ref)[: len(lines)] if args.ref else None
+    if refs is not None and len(refs) != len(lines):
+        parser.error(f"--ref {args.ref}: {len(refs)} lines for {len(lines)} sources")
+    if args.outputs:
+        args.outputs.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, beam, cached in SETTINGS:
-        if (args.only and name != args.only) or (args.cached_only and not cached):
-            continue
-        beam = beam or args.beam
-        r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens)
-        key = f"{name}{beam}_{'cached' if cached else 'uncached'}"
-        results[key] = r
-        print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "
-              f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f} "
-              f"{r['max_tokens']:10d} {r['precision']:>9}", flush=True)
-    for name in ("greedy1", f"beam{args.beam}"):
-        c, u = results.get(f"{name}_cached"), results.get(f"{name}_uncached")
-        if c and u:
-            same = sum(a == b for a, b in zip(c["outputs"], u["outputs"]))
-            print(f"{name}: cached is {u['seconds'] / c['seconds']:.2f}x faster than uncached "
-                  f"({same}/{len(lines)} identical outputs)")
+    for precision in args.precision.split(","):
+        translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=precision)
+        print(f"{len(lines)} sentences from {args.file}; device {translator.device}, precision "
+              f"{translator.precision}, {torch.get_num_threads()} threads")
+        print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'tokens':>7} {'peak MiB':>9} "
+              f"{'max_tokens':>10} {'precision':>9} {'BLEU':>6} {'same as --against':>17}")
+        for name, beam, cached in SETTINGS:
+            if (args.only and name != args.only) or (args.cached_only and not cached):
+                continue
+            beam = beam or args.beam
+            r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens)
+            search = f"{name}{beam}_{'cached' if cached else 'uncached'}"
+            results[f"{search}_{translator.precision}"] = r
+            r["bleu"] = score(r["outputs"], refs)["bleu"] if refs is not None else None
+            r["identical"] = _identical(r["outputs"], args.against / f"{search}.txt") if args.against else None
+            if args.outputs:
+                (args.outputs / f"{search}.txt").write_text("".join(f"{o}\n" for o in r["outputs"]), encoding="utf-8")
+            bleu = f"{r['bleu']:6.2f}" if r["bleu"] is not None else f"{'-':>6}"
+            same = f"{r['identical']}/{len(lines)}" if r["identical"] is not None else "-"
+            print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "
+                  f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f} "
+                  f"{r['max_tokens']:10d} {r['precision']:>9} {bleu} {same:>17}", flush=True)
+        for name in ("greedy1", f"beam{args.beam}"):
+            c = results.get(f"{name}_cached_{translator.precision}")
+            u = results.get(f"{name}_uncached_{translator.precision}")
+            if c and u:
+                same = sum(a == b for a, b in zip(c["outputs"], u["outputs"]))
+                print(f"{name}: cached is {u['seconds'] / c['seconds']:.2f}x faster than uncached "
+                      f"({same}/{len(lines)} identical outputs)")
     if args.json:
         args.json.write_text(json.dumps({k: {m: v for m, v in r.items() if m != "outputs"}
                                          for k, r in results.items()}, indent=2))
+
+
+def _identical(outputs: list[str], path: Path) -> int:
+    """Lines of `outputs` equal to the same line of another run's outputs file."""
+    other = path.read_text(encoding="utf-8").splitlines()
+    if len(other) != len(outputs):
+        raise SystemExit(f"{path}: {len(other)} lines, but this run translated {len(outputs)}")
+    return sum(a == b for a, b in zip(outputs, other, strict=True))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""bench/decode_speed.py end to end on a tiny trained checkpoint: rows per precision, BLEU against references,
+and the lines identical to another run's saved outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nmt.train.loop import train
+from tests.train.helpers import tiny_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "decode_speed.py"), *args, "--device", "cpu",
+                           "--only", "beam", "--cached-only", "--beam", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_outputs(small_corpus, tmp_path):
+    summary = train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=6, device="cpu"))
+    ckpt, src, ref = summary["best_checkpoint"], str(small_corpus / "test.en"), str(small_corpus / "test.de")
+    first = _bench(ckpt, src, "--ref", ref, "--outputs", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    saved = (tmp_path / "first" / "beam2_cached.txt").read_text(encoding="utf-8").splitlines()
+    assert len(saved) == 30
+
+    second = _bench(ckpt, src, "--ref", ref, "--precision", "fp32,bf16", "--against", str(tmp_path / "first"),
+                    "--json", str(tmp_path / "rows.json"))
+    assert second.returncode == 0, second.stderr[-2000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert set(rows) == {"beam2_cached_fp32", "beam2_cached_bf16"}
+    fp32, bf16 = rows["beam2_cached_fp32"], rows["beam2_cached_bf16"]
+    assert fp32["identical"] == 30  # the same checkpoint, device and precision: the same lines
+    assert 0 <= bf16["identical"] <= 30 and bf16["precision"] == "bf16"
+    assert all(isinstance(r["bleu"], float) and r["sentences_per_s"] > 0 for r in rows.values())
+    assert "30/30" in second.stdout
+
+    short = tmp_path / "short.en"
+    short.write_text("one line\n", encoding="utf-8")
+    mismatch = _bench(ckpt, str(short), "--against", str(tmp_path / "first"))
+    assert mismatch.returncode != 0 and "beam2_cached.txt: 30 lines, but this run translated 1" in mismatch.stderr
