@@ -12,6 +12,10 @@ wall time and peak memory (resident set size sampled every 5 ms on CPU,
 each row ran with, in one table. `cached` uses `decode_step` with KV caches;
 `uncached` recomputes the decoder over the whole prefix at each step.
 
+`--profile` translates once more per row under torch.profiler and prints the
+operators with the most self time (GPU time on CUDA) and the kernels launched per
+sentence; `--trace DIR` also writes a Chrome trace of it.
+
 Quality next to speed: `--ref` adds each row's BLEU against references, and
 `--outputs DIR` writes each row's translations to DIR/<row>.txt, so that another
 run (another device or precision) given `--against DIR` reports how many of its
@@ -35,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+from profiling import Profile  # bench/profiling.py, beside this script
 
 from nmt.data.text import read_lines
 from nmt.metrics import score
@@ -109,6 +114,10 @@ def main() -> None:
     parser.add_argument("--against", type=Path, default=None,
                         help="a DIR of another run's --outputs: count the lines identical to its same search")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each row's timing, translate once more under torch.profiler: top operators, "
+                             "kernels per sentence")
+    parser.add_argument("--trace", type=Path, default=None, help="with --profile: a Chrome trace per row here")
     args = parser.parse_args()
 
     if args.threads:
@@ -143,6 +152,14 @@ def main() -> None:
             print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "
                   f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f} "
                   f"{r['max_tokens']:10d} {r['precision']:>9} {bleu} {same:>17}", flush=True)
+            if args.profile:  # after the timing, which it would slow down
+                trace = None
+                if args.trace:
+                    args.trace.mkdir(parents=True, exist_ok=True)
+                    trace = args.trace / f"{search}_{translator.precision}.json"
+                with Profile(translator.device, trace=trace) as prof:
+                    translator.translate_nbest(lines, beam=beam, cached=cached, max_tokens=args.max_tokens)
+                print(f"{search} {translator.precision}: {prof.summary(len(lines), 'sentence')}", flush=True)
         for name in ("greedy1", f"beam{args.beam}"):
             c = results.get(f"{name}_cached_{translator.precision}")
             u = results.get(f"{name}_uncached_{translator.precision}")

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from profiling import Profile  # bench/profiling.py, beside this script
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -122,7 +123,7 @@ def _sync(device: torch.device) -> None:
 
 
 def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: int, reference: bool,
-            peak: float | None) -> Row:
+            peak: float | None, profile: int = 0, trace: Path | None = None) -> Row:
     """Train `steps` timed updates after `warmup` ones; fill in the row's figures."""
     precision, _, variant = row.precision.partition("-")  # bf16-autocast: bf16 without the bf16 copy
     tc = replace(cfg.train, precision=precision, half_weights=variant != "autocast", max_tokens=row.max_tokens,
@@ -176,6 +177,11 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         with _OpCount() as count:
             train_step(parts, [batches[0]], tc, device)
         row.ops = count.ops
+    if profile:  # after the timing, which it would slow down
+        with Profile(device, trace=trace) as prof:
+            run(warmup, profile)
+        print(f"{row.shape} {row.model} {row.precision} compile {'on' if row.compiled else 'off'}: "
+              f"{prof.summary(profile, 'update')}", file=sys.stderr, flush=True)
     return row
 
 
@@ -226,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base-max-tokens", type=int, default=32768)
     ap.add_argument("--reference", action="store_true", help="Add torch.nn.Transformer rows (eager).")
     ap.add_argument("--json", help="Also write the rows to this file.")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="After each row's timing, profile N more updates: top operators, kernels per update.")
+    ap.add_argument("--trace", type=Path, default=None, help="With --profile: a Chrome trace per row in this folder.")
     ap.add_argument("--work", default="runs/bench", help="Where the tokenizer and data caches go (one folder per config).")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args(argv)
@@ -261,8 +270,13 @@ def main(argv: list[str] | None = None) -> None:
                     row = Row(shape, model, precision, compiled, max_tokens)
                     warmup = max(args.warmup, 10) if compiled else args.warmup
                     try:
+                        trace = None
+                        if args.trace:
+                            args.trace.mkdir(parents=True, exist_ok=True)
+                            name = "reference" if reference else "nmt"
+                            trace = args.trace / f"{shape}-{name}-{precision}-{'on' if compiled else 'off'}.json"
                         run_row(row, shape_cfg, data, device, steps=args.steps, warmup=warmup,
-                                reference=reference, peak=peak)
+                                reference=reference, peak=peak, profile=args.profile, trace=trace)
                     except Exception as err:  # one failing row (e.g. out of memory) must not lose the others
                         row.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
                     rows.append(row)

@@ -1,5 +1,5 @@
 """bench/decode_speed.py end to end on a tiny trained checkpoint: rows per precision, BLEU against references,
-and the lines identical to another run's saved outputs."""
+the lines identical to another run's saved outputs, and a profile of each row."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     assert len(saved) == 30
 
     second = _bench(ckpt, src, "--ref", ref, "--precision", "fp32,bf16", "--against", str(tmp_path / "first"),
-                    "--json", str(tmp_path / "rows.json"))
+                    "--json", str(tmp_path / "rows.json"), "--profile", "--trace", str(tmp_path / "traces"))
     assert second.returncode == 0, second.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert set(rows) == {"beam2_cached_fp32", "beam2_cached_bf16"}
@@ -38,6 +38,8 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     assert 0 <= bf16["identical"] <= 30 and bf16["precision"] == "bf16"
     assert all(isinstance(r["bleu"], float) and r["sentences_per_s"] > 0 for r in rows.values())
     assert "30/30" in second.stdout
+    assert second.stdout.count("profile of 30 sentences, sorted by self CPU time") == 2
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["beam2_cached_bf16.json", "beam2_cached_fp32.json"]
 
     short = tmp_path / "short.en"
     short.write_text("one line\n", encoding="utf-8")

@@ -8,17 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
 def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train_speed.py"), "configs/toy_transformer.yaml",
                            "--precisions", "fp32,bf16,bf16-autocast", "--steps", "2", "--warmup", "1",
-                           "--work", str(tmp_path / "work"), "--json", str(out), "--set", "train.device=cpu"],
+                           "--work", str(tmp_path / "work"), "--json", str(out), "--set", "train.device=cpu",
+                           "--profile", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["precision"]: r for r in json.loads(out.read_text())}
@@ -28,3 +26,4 @@ def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_pat
     assert copy <= fp32 + 10  # two multi-tensor copies and the loss's casts
     assert autocast > 1.4 * fp32  # a cast per weight use, forward and backward
     assert "ops/update" in proc.stdout and "bf16-autocast" in proc.stdout
+    assert proc.stderr.count("profile of 1 updates, sorted by self CPU time") == 3

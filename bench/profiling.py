@@ -1,0 +1,56 @@
+"""`--profile` for the benches: where a timed run spends its time, on the host and on the device.
+
+    with Profile(device, trace="trace.json") as prof:
+        ...  # the run
+    print(prof.summary(steps=20))
+
+The summary is torch.profiler's table of the operators with the most self time
+(device time on CUDA, host time elsewhere) and, on CUDA, the kernels launched per
+step: a step that launches many small kernels is bound by the host that launches
+them, whatever the GPU. The trace opens in https://ui.perfetto.dev or chrome://tracing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+class Profile:
+    """torch.profiler over a block, for one device; `trace` also writes a Chrome trace there."""
+
+    def __init__(self, device: torch.device, *, trace: str | Path | None = None, rows: int = 20) -> None:
+        self.device, self.trace, self.rows = device, trace, rows
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self._prof = profile(activities=activities)
+
+    def __enter__(self) -> Profile:
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._prof.__exit__(*exc)
+        if self.trace:
+            self._prof.export_chrome_trace(str(self.trace))
+
+    def kernels(self) -> int:
+        """Device kernels the block launched (0 off CUDA)."""
+        if self.device.type != "cuda":
+            return 0
+        return sum(1 for e in self._prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    def summary(self, steps: int, unit: str = "step") -> str:
+        """The top operators by self time, and kernels per `unit` (`steps` of them) on CUDA."""
+        on_device = self.device.type == "cuda"
+        key = "self_cuda_time_total" if on_device else "self_cpu_time_total"
+        table = self._prof.key_averages().table(sort_by=key, row_limit=self.rows)
+        lines = [f"profile of {steps} {unit}s, sorted by self {'GPU' if on_device else 'CPU'} time:", table]
+        if on_device:
+            lines.append(f"{self.kernels() / max(steps, 1):.1f} kernels launched per {unit}")
+        if self.trace:
+            lines.append(f"trace: {self.trace}")
+        return "\n".join(lines)
