@@ -25,3 +25,12 @@ def pad_mask_from_tokens(tokens: Tensor, pad_id: int) -> Tensor:
 def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
     """True above the diagonal, where position i would see j > i: (L, L)."""
     return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+
+
+def attention_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """`mask` as the additive bias fused attention kernels take: -inf where True (ignored), 0 elsewhere.
+
+    Given a boolean mask, `F.scaled_dot_product_attention` builds this bias itself
+    at every call; a stack whose layers share one mask builds it once instead.
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from nmt.models.contract import Memory, check_attention_choice, index_select_batch
 from nmt.models.layers import Embedding, FeedForward, LearnedPositions, SinusoidalPositions
-from nmt.models.masks import causal_mask
+from nmt.models.masks import attention_bias, causal_mask
 
 KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
 
@@ -90,7 +90,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
-        average_heads: bool = True, causal: bool = False,
+        average_heads: bool = True, causal: bool = False, bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from query (B, Tq, D) to keys and values from `project_kv`.
 
@@ -104,6 +104,8 @@ class MultiHeadAttention(nn.Module):
             causal: `mask` is exactly the causal mask of Tq == Tk positions; the
                 fused path then passes `is_causal` instead of the mask, which lets
                 torch use flash attention (it takes no explicit mask).
+            bias: `mask` as `masks.attention_bias`, built once by a caller whose layers
+                share the mask; the fused path takes it instead of converting `mask`.
 
         Returns:
             The output (B, Tq, D) and the weights or None.
@@ -115,13 +117,27 @@ class MultiHeadAttention(nn.Module):
         if self.impl == "manual" or need_weights:
             context, weights = attention(q, k, v, mask, p)
         else:
-            # sdpa's boolean mask means True = attend: the one place our polarity is inverted.
-            keep = None if mask is None or causal else ~mask
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, is_causal=causal)
+            if mask is None or causal:
+                attn_mask = None
+            elif bias is not None:
+                attn_mask = bias
+            else:  # sdpa's boolean mask means True = attend: the one place our polarity is inverted.
+                attn_mask = ~mask
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=causal)
         context = context.transpose(1, 2).reshape(B, Tq, self.d_model)  # (B, Tq, D)
         if weights is not None and average_heads:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
         return self.out_proj(context), weights if need_weights else None
+
+
+def _shared_bias(mask: Tensor, dtype: torch.dtype, attn: MultiHeadAttention) -> Tensor | None:
+    """The additive form of a mask every layer of a stack uses, built once for the fused kernels.
+
+    `F.scaled_dot_product_attention` would convert a boolean mask at each of the
+    layers' calls, three operations each; a search step repeats them per layer.
+    The manual path masks with the boolean mask itself and needs none.
+    """
+    return attention_bias(mask, dtype) if attn.impl == "sdpa" else None
 
 
 class Residual(nn.Module):
@@ -160,10 +176,10 @@ class EncoderLayer(nn.Module):
         d = self_attn.d_model
         self.attn_res, self.ff_res = (Residual(d_model=d, dropout=dropout, pre_norm=pre_norm) for _ in range(2))
 
-    def forward(self, x: Tensor, pad_mask: Tensor) -> Tensor:
-        """x (B, S, D), pad_mask (B, 1, 1, S) -> (B, S, D)."""
+    def forward(self, x: Tensor, pad_mask: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x (B, S, D), pad_mask (B, 1, 1, S) and maybe its `attention_bias` -> (B, S, D)."""
         h = self.attn_res.normed(x)
-        y, _ = self.self_attn(h, *self.self_attn.project_kv(h), pad_mask)
+        y, _ = self.self_attn(h, *self.self_attn.project_kv(h), pad_mask, bias=bias)
         x = self.attn_res.add(x, y)
         return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x)))
 
@@ -184,7 +200,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, self_mask: Tensor | None, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
-        need_attn: bool = False, start: int = 0,
+        need_attn: bool = False, start: int = 0, memory_bias: Tensor | None = None,
     ) -> tuple[Tensor, KV, Tensor | None]:
         """Run T new target positions that follow the `past` ones.
 
@@ -200,6 +216,7 @@ class DecoderLayer(nn.Module):
             memory_mask: source padding (B, 1, 1, S).
             need_attn: return cross-attention weights per head (B, H, T, S).
             start: t, the position of the first of the T new tokens.
+            memory_bias: `memory_mask` as `attention_bias`, or None.
 
         Returns:
             x (B, T, D); the cache to carry on: the grown keys and values (B, H, t + T, Dh),
@@ -224,7 +241,8 @@ class DecoderLayer(nn.Module):
         y, _ = self.self_attn(h, k, v, self_mask, causal=past is None)  # no past: a whole prefix, causally masked
         x = self.self_res.add(x, y)
         h = self.cross_res.normed(x)
-        y, attn = self.cross_attn(h, *memory_kv, memory_mask, need_weights=need_attn, average_heads=False)
+        y, attn = self.cross_attn(h, *memory_kv, memory_mask, need_weights=need_attn, average_heads=False,
+                                  bias=memory_bias)
         x = self.cross_res.add(x, y)
         return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x))), cache, attn
 
@@ -244,8 +262,9 @@ class Encoder(nn.Module):
         """src (B, S), pad_mask (B, S) -> states (B, S, D)."""
         x = self.dropout(self.embed(src) + self.positions(src.size(1)))  # (B, S, D)
         mask = pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        bias = _shared_bias(mask, x.dtype, self.layers[0].self_attn)  # (B, 1, 1, S)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, bias)
         return self.norm(x)
 
 
@@ -293,12 +312,13 @@ class Decoder(nn.Module):
         # attention kernels take their unmasked path and no mask is built per step.
         self_mask = None if T == 1 else causal_mask(start + T, device=tokens.device)[start:]  # (T, start + T)
         memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        memory_bias = _shared_bias(memory_mask, x.dtype, self.layers[0].cross_attn)  # (B, 1, 1, S)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
         present, attn = [], None
         for i, layer in enumerate(self.layers):
             layer_past = None if past is None else past[i]
             x, kv, weights = layer(x, self_mask, layer_past, memory_kv[i], memory_mask, need_attn=i == wanted,
-                                   start=start)
+                                   start=start, memory_bias=memory_bias)
             present.append(kv)
             attn = weights if i == wanted else attn
         return self.norm(x), present, attn
