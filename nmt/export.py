@@ -199,14 +199,14 @@ def _set_config(spec: TransformerSpec, tokenizer: Tokenizer, eps: float) -> None
 
 def _set_self_attention(spec, attn: MultiHeadAttention, res: Residual) -> None:
     _set_norm(spec.layer_norm, res.norm)
-    _set_linear(spec.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)  # (3D, D): q, k, v
+    _set_linear(spec.linear[0], attn.q_proj, attn.kv_proj)  # (3D, D): q, k, v
     _set_linear(spec.linear[1], attn.out_proj)
 
 
 def _set_cross_attention(spec, attn: MultiHeadAttention, res: Residual) -> None:
     _set_norm(spec.layer_norm, res.norm)
     _set_linear(spec.linear[0], attn.q_proj)
-    _set_linear(spec.linear[1], attn.k_proj, attn.v_proj)  # (2D, D): k, v of the encoder output
+    _set_linear(spec.linear[1], attn.kv_proj)  # (2D, D): k, v of the encoder output
     _set_linear(spec.linear[2], attn.out_proj)
 
 

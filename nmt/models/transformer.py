@@ -52,7 +52,9 @@ class MultiHeadAttention(nn.Module):
 
     Keys and values are projected by `project_kv` and passed to `forward`, so a
     decoder can cache them: self-attention appends one step at a time, and
-    cross-attention projects the encoder output once per sentence.
+    cross-attention projects the encoder output once per sentence. One (2D, D)
+    matrix projects both (`kv_proj`: keys in rows 0..D-1, values in D..2D-1), one
+    matrix product instead of two.
 
     Args:
         d_model: D.
@@ -74,9 +76,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"attention_dropout ({attention_dropout}) must be in [0, 1)")
         self.d_model, self.heads, self.head_dim = d_model, heads, d_model // heads
         self.attention_dropout, self.impl = attention_dropout, impl
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model) for _ in range(4))
-        for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            nn.init.xavier_uniform_(linear.weight)
+        self.q_proj, self.out_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        # Each (D, D) block initialised as its own layer would be: keys and values alike.
+        for weight in (self.q_proj.weight, *self.kv_proj.weight.chunk(2), self.out_proj.weight):
+            nn.init.xavier_uniform_(weight)
+        for linear in (self.q_proj, self.kv_proj, self.out_proj):
             nn.init.zeros_(linear.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -86,7 +91,18 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, x: Tensor) -> KV:
         """Keys and values of x (B, L, D), each (B, H, L, Dh)."""
-        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+        B, L, _ = x.shape
+        kv = self.kv_proj(x).view(B, L, 2, self.heads, self.head_dim)  # (B, L, 2, H, Dh)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
+        return k, v
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # Checkpoints written before keys and values shared one matrix hold k_proj and v_proj.
+        for kind in ("weight", "bias"):
+            k, v = f"{prefix}k_proj.{kind}", f"{prefix}v_proj.{kind}"
+            if k in state_dict and v in state_dict:
+                state_dict[f"{prefix}kv_proj.{kind}"] = torch.cat([state_dict.pop(k), state_dict.pop(v)])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(
         self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,

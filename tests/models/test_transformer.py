@@ -141,7 +141,7 @@ def test_cross_attention_keys_and_values_are_computed_once():
     model = make_model()
     calls = []
     for layer in model.decoder.layers:
-        layer.cross_attn.k_proj.register_forward_hook(lambda *_: calls.append(1))
+        layer.cross_attn.kv_proj.register_forward_hook(lambda *_: calls.append(1))
     memory = model.encode(src, src_mask)
     state = model.init_state(memory)
     assert isinstance(state, TransformerState) and len(calls) == 2
@@ -288,3 +288,21 @@ def test_decode_step_under_bf16_autocast():
             assert log_probs.dtype == torch.float32
             assert state.self_kv[0][0].dtype == memory.extra["cross_kv"][0][0].dtype == torch.bfloat16
             torch.testing.assert_close(log_probs, full[:, t], atol=0.05, rtol=0)
+
+
+def test_checkpoints_with_separate_key_and_value_projections_still_load():
+    """Weights saved when k_proj and v_proj were two layers load into the one kv_proj, strictly."""
+    model = make_model().eval()
+    old = {}
+    for name, t in model.state_dict().items():
+        if ".kv_proj." in name:
+            k, v = t.chunk(2)
+            old[name.replace("kv_proj", "k_proj")], old[name.replace("kv_proj", "v_proj")] = k.clone(), v.clone()
+        else:
+            old[name] = t
+    assert not any(".kv_proj." in name for name in old)
+    fresh = make_model(seed=1).eval()
+    fresh.load_state_dict(old)  # strict: no key missing, none left over
+    src, src_mask, tgt = batch()
+    with torch.no_grad():
+        assert torch.equal(fresh(src, src_mask, tgt), model(src, src_mask, tgt))
