@@ -16,6 +16,17 @@ from nmt.config import ExperimentConfig, config_from_dict
 from tests.conftest import ROOT, tiny_config_dict
 
 
+def random_rows(seed: int = 0, n: int = 5, vocab: int = 23) -> list[dict]:
+    """`n` dataset rows of random ids below `vocab` (sources 2-8 ids and EOS, targets 1-8 ids), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        s, t = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        rows.append({"src_ids": torch.randint(4, vocab, (s,), generator=g).tolist() + [2],
+                     "tgt_ids": torch.randint(4, vocab, (t,), generator=g).tolist(), "index": i})
+    return rows
+
+
 def tiny_raw(corpus: Path, run_dir: Path, **train) -> dict:
     """The shared tiny config without BLEU and with validation only at the end, plus `train` overrides."""
     raw = tiny_config_dict(corpus, run_dir)

@@ -19,6 +19,7 @@ from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.setup import prepare_step
 from nmt.train.step import Trainable, train_step
 from tests.models.tiny import tiny_model
+from tests.train.helpers import random_rows
 
 CPU = torch.device("cpu")
 
@@ -39,14 +40,8 @@ def _model(kind: str = "transformer", seed: int = 0, tie: str = "none") -> torch
     return tiny_model(kind, seed=seed, vocab=23, transformer=dict(max_positions=64), tie_embeddings=tie).train()
 
 
-def _batch(seed: int = 0, n: int = 6):
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        s, t = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
-        rows.append({"src_ids": torch.randint(4, 23, (s,), generator=g).tolist() + [2],
-                     "tgt_ids": torch.randint(4, 23, (t,), generator=g).tolist(), "index": i})
-    return rows
+def _batch(seed: int = 0, n: int = 6) -> list[dict]:
+    return random_rows(seed, n)
 
 
 def _trainable(model: torch.nn.Module, tc: TrainConfig, optimizer: torch.optim.Optimizer | None = None) -> Trainable:

@@ -16,6 +16,7 @@ from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.step import Trainable, step_unless, train_step
 from tests.models.tiny import tiny_model
+from tests.train.helpers import random_rows
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -24,13 +25,7 @@ def _model(seed: int = 0) -> torch.nn.Module:
 
 
 def _batch(seed: int = 0, n: int = 5):
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        s, t = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
-        rows.append({"src_ids": torch.randint(4, 23, (s,), generator=g).tolist() + [2],
-                     "tgt_ids": torch.randint(4, 23, (t,), generator=g).tolist(), "index": i})
-    return collate(rows, pad_to_multiple=8)
+    return collate(random_rows(seed, n), pad_to_multiple=8)
 
 
 def test_compiled_objective_gives_the_eager_loss_and_gradients():
