@@ -7,8 +7,8 @@
 Each row trains one model shape at one precision, eager or compiled, on the same
 real batches (the config's training data and tokenizer), with what `nmt train`
 uses: the model, loss, optimizer and schedule from `nmt.train.setup.build_trainable`,
-compiled by `wrap_objective` with `train.compile_mode`, batch lengths padded to `train.pad_to_multiple`, and
-`nmt.train.step.train_step`. Shapes: `config` is the config's model and
+readied by `prepare_step` (the bf16 copy, `torch.compile` with `train.compile_mode`),
+batch lengths padded to `train.pad_to_multiple`, and `nmt.train.step.train_step`. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
 FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
 torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
