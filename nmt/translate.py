@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TextIO, overload
 
 import torch
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
@@ -274,17 +275,21 @@ class Translator:
         return dataclasses.replace(opts, strategy=opts.step_fn(self.device))
 
     def _translate(self, lines: list[str], opts: SearchOptions, first_line: int = 1) -> list[list[Translation]]:
-        ids = self._encode(lines, self.max_source_length(opts), first_line)
+        # The phases are labelled for torch.profiler (`bench/decode_speed.py --profile`).
+        with record_function("nmt.tokenize"):
+            ids = self._encode(lines, self.max_source_length(opts), first_line)
         results = [[_empty() for _ in range(opts.nbest)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if len(seq) > 1]  # only EOS: an empty line
         budget = max(1, self.max_tokens_for(opts.max_tokens) // opts.beam)  # source tokens per batch
         with inference(self.model):
             for chunk in inference_batches([len(ids[i]) for i in todo], budget):
                 rows = [todo[j] for j in chunk]
-                src, mask = _pad([ids[i] for i in rows], self.device)
-                hyps = search(self.model, src, mask, opts)
-                for row, sentence_hyps in zip(rows, hyps):
-                    results[row] = [self._finish(h, ids[row]) for h in sentence_hyps]
+                with record_function("nmt.search"):
+                    src, mask = _pad([ids[i] for i in rows], self.device)
+                    hyps = search(self.model, src, mask, opts)
+                with record_function("nmt.detokenize"):
+                    for row, sentence_hyps in zip(rows, hyps):
+                        results[row] = [self._finish(h, ids[row]) for h in sentence_hyps]
         return results
 
     def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> list[list[int]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Batch
@@ -83,9 +84,9 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
     update_tokens = int(all_reduce([tokens], device, ctx)[0])
     weight = ctx.world_size / max(update_tokens, 1)  # DDP averages over ranks; undo that
     loss_sum = nll_sum = torch.zeros((), device=device)
-    for i, b in enumerate(group):
+    for i, b in enumerate(group):  # the phases are labelled for torch.profiler (bench/train_speed.py --profile)
         synced = not ctx.enabled or i == len(group) - 1  # DDP all-reduces the last backward only
-        with contextlib.nullcontext() if synced else objective.no_sync():
+        with record_function("nmt.forward_backward"), contextlib.nullcontext() if synced else objective.no_sync():
             with autocast(device, precision):
                 loss, nll = objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
             scaler.scale(loss * weight).backward()
@@ -93,19 +94,20 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
             half.grads_to_master()
         loss_sum = loss_sum + loss.detach().float()
         nll_sum = nll_sum + nll.detach().float()
-    scaler.unscale_(optimizer)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_norm if tc.clip_norm > 0 else math.inf)
-    skipped = ~torch.isfinite(grad_norm)
-    if scaler.is_enabled():
-        scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
-    else:
-        step_unless(optimizer, skipped)
-    t.scheduler.step()
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    if half is not None:
-        half.refresh()
+    with record_function("nmt.optimizer"):
+        scaler.unscale_(optimizer)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_norm if tc.clip_norm > 0 else math.inf)
+        skipped = ~torch.isfinite(grad_norm)
+        if scaler.is_enabled():
+            scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
+        else:
+            step_unless(optimizer, skipped)
+        t.scheduler.step()
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if half is not None:
+            half.refresh()
     return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm.detach(), skipped)
 
 
