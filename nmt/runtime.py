@@ -7,6 +7,7 @@ translation and benchmarks share one obvious switch.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -63,14 +64,11 @@ def _local_gpu() -> torch.device:
 
 
 def enable_fast_math(device: torch.device) -> None:
-    """TF32 matrix products and a deliberate choice of attention kernels on GPUs (a no-op elsewhere).
+    """TF32 matrix products and `attention_kernels`' choice, for the whole process, on GPUs (a no-op elsewhere).
 
-    `scaled_dot_product_attention` may pick cuDNN's kernel for bf16/fp16 on recent
-    GPUs; cuDNN builds a new execution plan for every new (batch, length) shape, and
-    token-budget batching makes a new shape at almost every step (measured on an
-    H100: bf16 training 7.7x slower than fp32). Flash attention (causal, unmasked)
-    and the memory-efficient kernel (padding masks) need no per-shape planning, with
-    the plain maths as the fallback.
+    Training sets this once; inference (`inference`) makes the same kernel choice for
+    its block only, and keeps full fp32 matrix products, so that fp32 translations on
+    a GPU match the CPU's.
     """
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -79,6 +77,24 @@ def enable_fast_math(device: torch.device) -> None:
         torch.backends.cuda.enable_flash_sdp(True)
         torch.backends.cuda.enable_mem_efficient_sdp(True)
         torch.backends.cuda.enable_math_sdp(True)
+
+
+def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """Within the block, `scaled_dot_product_attention` on a GPU uses flash, memory-efficient or plain kernels.
+
+    Left to itself, torch may pick cuDNN's attention for bf16/fp16 on recent GPUs;
+    cuDNN builds a new execution plan for every new (batch, length) shape, and both
+    token-budget batching and search (whose keys grow by one position per step) make
+    a new shape at almost every call (measured on an H100: bf16 training 7.7x slower
+    than fp32). Flash attention (causal, unmasked) and the memory-efficient kernel
+    (padding masks) need no per-shape planning, with the plain maths as the fallback.
+    A no-op off CUDA.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def batch_length_multiple(setting: int, device: torch.device) -> int:
@@ -282,11 +298,12 @@ def barrier(ctx: Dist) -> None:
 
 @contextlib.contextmanager
 def inference(model: torch.nn.Module) -> Iterator[None]:
-    """Evaluation mode and no autograd, restoring the previous mode afterwards."""
+    """Evaluation mode, no autograd and `attention_kernels`, restoring the previous mode afterwards."""
     was_training = model.training
+    device = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(0)).device
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_kernels(device):
             yield
     finally:
         model.train(was_training)

@@ -131,3 +131,32 @@ def test_the_cli_prints_one_line_and_exits_2(monkeypatch, capsys, group, tiny_co
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("nmt: error: torchrun --nproc_per_node: 2 processes on this node") and err.count("\n") == 1
+
+
+SDPA_FLAGS = {
+    "cudnn": torch.backends.cuda.cudnn_sdp_enabled, "flash": torch.backends.cuda.flash_sdp_enabled,
+    "efficient": torch.backends.cuda.mem_efficient_sdp_enabled, "math": torch.backends.cuda.math_sdp_enabled,
+}
+
+
+def sdpa_flags() -> dict[str, bool]:
+    return {name: enabled() for name, enabled in SDPA_FLAGS.items()}
+
+
+def test_attention_kernels_leave_cudnn_out_on_a_gpu_for_the_block_only():
+    # The flags are process-wide and settable without a GPU; the choice is what a GPU would run.
+    before = sdpa_flags()
+    assert before["cudnn"], "torch's default allows cuDNN attention; this test would not show the switch"
+    with runtime.attention_kernels(torch.device("cuda", 0)):
+        assert sdpa_flags() == {"cudnn": False, "flash": True, "efficient": True, "math": True}
+    assert sdpa_flags() == before
+    with runtime.attention_kernels(torch.device("cpu")):
+        assert sdpa_flags() == before  # off CUDA nothing changes
+
+
+def test_inference_blocks_choose_the_attention_kernels_of_the_model_device():
+    model = torch.nn.Linear(2, 2).train()
+    with runtime.inference(model):
+        assert not model.training and torch.is_inference_mode_enabled()
+        assert sdpa_flags()["cudnn"]  # a CPU model: untouched
+    assert model.training

@@ -20,6 +20,7 @@ from nmt.cli import app
 from nmt.config import config_from_dict
 from nmt.decode import Sampling
 from nmt.errors import CheckpointError, UserError
+from nmt.models.transformer import MultiHeadAttention
 from nmt.plot import image_size
 from nmt.translate import Translator, format_nbest, interactive, translate_lines
 from tests.conftest import tiny_config_dict
@@ -328,3 +329,16 @@ def test_cli_missing_input_file_is_a_user_error(checkpoints, tmp_path):
                                  "-o", str(tmp_path / "out.txt")])
     assert isinstance(result.exception, UserError) and "input file not found" in str(result.exception)
     assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gpu_search_never_runs_cudnn_attention(checkpoints, sources, precision):
+    # cuDNN's attention plans every new shape anew, and a search step's keys grow by one position.
+    tr = Translator.from_checkpoint(checkpoints["transformer"], device="cuda", precision=precision)
+    seen = []
+    for module in tr.model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    assert tr.translate(sources, beam=3)
+    assert seen and not any(seen)
