@@ -1,5 +1,5 @@
-"""bench/decode_speed.py end to end on a tiny trained checkpoint: rows per precision, BLEU against references,
-the lines identical to another run's saved outputs, and a profile of each row."""
+"""bench/decode_speed.py end to end on a tiny trained checkpoint: rows per precision, the fastest of
+repeated rounds, BLEU against references, the lines identical to another run's saved outputs, and a profile of each row."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     assert len(saved) == 30
 
     second = _bench(ckpt, src, "--ref", ref, "--precision", "fp32,bf16", "--against", str(tmp_path / "first"),
-                    "--json", str(tmp_path / "rows.json"), "--profile", "--trace", str(tmp_path / "traces"))
+                    "--json", str(tmp_path / "rows.json"), "--profile", "--trace", str(tmp_path / "traces"),
+                    "--repeat", "2")
     assert second.returncode == 0, second.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert set(rows) == {"beam2_cached_fp32", "beam2_cached_bf16"}
@@ -37,6 +38,7 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     assert fp32["identical"] == 30  # the same checkpoint, device and precision: the same lines
     assert 0 <= bf16["identical"] <= 30 and bf16["precision"] == "bf16"
     assert all(isinstance(r["bleu"], float) and r["sentences_per_s"] > 0 for r in rows.values())
+    assert all(r["rounds"] == 2 and r["first_seconds"] >= r["seconds"] for r in rows.values())  # the fastest of two
     assert "30/30" in second.stdout
     assert second.stdout.count("profile of 30 sentences, sorted by self CPU time") == 2
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["beam2_cached_bf16.json", "beam2_cached_fp32.json"]
@@ -45,3 +47,5 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     short.write_text("one line\n", encoding="utf-8")
     mismatch = _bench(ckpt, str(short), "--against", str(tmp_path / "first"))
     assert mismatch.returncode != 0 and "beam2_cached.txt: 30 lines, but this run translated 1" in mismatch.stderr
+    no_rounds = _bench(ckpt, src, "--repeat", "0")
+    assert no_rounds.returncode == 2 and "--repeat 0: give 1 or more rounds" in no_rounds.stderr
