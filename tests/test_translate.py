@@ -78,6 +78,8 @@ def test_batch_equals_one_by_one_and_order_is_kept(translators, sources, kind):
         assert [h.text for h in hyps] == [h.text for h in alone]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-4)
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    # each text is its own hypothesis's (the batch is detokenized in one call): its pieces, joined
+    assert all(h.text == "".join(h.tokens).replace("\u2581", " ").strip() for hyps in together for h in hyps)
     # a budget that forces one sentence per batch gives the same, in input order
     assert tr.translate(sources, beam=3, max_tokens=1) == [hyps[0].text for hyps in together]
 
