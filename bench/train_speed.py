@@ -149,8 +149,8 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     lists = sampler.batch_list(0)[: steps + warmup]
     multiple = batch_length_multiple(tc.pad_to_multiple, device)
     batches = [b.to(device) for b in collated_batches(data.train, lists, pad_to_multiple=multiple)]
-    # tgt_len counts target ids; the decoder sees them plus BOS (and predicts them plus EOS).
-    flops = [train_flops(src_lens[idx], tgt_lens[idx] + 1, d=t.d_model, ff=t.ff_dim, enc=t.encoder_layers,
+    # tgt_len is the target ids plus one: what the decoder reads (BOS first) and predicts (EOS last).
+    flops = [train_flops(src_lens[idx], tgt_lens[idx], d=t.d_model, ff=t.ff_dim, enc=t.encoder_layers,
                          dec=t.decoder_layers, vocab=tok.tgt_vocab_size) for idx in lists]
 
     def run(first: int, count: int) -> tuple[float, int, float]:
