@@ -1,20 +1,24 @@
 """Training throughput: target tokens/s, model FLOP utilisation and peak memory, in one table.
 
     python bench/train_speed.py configs/multi30k_transformer.yaml \\
-        [--shapes config,base] [--precisions fp32,bf16,bf16-autocast] [--compile off,on] \\
+        [--shapes config,base] [--precisions fp32,bf16,bf16-autocast] [--compile off,on,reduce-overhead] \\
         [--steps 30] [--warmup 5] [--reference] [--json results.json] [--set k=v ...]
 
 Each row trains one model shape at one precision, eager or compiled, on the same
 real batches (the config's training data and tokenizer), with what `nmt train`
 uses: the model, loss, optimizer and schedule from `nmt.train.setup.build_trainable`,
-readied by `prepare_step` (the bf16 copy, `torch.compile` with `train.compile_mode`),
-batch lengths padded to `train.pad_to_multiple`, and `nmt.train.step.train_step`. Shapes: `config` is the config's model and
+readied by `prepare_step` (the bf16 copy, `torch.compile`), batches cut and padded as training
+does (`train.pad_to_multiple`, `train.batch_shapes`), and `nmt.train.step.train_step`.
+`--compile` takes off, on (the config's `train.compile_mode`) or a mode's name, e.g.
+reduce-overhead (CUDA graphs, with static batch shapes unless `train.batch_shapes: free`);
+a compiled row first runs each batch shape of its timed updates three times, so that
+compiling and graph recording stay out of the timing. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
 FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
 torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
 on a bf16 copy of the weights (`train.half_weights`), `bf16-autocast` under autocast.
 
-`ops/update` counts the aten operations one eager update dispatches (views and
+`shapes` is the number of distinct batch shapes among the timed updates. `ops/update` counts the aten operations one eager update dispatches (views and
 allocations, which launch nothing, left out): on a GPU nearly each is a kernel launch, and a small
 model whose step is bound by launches is as fast as this count is low.
 
@@ -51,16 +55,23 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import load_config
-from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID
 from nmt.models import count_parameters
-from nmt.runtime import Dist, batch_length_multiple, enable_fast_math, pick_device, seed_everything
-from nmt.train.data import collated_batches, length_arrays, prepare_run
+from nmt.runtime import Dist, enable_fast_math, pick_device, seed_everything
+from nmt.train.data import (
+    batch_padding,
+    build_sampler,
+    collated_batches,
+    length_arrays,
+    prepare_run,
+)
 from nmt.train.setup import build_trainable, prepare_step
 from nmt.train.step import train_step
 
 # Dense bf16 peak of common GPUs (FLOP/s).
 _PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 BASE = {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "ff_dim": 2048}
 
@@ -104,7 +115,7 @@ class Row:
     shape: str
     model: str
     precision: str
-    compiled: bool
+    compile: str  # off, or torch.compile's mode
     max_tokens: int
     params: int = 0
     tokens_per_s: float = 0.0
@@ -114,7 +125,16 @@ class Row:
     peak_mem_mib: float | None = None
     warmup_s: float = 0.0
     ops: int | None = None
+    shapes: int = 0
     error: str = ""
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile != "off"
+
+
+def _shape(b) -> tuple[int, ...]:
+    return (*b.src.shape, b.tgt_in.shape[1])
 
 
 def _sync(device: torch.device) -> None:
@@ -127,7 +147,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     """Train `steps` timed updates after `warmup` ones; fill in the row's figures."""
     precision, _, variant = row.precision.partition("-")  # bf16-autocast: bf16 without the bf16 copy
     tc = replace(cfg.train, precision=precision, half_weights=variant != "autocast", max_tokens=row.max_tokens,
-                 compile=row.compiled)
+                 compile=row.compiled, compile_mode=row.compile if row.compiled else cfg.train.compile_mode)
     t = cfg.model.transformer
     tok = data.tokenizer
     seed_everything(tc.seed)
@@ -143,12 +163,13 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     row.params = count_parameters(parts.model)
     prepare_step(parts, tc, device, Dist())
 
-    src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
-    sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=tc.max_tokens, shuffle=True,
-                                seed=tc.seed)
+    padding = batch_padding(tc, device)
+    sampler = build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed,
+                            length_multiple=padding.multiple)
     lists = sampler.batch_list(0)[: steps + warmup]
-    multiple = batch_length_multiple(tc.pad_to_multiple, device)
-    batches = [b.to(device) for b in collated_batches(data.train, lists, pad_to_multiple=multiple)]
+    batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
+    row.shapes = len({_shape(b) for b in batches[warmup:]})
+    src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
     # tgt_len is the target ids plus one: what the decoder reads (BOS first) and predicts (EOS last).
     flops = [train_flops(src_lens[idx], tgt_lens[idx], d=t.d_model, ff=t.ff_dim, enc=t.encoder_layers,
                          dec=t.decoder_layers, vocab=tok.tgt_vocab_size) for idx in lists]
@@ -163,7 +184,15 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         _sync(device)
         return time.perf_counter() - start, tokens, work
 
-    row.warmup_s, _, _ = run(0, warmup)
+    start = time.perf_counter()
+    run(0, warmup)
+    if row.compiled:  # every shape the timing will meet: compiled, then (CUDA graphs) recorded, then replayed once
+        first_of_shape = {_shape(b): i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
+        for i in sorted(first_of_shape.values()):
+            for _ in range(3):
+                run(i, 1)
+    _sync(device)
+    row.warmup_s = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     seconds, tokens, work = run(warmup, steps)
@@ -180,7 +209,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     if profile:  # after the timing, which it would slow down
         with Profile(device, trace=trace) as prof:
             run(warmup, profile)
-        print(f"{row.shape} {row.model} {row.precision} compile {'on' if row.compiled else 'off'}: "
+        print(f"{row.shape} {row.model} {row.precision} compile {row.compile}: "
               f"{prof.summary(profile, 'update')}", file=sys.stderr, flush=True)
     return row
 
@@ -203,12 +232,12 @@ class _OpCount(TorchDispatchMode):
 
 
 def format_table(rows: list[Row]) -> str:
-    head = (f"{'shape':6s} {'model':20s} {'prec':13s} {'compile':7s} {'tokens':>6s} {'params':>7s} "
+    head = (f"{'shape':6s} {'model':20s} {'prec':13s} {'compile':15s} {'tokens':>6s} {'params':>7s} "
             f"{'tgt tok/s':>10s} {'s/step':>7s} {'TFLOP/s':>8s} {'MFU %':>6s} {'peak MiB':>9s} {'warm-up s':>9s} "
-            f"{'ops/update':>10s}")
+            f"{'shapes':>6s} {'ops/update':>10s}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {'on' if r.compiled else 'off':7s}"
+        what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {r.compile:15s}"
         if r.error:
             lines.append(f"{what} failed: {r.error}")
             continue
@@ -216,7 +245,7 @@ def format_table(rows: list[Row]) -> str:
         mem = f"{r.peak_mem_mib:9.0f}" if r.peak_mem_mib is not None else f"{'-':>9s}"
         ops = f"{r.ops:10d}" if r.ops is not None else f"{'-':>10s}"
         lines.append(f"{what} {r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
-                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f} {ops}")
+                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {ops}")
     return "\n".join(lines)
 
 
@@ -225,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("config")
     ap.add_argument("--shapes", default="config", help="Comma-separated: config, base.")
     ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, bf16-autocast, fp16 (default: the config's).")
-    ap.add_argument("--compile", default="off", help="Comma-separated: off, on.")
+    ap.add_argument("--compile", default="off", help="Comma-separated: off, on (train.compile_mode), or a mode: "
+                                                      "default, reduce-overhead, max-autotune(-no-cudagraphs).")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5, help="Untimed updates first (compiled rows take more, "
                                                             "so that every batch shape is compiled).")
@@ -249,9 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     data = prepare_run(cfg, run_dir)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
+    padding = batch_padding(cfg.train, device)
     print(f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{args.steps} timed steps after {args.warmup} warm-up, batch lengths padded to a multiple of "
-          f"{batch_length_multiple(cfg.train.pad_to_multiple, device)}", flush=True)
+          f"{padding.multiple}", flush=True)
 
     rows: list[Row] = []
     for shape in args.shapes.split(","):
@@ -262,19 +293,22 @@ def main(argv: list[str] | None = None) -> None:
         elif shape != "config":
             ap.error(f"unknown shape {shape!r}: use config or base")
         for precision in (args.precisions or cfg.train.precision).split(","):
-            for compiled in (c == "on" for c in args.compile.split(",")):
+            for mode in (cfg.train.compile_mode if c == "on" else c for c in args.compile.split(",")):
+                compiled = mode != "off"
+                if mode not in COMPILE_MODES:
+                    ap.error(f"--compile {mode!r}: use off, on or one of {', '.join(COMPILE_MODES[1:])}")
                 for reference in (False, True) if args.reference else (False,):
                     if reference and compiled:
                         continue
                     model = "torch.nn.Transformer" if reference else f"nmt {cfg.model.type}"
-                    row = Row(shape, model, precision, compiled, max_tokens)
+                    row = Row(shape, model, precision, mode, max_tokens)
                     warmup = max(args.warmup, 10) if compiled else args.warmup
                     try:
                         trace = None
                         if args.trace:
                             args.trace.mkdir(parents=True, exist_ok=True)
                             name = "reference" if reference else "nmt"
-                            trace = args.trace / f"{shape}-{name}-{precision}-{'on' if compiled else 'off'}.json"
+                            trace = args.trace / f"{shape}-{name}-{precision}-{mode}.json"
                         run_row(row, shape_cfg, data, device, steps=args.steps, warmup=warmup,
                                 reference=reference, peak=peak, profile=args.profile, trace=trace)
                     except Exception as err:  # one failing row (e.g. out of memory) must not lose the others

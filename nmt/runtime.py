@@ -97,13 +97,6 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def batch_length_multiple(setting: int, device: torch.device) -> int:
-    """`train.pad_to_multiple` resolved: 0 means 8 on CUDA (tensor-core tiles, few shapes), 1 elsewhere."""
-    if setting:
-        return setting
-    return 8 if device.type == "cuda" else 1
-
-
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Mixed-precision context for `precision` in fp32 | bf16 | fp16 (fp32: no autocast)."""
     if precision == "fp32":
@@ -130,7 +123,8 @@ def compile_model(model: torch.nn.Module, *, mode: str = "default", backend: str
     Shapes are compiled as dynamic from the start: token-budget batches change
     batch size and length at every step, and specialising on each would recompile
     again and again (lengths padded to a multiple of `train.pad_to_multiple` keep
-    the number of distinct shapes small for the kernels chosen inside).
+    the number of distinct shapes small for the kernels chosen inside, and
+    `train.batch_shapes` the number of CUDA graphs `reduce-overhead` records).
     Errors while compiling a graph (at its first call) also fall back to eager
     execution: dynamo's `suppress_errors` logs them and runs that graph uncompiled.
 

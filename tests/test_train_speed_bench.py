@@ -21,7 +21,7 @@ def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["precision"]: r for r in json.loads(out.read_text())}
     assert set(rows) == {"fp32", "bf16", "bf16-autocast"}
-    assert all(r["error"] == "" and r["tokens_per_s"] > 0 and r["params"] > 0 for r in rows.values())
+    assert all(r["error"] == "" and r["tokens_per_s"] > 0 and r["params"] > 0 and r["shapes"] >= 1 for r in rows.values())
     fp32, copy, autocast = (rows[p]["ops"] for p in ("fp32", "bf16", "bf16-autocast"))
     assert copy <= fp32 + 10  # two multi-tensor copies and the loss's casts
     assert autocast > 1.4 * fp32  # a cast per weight use, forward and backward

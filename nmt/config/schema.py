@@ -333,6 +333,8 @@ class TrainConfig:
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile)."""
     pad_to_multiple: int = num(0, lo=0)
     """Pad batch lengths (source and target) to a multiple of this, so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
+    batch_shapes: Literal["auto", "static", "free"] = "auto"
+    """`static`: every batch of a length bucket (lengths rounded up to `pad_to_multiple`) has one shape, `max_tokens // L` rows by L source and L target positions, a short batch filled with empty pairs that carry no loss, so CUDA graphs (`compile_mode: reduce-overhead`) are recorded once per bucket instead of once per distinct batch; `free`: each batch is as long as its longest pair; `auto`: static exactly when compiling in `reduce-overhead` mode on CUDA."""
     max_tokens: int = num(4096, lo=1)
     """Token budget of one batch (padding included, the longer side counted), per process."""
     accumulate: int = num(1, lo=1)

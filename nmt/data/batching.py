@@ -32,7 +32,8 @@ class Batch:
         src_pad_mask: True at source padding, (B, S) bool.
         tgt_in: decoder input: BOS then target ids, PAD after, (B, T) long.
         tgt_out: decoder output: target ids then EOS, PAD after, (B, T) long.
-        indices: dataset row of each sentence, (B,) long.
+        indices: dataset row of each sentence, -1 for the empty pairs that fill a batch
+            to a fixed shape (`Padding.fill_tokens`), (B,) long.
         ntokens: non-pad target tokens (a plain int, so reading it never waits on a GPU).
     """
 
@@ -61,11 +62,45 @@ class Batch:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Padding:
+    """How `collate` shapes a batch.
+
+    Attributes:
+        multiple: round S and T up to a multiple of this, so that GPU kernels meet
+            a few shapes again and again instead of a new one at almost every step
+            (tensor cores want multiples of 8).
+        fill_tokens: 0 leaves the shape to the batch. Above 0, every batch whose
+            longer side rounds up to L is given exactly the shape (fill_tokens // L,
+            L, L): both sides padded to L, and empty pairs (a source of EOS alone,
+            no target token, so no loss) appended up to that many rows. A token-budget
+            sampler with the same budget and `length_multiple` never cuts a batch
+            larger than that, so the step sees one shape per length bucket: what
+            CUDA graphs need, which are recorded once per shape and replayed.
+    """
+
+    multiple: int = 1
+    fill_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.multiple < 1 or self.fill_tokens < 0:
+            raise ValueError(f"multiple ({self.multiple}) must be at least 1 and fill_tokens "
+                             f"({self.fill_tokens}) at least 0")
+
+    def shape(self, rows: int, src_len: int, tgt_len: int) -> tuple[int, int, int]:
+        """(B, S, T) of a batch of `rows` pairs whose longest source and target are `src_len`, `tgt_len`."""
+        src_len, tgt_len = _round_up(src_len, self.multiple), _round_up(tgt_len, self.multiple)
+        if not self.fill_tokens:
+            return rows, src_len, tgt_len
+        longest = max(src_len, tgt_len)
+        return max(rows, self.fill_tokens // longest), longest, longest
+
+
 def collate(
     rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]],
     indices: Sequence[int] | None = None,
     pad_id: int = PAD_ID,
-    pad_to_multiple: int = 1,
+    padding: Padding = Padding(),
 ) -> Batch:
     """Pad tokenized pairs into a `Batch`, adding BOS and EOS to the targets.
 
@@ -74,13 +109,11 @@ def collate(
             specials), or the column dict `dataset[indices]` returns.
         indices: the rows' dataset indices; None reads an `index` key of each row.
         pad_id: the padding id.
-        pad_to_multiple: round S and T up to a multiple of this, so that GPU
-            kernels (and compiled graphs) meet a few shapes again and again
-            instead of a new one at almost every step.
+        padding: how lengths are rounded and whether empty pairs fill the batch (`Padding`).
 
     Returns:
-        The `Batch`, with S = longest src_ids and T = longest tgt_ids + 1, each
-        rounded up to `pad_to_multiple`.
+        The `Batch`, with S = longest src_ids and T = longest tgt_ids + 1, shaped
+        as `padding` says; empty pairs come after the real ones, with index -1.
     """
     if isinstance(rows, Mapping):
         src_ids, tgt_ids = list(rows["src_ids"]), list(rows["tgt_ids"])
@@ -91,8 +124,9 @@ def collate(
     n = len(src_ids)
     src_lens = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=n)
     tgt_lens = np.fromiter((len(t) + 1 for t in tgt_ids), dtype=np.int64, count=n)
-    src = np.full((n, _round_up(int(src_lens.max(initial=0)), pad_to_multiple)), pad_id, dtype=np.int64)  # (B, S)
-    tgt_in = np.full((n, _round_up(int(tgt_lens.max(initial=0)), pad_to_multiple)), pad_id, dtype=np.int64)  # (B, T)
+    B, S, T = padding.shape(n, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=0)))
+    src = np.full((B, S), pad_id, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((B, T), pad_id, dtype=np.int64)  # (B, T)
     tgt_out = tgt_in.copy()  # (B, T)
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         m = len(t)
@@ -101,13 +135,17 @@ def collate(
         tgt_in[i, 1 : m + 1] = t
         tgt_out[i, :m] = t
         tgt_out[i, m] = EOS_ID
-    src_pad_mask = np.arange(src.shape[1])[None, :] >= src_lens[:, None]  # (B, S)
+    # Empty pairs: EOS alone as source (an all-padding row would have no key to attend to) and
+    # BOS as decoder input with nothing to predict, so they add no loss and no gradient.
+    src[n:, 0], tgt_in[n:, 0] = EOS_ID, BOS_ID
+    src_lens = np.r_[src_lens, np.ones(B - n, dtype=np.int64)]
+    src_pad_mask = np.arange(S)[None, :] >= src_lens[:, None]  # (B, S)
     return Batch(
         src=torch.from_numpy(src),
         src_pad_mask=torch.from_numpy(src_pad_mask),
         tgt_in=torch.from_numpy(tgt_in),
         tgt_out=torch.from_numpy(tgt_out),
-        indices=torch.as_tensor(np.asarray(indices, dtype=np.int64)),
+        indices=torch.as_tensor(np.r_[np.asarray(indices, dtype=np.int64), np.full(B - n, -1, dtype=np.int64)]),
         ntokens=int(tgt_lens.sum()),
     )
 
@@ -163,7 +201,10 @@ class TokenBatchSampler(Sampler[list[int]]):
     differently each epoch), stable-sort them by length, longest first, cut the
     sorted list greedily into batches of at most `max_tokens` tokens counted as
     `len(batch) * max(src_len, tgt_len)` (a sentence longer than the budget is a
-    batch of its own), then shuffle the order of the batches.
+    batch of its own), then shuffle the order of the batches. Lengths count as
+    rounded up to `length_multiple`, as `collate` pads them (`Padding.multiple`), so
+    the budget holds for the padded tensors, and every batch starting in one length
+    bucket takes the same number of rows (`Padding.fill_tokens` relies on it).
 
     Every step is a NumPy operation over all rows (or a loop over batches or
     distinct lengths, never over rows), and an epoch is held as one int32 row
@@ -190,6 +231,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: base seed; with the epoch it fixes the batches.
         rank, world_size: this process's shard.
         parts: (rows, weight) of each corpus, in row order; the rows must add up to N.
+        length_multiple: count each length as rounded up to a multiple of this.
 
     Raises:
         ValueError: lengths that are not 1-D arrays of the same length, max_tokens < 1, a bad
@@ -207,6 +249,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         world_size: int = 1,
         parts: Sequence[tuple[int, float]] | None = None,
+        length_multiple: int = 1,
     ) -> None:
         src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
         if src.ndim != 1 or src.shape != tgt.shape:
@@ -215,13 +258,16 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError(f"max_tokens ({max_tokens}) must be at least 1")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank ({rank}) must be in [0, world_size) with world_size ({world_size}) >= 1")
+        if length_multiple < 1:
+            raise ValueError(f"length_multiple ({length_multiple}) must be at least 1")
         if parts is not None:
             if sum(rows for rows, _ in parts) != len(src) or any(rows < 0 for rows, _ in parts):
                 raise ValueError(f"parts {list(parts)} must be row counts adding up to the {len(src)} rows")
             if not all(math.isfinite(w) and w > 0 for _, w in parts):
                 raise ValueError(f"parts {list(parts)}: every weight must be a finite number above 0")
         self.parts = None if parts is None or all(w == 1 for _, w in parts) else [(int(r), float(w)) for r, w in parts]
-        self.lengths = np.maximum(src, tgt).astype(np.int32, copy=False)  # (N,)
+        longer = np.maximum(src, tgt).astype(np.int32, copy=False)  # (N,)
+        self.lengths = longer if length_multiple == 1 else -(-longer // length_multiple) * length_multiple
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0

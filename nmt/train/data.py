@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from datasets import concatenate_datasets
 
-from nmt.config import ExperimentConfig
-from nmt.data.batching import Batch, TokenBatchSampler, collate
+from nmt.config import ExperimentConfig, TrainConfig
+from nmt.data.batching import Batch, Padding, TokenBatchSampler, collate
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import (
     available_cores,
@@ -101,12 +101,27 @@ def _one_after_another(splits: list[Any]) -> Any:
 
 
 def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                  parts: Sequence[tuple[int, float]] | None = None) -> TokenBatchSampler:
+                  parts: Sequence[tuple[int, float]] | None = None, length_multiple: int = 1) -> TokenBatchSampler:
     """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`);
-    `parts` weights the corpora the split is made of (`RunData.train_parts`)."""
+    `parts` weights the corpora the split is made of (`RunData.train_parts`); lengths count as rounded up
+    to `length_multiple` (`Padding.multiple`)."""
     src_lens, tgt_lens = length_arrays(ds)
     return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
-                             rank=rank, world_size=world_size, parts=parts)
+                             rank=rank, world_size=world_size, parts=parts, length_multiple=length_multiple)
+
+
+def batch_padding(tc: TrainConfig, device: torch.device) -> Padding:
+    """How training batches are padded on `device`, the `auto` settings resolved.
+
+    `train.pad_to_multiple` 0 means 8 on CUDA (tensor-core tiles, few shapes), 1
+    elsewhere. `train.batch_shapes` auto means on where CUDA graphs are recorded:
+    compiled in `reduce-overhead` mode on CUDA, which records a graph for each
+    distinct batch shape; static shapes leave one shape per length bucket.
+    """
+    multiple = tc.pad_to_multiple or (8 if device.type == "cuda" else 1)
+    static = tc.batch_shapes == "static" or (
+        tc.batch_shapes == "auto" and tc.compile and tc.compile_mode == "reduce-overhead" and device.type == "cuda")
+    return Padding(multiple=multiple, fill_tokens=tc.max_tokens if static else 0)
 
 
 BATCH_COLUMNS = ["src_ids", "tgt_ids"]
@@ -114,32 +129,32 @@ BATCH_COLUMNS = ["src_ids", "tgt_ids"]
 more pages of the memory map to touch, and more Python strings to build, for nothing."""
 
 
-def collated_batches(ds, batch_lists: Sequence[list[int]], *, pad_to_multiple: int = 1) -> Iterator[Batch]:
+def collated_batches(ds, batch_lists: Sequence[list[int]], *, padding: Padding = Padding()) -> Iterator[Batch]:
     """Collated batches for lists of row indices, in this process (rows fetched from Arrow per batch)."""
     ids = ds.select_columns(BATCH_COLUMNS)
     for indices in batch_lists:
-        yield collate(ids[indices], indices, pad_id=PAD_ID, pad_to_multiple=pad_to_multiple)
+        yield collate(ids[indices], indices, pad_id=PAD_ID, padding=padding)
 
 
 class _EpochBatches(torch.utils.data.Dataset):
     """Item i is the collated batch of `batch_lists[i]`, so DataLoader workers can build batches."""
 
-    def __init__(self, ds, batch_lists: Sequence[list[int]], pad_to_multiple: int) -> None:
-        self.ds, self.batch_lists, self.pad_to_multiple = ds.select_columns(BATCH_COLUMNS), batch_lists, pad_to_multiple
+    def __init__(self, ds, batch_lists: Sequence[list[int]], padding: Padding) -> None:
+        self.ds, self.batch_lists, self.padding = ds.select_columns(BATCH_COLUMNS), batch_lists, padding
 
     def __len__(self) -> int:
         return len(self.batch_lists)
 
     def __getitem__(self, i: int) -> Batch:
         indices = self.batch_lists[i]
-        return collate(self.ds[indices], indices, pad_id=PAD_ID, pad_to_multiple=self.pad_to_multiple)
+        return collate(self.ds[indices], indices, pad_id=PAD_ID, padding=self.padding)
 
 
 def batch_loader(ds, batch_lists: Sequence[list[int]], *, num_workers: int = 0, pin_memory: bool = False,
-                 pad_to_multiple: int = 1):
+                 padding: Padding = Padding()):
     """A DataLoader yielding the batches in order, built by `num_workers` processes (0: this one)."""
     return torch.utils.data.DataLoader(
-        _EpochBatches(ds, batch_lists, pad_to_multiple), batch_size=None, shuffle=False, num_workers=num_workers,
+        _EpochBatches(ds, batch_lists, padding), batch_size=None, shuffle=False, num_workers=num_workers,
         pin_memory=pin_memory, prefetch_factor=4 if num_workers else None,
         generator=torch.Generator(),  # the loader then draws no seed from the global generator: exact resume
         worker_init_fn=_ignore_interrupts,

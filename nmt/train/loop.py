@@ -37,8 +37,8 @@ from nmt.config import ExperimentConfig, config_to_dict
 from nmt.data.batching import Batch
 from nmt.metrics import METRICS
 from nmt.models import count_parameters
-from nmt.runtime import all_gather, all_reduce, batch_length_multiple, peak_memory_mb, rng_states
-from nmt.train.data import batch_loader
+from nmt.runtime import all_gather, all_reduce, peak_memory_mb, rng_states
+from nmt.train.data import batch_loader, batch_padding
 from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
 from nmt.train.loss import perplexity
 from nmt.train.metrics import MetricsLog
@@ -153,7 +153,7 @@ class _Loop:
             batch_lists = self.sampler.batch_list(p.epoch)[p.batch_in_epoch:]
             loader = batch_loader(self.data.train, batch_lists, num_workers=tc.num_workers,
                                   pin_memory=self.device.type == "cuda",
-                                  pad_to_multiple=batch_length_multiple(tc.pad_to_multiple, self.device))
+                                  padding=batch_padding(tc, self.device))
             group: list[Batch] = []
             for batch in loader:
                 group.append(batch.to(self.device, non_blocking=True))

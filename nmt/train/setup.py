@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -34,7 +35,7 @@ from nmt.runtime import (
     seed_everything,
     shutdown_distributed,
 )
-from nmt.train.data import RunData, build_sampler, prepare_run
+from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
 from nmt.train.half import HalfCopy
 from nmt.train.lock import RunLock, lock_run_dir
@@ -103,14 +104,17 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist)
         objective = torch.nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None)
     if tc.compile:
-        objective = compile_model(objective, mode=tc.compile_mode)
+        compiled = compile_model(objective, mode=tc.compile_mode)
+        t.graphs = compiled is not objective and tc.compile_mode == "reduce-overhead" and device.type == "cuda"
+        objective = compiled
     t.objective = objective
 
 
-def train_sampler(data: RunData, tc: TrainConfig, ctx: Dist) -> TokenBatchSampler:
-    """This rank's shuffled token-budget batches of the training split."""
+def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dist) -> TokenBatchSampler:
+    """This rank's shuffled token-budget batches of the training split, lengths counted as padded on `device`."""
     return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
-                         world_size=ctx.world_size, parts=data.train_parts)
+                         world_size=ctx.world_size, parts=data.train_parts,
+                         length_multiple=batch_padding(tc, device).multiple)
 
 
 def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
@@ -153,7 +157,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
         prepare_step(t, tc, device, ctx)
         run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
-                  sampler=train_sampler(data, tc, ctx), lock=lock, owns_group=owns_group)
+                  sampler=train_sampler(data, tc, device, ctx), lock=lock, owns_group=owns_group)
         if ctx.is_main:
             per_update = tc.max_tokens * tc.accumulate * ctx.world_size
             log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
@@ -164,6 +168,10 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                          round(rows * weight))
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
                      "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
+            padding = batch_padding(tc, device)
+            if padding.fill_tokens:
+                log.info("static batch shapes: %d, one per length bucket (lengths padded to a multiple of %d)",
+                         len(np.unique(run.sampler.lengths)), padding.multiple)
         return run
     except BaseException:
         if lock is not None:

@@ -32,6 +32,7 @@ class Trainable:
         objective: the module a step calls: the model (or its bf16 copy) with its loss
             (`Objective`), wrapped by DDP and compiled as the config asks (`prepare_step`).
         half: the bf16 copy the objective runs on (`train.half_weights`), else None.
+        graphs: the objective replays CUDA graphs (compiled in `reduce-overhead` mode on CUDA).
     """
 
     model: nn.Module
@@ -40,6 +41,7 @@ class Trainable:
     scheduler: Schedule
     scaler: torch.amp.GradScaler
     half: HalfCopy | None = None
+    graphs: bool = False
 
 
 @dataclass
@@ -84,6 +86,8 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
     update_tokens = int(all_reduce([tokens], device, ctx)[0])
     weight = ctx.world_size / max(update_tokens, 1)  # DDP averages over ranks; undo that
     loss_sum = nll_sum = torch.zeros((), device=device)
+    if t.graphs:  # a new update: the graphs' outputs of the last one (copied below) may be overwritten
+        torch.compiler.cudagraph_mark_step_begin()
     for i, b in enumerate(group):  # the phases are labelled for torch.profiler (bench/train_speed.py --profile)
         synced = not ctx.enabled or i == len(group) - 1  # DDP all-reduces the last backward only
         with record_function("nmt.forward_backward"), contextlib.nullcontext() if synced else objective.no_sync():

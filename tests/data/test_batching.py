@@ -7,7 +7,7 @@ import pytest
 import torch
 from datasets import Dataset, Features, Value
 
-from nmt.data.batching import Batch, TokenBatchSampler, collate, inference_batches
+from nmt.data.batching import Batch, Padding, TokenBatchSampler, collate, inference_batches
 from nmt.data.dataset import length_arrays
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -156,6 +156,38 @@ def test_a_lazy_dataset_column_is_refused_with_the_way_out() -> None:
     ds = Dataset.from_dict({"src_len": [3, 5, 2], "tgt_len": [4, 1, 2]}).with_format("numpy")
     with pytest.raises(TypeError, match="length_arrays"):
         TokenBatchSampler(src_lens=ds["src_len"], tgt_lens=ds["tgt_len"], max_tokens=10)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_lengths_rounded_to_a_multiple_keep_the_padded_budget_and_fill_one_shape_per_bucket(lengths, world_size) -> None:
+    padding = Padding(multiple=8, fill_tokens=MAX_TOKENS)
+    shards = [sampler(lengths, length_multiple=8, rank=r, world_size=world_size).batch_list(1)
+              for r in range(world_size)]
+    assert sorted(i for shard in shards for b in shard for i in b) == list(range(len(lengths[0])))
+    src, tgt = lengths
+    shapes = set()
+    for batch in (b for shard in shards for b in shard):
+        padded = -(-max(int(src[batch].max()), int(tgt[batch].max())) // 8) * 8
+        assert len(batch) * padded <= MAX_TOKENS or len(batch) == 1  # the budget holds for padded tensors
+        rows = [{"src_ids": [5] * int(src[i]), "tgt_ids": [6] * (int(tgt[i]) - 1)} for i in batch]
+        b = collate(rows, batch, padding=padding)
+        assert b.src.shape[1] == b.tgt_in.shape[1] == padded and b.ntokens == int(tgt[batch].sum())
+        assert b.size == max(len(batch), MAX_TOKENS // padded)
+        assert b.indices.tolist() == batch + [-1] * (b.size - len(batch))
+        shapes.add(tuple(b.src.shape))
+    buckets = {-(-int(n) // 8) * 8 for n in np.maximum(src, tgt)}
+    assert len(shapes) == len(buckets)  # one shape per length bucket, however many batches
+
+
+def test_filled_pairs_are_eos_alone_with_nothing_to_predict() -> None:
+    b = collate([{"index": 4, "src_ids": [10, EOS_ID], "tgt_ids": [20]}], padding=Padding(multiple=4, fill_tokens=12))
+    assert b.src.tolist() == [[10, EOS_ID, PAD_ID, PAD_ID]] + [[EOS_ID, PAD_ID, PAD_ID, PAD_ID]] * 2
+    assert b.src_pad_mask.tolist() == [[False, False, True, True]] + [[False, True, True, True]] * 2
+    assert b.tgt_in.tolist() == [[BOS_ID, 20, PAD_ID, PAD_ID]] + [[BOS_ID, PAD_ID, PAD_ID, PAD_ID]] * 2
+    assert b.tgt_out.tolist() == [[20, EOS_ID, PAD_ID, PAD_ID]] + [[PAD_ID] * 4] * 2
+    assert b.indices.tolist() == [4, -1, -1] and b.ntokens == 2
+    with pytest.raises(ValueError, match="multiple"):
+        Padding(multiple=0)
 
 
 # --------------------------------------------------------------------------- collate

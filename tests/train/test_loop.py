@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.config import config_from_dict
 from nmt.errors import UserError
 from nmt.runtime import compile_model
 from nmt.train.faults import TrainingDiverged, check_free_space
 from nmt.train.loop import train
-from tests.train.helpers import same_weights, tiny_cfg, weights
+from tests.train.helpers import same_weights, tiny_cfg, tiny_raw, weights
 
 
 def records(run_dir, event: str) -> list[dict]:
@@ -63,6 +64,27 @@ def test_data_loader_workers_give_the_same_batches(small_corpus, tmp_path):
     train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=3))
     train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=3, num_workers=1))
     assert same_weights(weights(tmp_path / "a" / "ckpt_3.pt"), weights(tmp_path / "b" / "ckpt_3.pt"))
+
+
+def test_static_shapes_train_the_same_model_as_free_shapes(small_corpus, tmp_path, caplog):
+    """Filling every batch to its length bucket's one shape adds rows that carry no loss: without dropout the
+    updates are those of the same batches unfilled, up to float rounding. A whole epoch, so that the batches
+    that are filled (the last of a length bucket, the epoch's shortest pairs) come up."""
+    runs = {}
+    for shapes in ("free", "static"):
+        raw = tiny_raw(small_corpus, tmp_path / shapes, max_steps=0, max_epochs=1, pad_to_multiple=8,
+                       batch_shapes=shapes)
+        raw["model"]["transformer"]["dropout"] = 0.0
+        with caplog.at_level(logging.INFO, logger="nmt"):
+            train(config_from_dict(raw))
+        runs[shapes] = records(tmp_path / shapes, "train")
+    assert "static batch shapes:" in caplog.text
+    assert [r["tokens_per_update"] for r in runs["static"]] == [r["tokens_per_update"] for r in runs["free"]]
+    for free, static in zip(runs["free"], runs["static"], strict=True):
+        assert math.isclose(static["loss"], free["loss"], rel_tol=1e-4), (free, static)
+    last = runs["static"][-1]["step"]
+    a, b = weights(tmp_path / "free" / f"ckpt_{last}.pt"), weights(tmp_path / "static" / f"ckpt_{last}.pt")
+    assert all(torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-5) for k in a)
 
 
 def test_non_finite_loss_skips_updates_then_stops_with_a_clear_error(small_corpus, tmp_path, caplog):
@@ -120,8 +142,11 @@ def test_compile_falls_back_to_eager_with_a_warning(caplog):
 
 
 @pytest.mark.slow
-def test_compiled_training_runs(small_corpus, tmp_path):
-    summary = train(tiny_cfg(small_corpus, tmp_path / "run", compile=True, max_steps=2))
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_training_runs(mode, small_corpus, tmp_path):
+    """reduce-overhead records CUDA graphs on a GPU; on a CPU it compiles as default does, here with static shapes."""
+    summary = train(tiny_cfg(small_corpus, tmp_path / "run", compile=True, compile_mode=mode, max_steps=2,
+                             batch_shapes="static" if mode == "reduce-overhead" else "auto"))
     assert summary["step"] == 2 and math.isfinite(summary["last_valid"]["loss"])
     assert not any(k.startswith("_orig_mod") for k in weights(tmp_path / "run" / "ckpt_2.pt"))
 

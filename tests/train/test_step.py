@@ -1,17 +1,20 @@
-"""One training update: the same loss eager and compiled, non-finite updates skipped on the device."""
+"""One training update: the same loss eager and compiled, padded or filled to a static shape, non-finite
+updates skipped on the device."""
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from nmt.config import TrainConfig
-from nmt.data.batching import collate
+from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
-from nmt.runtime import batch_length_multiple, compile_model
+from nmt.runtime import compile_model
+from nmt.train.data import batch_padding
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.step import Trainable, step_unless, train_step
@@ -25,7 +28,7 @@ def _model(seed: int = 0) -> torch.nn.Module:
 
 
 def _batch(seed: int = 0, n: int = 5):
-    return collate(random_rows(seed, n), pad_to_multiple=8)
+    return collate(random_rows(seed, n), padding=Padding(multiple=8))
 
 
 def test_compiled_objective_gives_the_eager_loss_and_gradients():
@@ -46,7 +49,7 @@ def test_compiled_objective_gives_the_eager_loss_and_gradients():
 def test_padding_to_a_multiple_changes_shapes_not_the_loss():
     model = Objective(_model(), pad_id=PAD_ID, smoothing=0.1).eval()
     rows = [{"src_ids": [5, 6, 2], "tgt_ids": [7, 8, 9], "index": 0}, {"src_ids": [9, 2], "tgt_ids": [4], "index": 1}]
-    tight, padded = collate(rows), collate(rows, pad_to_multiple=8)
+    tight, padded = collate(rows), collate(rows, padding=Padding(multiple=8))
     assert tight.src.shape == (2, 3) and padded.src.shape == (2, 8) and padded.tgt_in.shape == (2, 8)
     assert padded.ntokens == tight.ntokens == 6
     with torch.no_grad():
@@ -55,10 +58,38 @@ def test_padding_to_a_multiple_changes_shapes_not_the_loss():
     assert torch.allclose(a[0], b[0], rtol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-5)
 
 
-def test_batch_length_multiple_is_8_on_cuda_only_by_default():
-    assert batch_length_multiple(0, torch.device("cpu")) == 1
-    assert batch_length_multiple(0, torch.device("cuda", 0)) == 8
-    assert batch_length_multiple(16, torch.device("cpu")) == 16
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_a_batch_filled_to_a_static_shape_gives_the_same_loss_and_gradients(kind):
+    rows = random_rows(3, 6)
+    loose = collate(rows)
+    filled = collate(rows, padding=Padding(multiple=8, fill_tokens=8 * 16))
+    longest = max(loose.src.shape[1], loose.tgt_in.shape[1])
+    assert longest <= 16 and filled.src.shape == (8 * 16 // 16, 16) == filled.tgt_in.shape
+    assert filled.ntokens == loose.ntokens and filled.indices.tolist()[6:] == [-1, -1]
+    grads = []
+    for b in (loose, filled):
+        model = Objective(tiny_model(kind, vocab=23, transformer=dict(max_positions=64)).train(),
+                          pad_id=PAD_ID, smoothing=0.1)
+        loss, nll = model(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+        loss.backward()
+        grads.append((loss.detach(), nll.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_a, nll_a, grad_a), (loss_b, nll_b, grad_b) = grads
+    assert torch.allclose(loss_a, loss_b, rtol=1e-5) and torch.allclose(nll_a, nll_b, rtol=1e-5)
+    for name, g in grad_a.items():
+        assert g is not None and torch.isfinite(grad_b[name]).all(), name
+        assert torch.allclose(g, grad_b[name], rtol=1e-4, atol=1e-6), (name, (g - grad_b[name]).abs().max())
+
+
+def test_batch_padding_resolves_auto_by_device_and_compile_mode():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert batch_padding(TrainConfig(), cpu) == Padding(multiple=1)
+    assert batch_padding(TrainConfig(), cuda) == Padding(multiple=8)
+    assert batch_padding(TrainConfig(pad_to_multiple=16), cpu) == Padding(multiple=16)
+    graphs = TrainConfig(compile=True, compile_mode="reduce-overhead", max_tokens=2048)
+    assert batch_padding(graphs, cuda) == Padding(multiple=8, fill_tokens=2048)
+    assert batch_padding(graphs, cpu).fill_tokens == 0  # no CUDA graphs on a CPU
+    assert batch_padding(TrainConfig(batch_shapes="static", max_tokens=999), cpu) == Padding(fill_tokens=999)
+    assert batch_padding(replace(graphs, batch_shapes="free"), cuda).fill_tokens == 0
 
 
 @pytest.mark.parametrize("fused", [True, False])
