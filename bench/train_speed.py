@@ -165,7 +165,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
 
     padding = batch_padding(tc, device)
     sampler = build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed,
-                            length_multiple=padding.multiple)
+                            length_multiple=padding.sampler_multiple)
     lists = sampler.batch_list(0)[: steps + warmup]
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
     row.shapes = len({_shape(b) for b in batches[warmup:]})

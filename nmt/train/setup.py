@@ -114,7 +114,7 @@ def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dis
     """This rank's shuffled token-budget batches of the training split, lengths counted as padded on `device`."""
     return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
                          world_size=ctx.world_size, parts=data.train_parts,
-                         length_multiple=batch_padding(tc, device).multiple)
+                         length_multiple=batch_padding(tc, device).sampler_multiple)
 
 
 def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:

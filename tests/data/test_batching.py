@@ -188,6 +188,7 @@ def test_filled_pairs_are_eos_alone_with_nothing_to_predict() -> None:
     assert b.indices.tolist() == [4, -1, -1] and b.ntokens == 2
     with pytest.raises(ValueError, match="multiple"):
         Padding(multiple=0)
+    assert Padding(multiple=8).sampler_multiple == 1 and Padding(multiple=8, fill_tokens=64).sampler_multiple == 8
 
 
 # --------------------------------------------------------------------------- collate

@@ -72,8 +72,8 @@ def test_static_shapes_train_the_same_model_as_free_shapes(small_corpus, tmp_pat
     that are filled (the last of a length bucket, the epoch's shortest pairs) come up."""
     runs = {}
     for shapes in ("free", "static"):
-        raw = tiny_raw(small_corpus, tmp_path / shapes, max_steps=0, max_epochs=1, pad_to_multiple=8,
-                       batch_shapes=shapes)
+        raw = tiny_raw(small_corpus, tmp_path / shapes, max_steps=0, max_epochs=1, pad_to_multiple=1,
+                       batch_shapes=shapes)  # a multiple of 1: both cut the same batches (Padding.sampler_multiple)
         raw["model"]["transformer"]["dropout"] = 0.0
         with caplog.at_level(logging.INFO, logger="nmt"):
             train(config_from_dict(raw))
@@ -84,7 +84,10 @@ def test_static_shapes_train_the_same_model_as_free_shapes(small_corpus, tmp_pat
         assert math.isclose(static["loss"], free["loss"], rel_tol=1e-4), (free, static)
     last = runs["static"][-1]["step"]
     a, b = weights(tmp_path / "free" / f"ckpt_{last}.pt"), weights(tmp_path / "static" / f"ckpt_{last}.pt")
-    assert all(torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-5) for k in a)
+    # A key bias has no effect on softmax attention, so its true gradient is 0 and Adam turns the rounding
+    # noise in it into steps of about the learning rate, in either direction: those weights are left out.
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a if not k.endswith("kv_proj.bias")), \
+        max((float((a[k] - b[k]).abs().max()), k) for k in a if not k.endswith("kv_proj.bias"))
 
 
 def test_non_finite_loss_skips_updates_then_stops_with_a_clear_error(small_corpus, tmp_path, caplog):
