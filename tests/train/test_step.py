@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Padding, collate
@@ -31,7 +32,7 @@ def _batch(seed: int = 0, n: int = 5):
     return collate(random_rows(seed, n), padding=Padding(multiple=8))
 
 
-def test_compiled_objective_gives_the_eager_loss_and_gradients():
+def test_compiled_objective_gives_the_eager_loss_and_gradients_and_takes_new_shapes_without_recompiling():
     batch = _batch()
     eager = Objective(_model(), pad_id=PAD_ID, smoothing=0.1)
     compiled = compile_model(Objective(copy.deepcopy(eager.model), pad_id=PAD_ID, smoothing=0.1))
@@ -44,6 +45,14 @@ def test_compiled_objective_gives_the_eager_loss_and_gradients():
     assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
     for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+    # Batches of other sizes and lengths (static shapes, as CUDA graphs get them) reuse the one dynamic graph.
+    frames = counters["frames"]["total"]
+    for seed, (n, tokens) in enumerate([(9, 16 * 8), (3, 24 * 4), (12, 32 * 8)], start=1):
+        b = collate(random_rows(seed, n, vocab=23), padding=Padding(multiple=8, fill_tokens=tokens))
+        c_loss, _ = compiled(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+        c_loss.backward()
+        assert torch.isfinite(c_loss)
+    assert counters["frames"]["total"] == frames, "a new batch shape compiled the objective again"
 
 
 def test_padding_to_a_multiple_changes_shapes_not_the_loss():
