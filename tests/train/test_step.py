@@ -10,14 +10,16 @@ from dataclasses import replace
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
-from nmt.runtime import compile_model
+from nmt.runtime import Dist, compile_model
 from nmt.train.data import batch_padding
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
+from nmt.train.setup import prepare_step
 from nmt.train.step import Trainable, step_unless, train_step
 from tests.models.tiny import tiny_model
 from tests.train.helpers import random_rows
@@ -123,6 +125,39 @@ def test_a_non_finite_update_leaves_weights_and_adam_state_alone(fused):
     for k, s in state_before.items():
         for name, v in s.items():
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(state_after[k][name])), (k, name)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the operations that copy a tensor's value to the host: on a GPU each waits for the device."""
+
+    READS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "masked_select", "_to_copy_to_cpu"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.READS:
+            self.reads.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_training_update_never_reads_a_tensor_on_the_host(precision):
+    """Loss, gradient norm and the skip decision stay on the device (the loop reads them an update later)."""
+    model = _model()
+    tc = TrainConfig(lr=1e-3, warmup_steps=4, clip_norm=1.0, precision=precision, accumulate=2)
+    optimizer = build_optimizer(model, tc, torch.device("cpu"))
+    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
+                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    prepare_step(t, tc, torch.device("cpu"), Dist())
+    assert optimizer.defaults.get("fused")  # the device-side skip; other optimizers must ask the host
+    for update in range(2):
+        group = [_batch(2 * update), _batch(2 * update + 1)]
+        with _HostReads() as mode:
+            result = train_step(t, group, tc, torch.device("cpu"))
+        assert mode.reads == [], mode.reads
+        assert result.updated  # read after the step, as the loop does
 
 
 def test_step_unless_decides_on_the_device_for_fused_adam():
