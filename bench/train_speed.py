@@ -18,9 +18,10 @@ FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
 torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
 on a bf16 copy of the weights (`train.half_weights`), `bf16-autocast` under autocast.
 
-`shapes` is the number of distinct batch shapes among the timed updates. `ops/update` counts the aten operations one eager update dispatches (views and
-allocations, which launch nothing, left out): on a GPU nearly each is a kernel launch, and a small
-model whose step is bound by launches is as fast as this count is low.
+`shapes` is the number of distinct batch shapes among the timed updates. `ops/update` counts
+the aten operations one eager update dispatches (views and allocations, which launch nothing,
+left out): on a GPU nearly each is a kernel launch, and a small model whose step is bound by
+launches is as fast as this count is low.
 
 The steps run back to back without waiting for the device; the clock stops after
 the last one finishes (`torch.cuda.synchronize`), so the figure includes every

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU measurements of the "fast on a GPU" acceptance, one stage per call of at most 10 minutes.
+#
+#   bench/gpu_acceptance.sh STAGE [OUT]
+#
+# OUT (default $OUT, else results/gpu) receives each stage's log and JSON. A session's 30 minutes of
+# device time hold about four stages: multi30k, graphs and tests first (they answer the open questions),
+# then speed or compiled. Stages:
+#
+#   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
+#              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
+#   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation)
+#                                                                                      (about 6 min)
+#   graphs     fp32 and bf16 rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes
+#              (train.batch_shapes auto), one graph per length bucket; then the Multi30k shape in bf16
+#              with lengths not rounded up (a graph per length)                        (about 8 min)
+#   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
+#              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
+#              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
+#              first on the CPU (outputs kept), then on CUDA in fp32 and bf16, 3 rounds each, counted
+#              against the CPU's lines, with a profile                                 (about 8 min)
+#   tests      the tests that only run on CUDA, the distributed tests on one GPU, training with
+#              --set train.device=cuda:0, and an RNN trained in bf16 (cuDNN's bf16 RNN)  (about 3 min)
+#
+# DEVICE (default cuda), TRAIN_SECONDS (default 270) and STEPS (timed updates per speed row, default 50)
+# let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
+#
+# On a machine without package registry access, prepare the checkout with the project's
+# gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
+set -uo pipefail
+stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|multi30k|tests [OUT]}
+out=${2:-${OUT:-results/gpu}}
+py=${PYTHON:-python3}
+data=${NMT_DATA:-../shared/data/multi30k}
+device=${DEVICE:-cuda}
+seconds=${TRAIN_SECONDS:-270}
+steps=${STEPS:-50}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
+git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
+
+log() { echo "== $*" | tee -a "$out/$stage.log"; }
+run() { log "$*"; "$@" 2>&1 | tee -a "$out/$stage.log"; }
+
+case $stage in
+  speed)
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
+      --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ;;
+  compiled)
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
+      --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ;;
+  graphs)
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
+      --precisions fp32,bf16 --compile reduce-overhead --steps $steps --json "$out/graphs.json"
+    # lengths unrounded: a graph per distinct length, but no padding on Multi30k's short sentences
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
+      --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" ;;
+  multi30k)
+    run_dir=/tmp/gpu_multi30k_transformer
+    run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \
+      --set run_dir=$run_dir --set train.device=$device --set train.precision=bf16 --set train.max_time=$seconds \
+      ${TRAIN_ARGS:-}
+    cp "$run_dir/metrics.jsonl" "$out/" 2>/dev/null
+    ckpt=$("$py" -c "import json, sys; print(json.load(open(sys.argv[1]))['checkpoint'])" \
+      "$out/multi30k_transformer.json") || { log "no results JSON: training failed"; exit 1; }
+    decode=(bench/decode_speed.py "$ckpt" "$data/test_2016_flickr.de.gz" --ref "$data/test_2016_flickr.en.gz"
+            --only beam --cached-only)
+    run "$py" "${decode[@]}" --device cpu --outputs "$out/cpu" --json "$out/decode_cpu.json"
+    run "$py" "${decode[@]}" --device "$device" --precision fp32,bf16 --repeat 3 --against "$out/cpu" \
+      --outputs "$out/cuda" --json "$out/decode_cuda.json" --profile ;;
+  tests)
+    run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_translate.py \
+      tests/train/test_half.py tests/train/test_step.py
+    run "$py" -m nmt train configs/toy_transformer.yaml --restart --set run_dir=/tmp/gpu_cuda0 \
+      --set train.device=$device:0 --set train.max_steps=100 --set train.valid_every=100
+    run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \
+      --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100 ;;
+  *)
+    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, multi30k or tests" >&2; exit 2 ;;
+esac
