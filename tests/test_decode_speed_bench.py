@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nmt.train.loop import train
 from tests.train.helpers import tiny_cfg
 
@@ -20,6 +22,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a bench run end to end (30-45 s here); CI runs it with make test-slow
 def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_outputs(small_corpus, tmp_path):
     summary = train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=6, device="cpu"))
     ckpt, src, ref = summary["best_checkpoint"], str(small_corpus / "test.en"), str(small_corpus / "test.de")

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a bench run end to end (30-45 s here); CI runs it with make test-slow
 def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train_speed.py"), "configs/toy_transformer.yaml",
