@@ -53,7 +53,7 @@ from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic
 from nmt.models.ensemble import Ensemble
 from nmt.plot import plot_attention
-from nmt.runtime import HALF_DTYPES, inference, pick_device
+from nmt.runtime import HALF_DTYPES, inference, pick_device, warn_if_slow_precision
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class Translator:
         if precision not in PRECISIONS:
             raise UserError(f"precision ({precision!r}) must be one of {PRECISIONS}")
         self.precision = _resolve_precision(precision, device)
+        warn_if_slow_precision(device, self.precision, "precision:")
         self.model = model.to(device=device, dtype=HALF_DTYPES.get(self.precision)).eval()
         self.tokenizer = tokenizer
         self.cfg = cfg

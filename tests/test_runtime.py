@@ -5,6 +5,7 @@ CUDA is faked here (`fake_gpus`), so the GPU paths run on a CPU-only machine.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -160,3 +161,19 @@ def test_inference_blocks_choose_the_attention_kernels_of_the_model_device():
         assert not model.training and torch.is_inference_mode_enabled()
         assert sdpa_flags()["cudnn"]  # a CPU model: untouched
     assert model.training
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_nothing_else_does(caplog):
+    """This machine's own answer decides which branch runs: the warning exactly where the CPU lacks bf16."""
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    with caplog.at_level(logging.WARNING):
+        runtime.warn_if_slow_precision(torch.device("cpu"), "bf16", "train.precision:")
+    assert ("has no bf16 instructions" in caplog.text) == (not native)
+    if not native:
+        assert caplog.text.count("\n") == 1 and "train.precision: bf16" in caplog.text and "use fp32" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        runtime.warn_if_slow_precision(torch.device("cpu"), "fp32", "train.precision:")
+        runtime.warn_if_slow_precision(torch.device("cpu"), "fp16", "train.precision:")
+        runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "train.precision:")
+    assert caplog.text == ""

@@ -34,6 +34,7 @@ from nmt.runtime import (
     pick_device,
     seed_everything,
     shutdown_distributed,
+    warn_if_slow_precision,
 )
 from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
@@ -168,6 +169,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                          round(rows * weight))
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
                      "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
+            warn_if_slow_precision(device, tc.precision, "train.precision:")
             padding = batch_padding(tc, device)
             if padding.fill_tokens:
                 log.info("static batch shapes: %d, one per length bucket (lengths padded to a multiple of %d)",
