@@ -111,7 +111,7 @@ def warn_if_slow_precision(device: torch.device, precision: str, where: str) -> 
     if None in probes or any(probe() for probe in probes):
         return
     log.warning("%s bf16 on this CPU, which has no bf16 instructions (AVX512-BF16 or AMX; it has %s): "
-                "bf16 runs many times slower than fp32 here (25x measured on an AVX2-only CPU); use fp32",
+                "bf16 runs many times slower than fp32 here (26x measured on an AVX2-only CPU); use fp32",
                 where, torch.backends.cpu.get_cpu_capability())
 
 

@@ -104,7 +104,7 @@ def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 
                   parts: Sequence[tuple[int, float]] | None = None, length_multiple: int = 1) -> TokenBatchSampler:
     """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`);
     `parts` weights the corpora the split is made of (`RunData.train_parts`); lengths count as rounded up
-    to `length_multiple` (`Padding.multiple`)."""
+    to `length_multiple` (`Padding.sampler_multiple`)."""
     src_lens, tgt_lens = length_arrays(ds)
     return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
                              rank=rank, world_size=world_size, parts=parts, length_multiple=length_multiple)
@@ -114,7 +114,7 @@ def batch_padding(tc: TrainConfig, device: torch.device) -> Padding:
     """How training batches are padded on `device`, the `auto` settings resolved.
 
     `train.pad_to_multiple` 0 means 8 on CUDA (tensor-core tiles, few shapes), 1
-    elsewhere. `train.batch_shapes` auto means on where CUDA graphs are recorded:
+    elsewhere. `train.batch_shapes` auto means static where CUDA graphs are recorded:
     compiled in `reduce-overhead` mode on CUDA, which records a graph for each
     distinct batch shape; static shapes leave one shape per length bucket.
     """

@@ -112,7 +112,7 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist)
 
 
 def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dist) -> TokenBatchSampler:
-    """This rank's shuffled token-budget batches of the training split, lengths counted as padded on `device`."""
+    """This rank's shuffled token-budget batches of the training split, cut as `device`'s batch padding needs."""
     return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
                          world_size=ctx.world_size, parts=data.train_parts,
                          length_multiple=batch_padding(tc, device).sampler_multiple)
