@@ -209,7 +209,7 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
          step_fn: StepFn, opts: SearchOptions, ids: _Ids, sync_every: int) -> _Finished:
     """The loop: advance every active row one token per step until all sentences are done."""
     K, device = opts.beam, src.device
-    batch, longest = src.size(0), int(max_len.max())
+    batch, longest, shortest = src.size(0), int(max_len.max()), int(max_len.min())
     rows = torch.arange(batch, device=device).repeat_interleave(K)  # (B*K,)
     memory = model.encode(src, src_pad_mask).index_select(rows)
     scores = torch.full((batch, K), -math.inf, device=device)  # identical rows: only row 0 expands
@@ -229,7 +229,8 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
         log_probs, state, attn = _next_log_probs(model, act, opts)
         if bans is None:
             bans = _Bans.build(log_probs.size(1), opts.min_len, ids, device)
-        log_probs = _constrain(log_probs, step, act.max_len.repeat_interleave(K), bans)
+        at_max = act.max_len.repeat_interleave(K) if step >= shortest else None
+        log_probs = _constrain(log_probs, step, at_max, bans)
         b = act.sent.numel()
         scores, tokens, origins = step_fn(log_probs.view(b, K, -1), act.scores, step=step,
                                           prefix=act.prefix.view(b, K, -1))  # (b, K)
@@ -266,14 +267,18 @@ def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[
     return logits[:, -1].float().log_softmax(dim=-1), None, None
 
 
-def _constrain(log_probs: Tensor, step: int, max_len: Tensor, bans: _Bans) -> Tensor:
+def _constrain(log_probs: Tensor, step: int, max_len: Tensor | None, bans: _Bans) -> Tensor:
     """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len.
 
     Args:
         log_probs: (N, V) for the token after `step` output tokens; not modified.
-        max_len: each row's maximum output length, (N,).
+        max_len: each row's maximum output length, (N,); None when no row can be
+            at its maximum yet (before the shortest maximum), which saves two
+            (N, V) passes at most steps.
     """
     out = log_probs + (bans.early if step < bans.min_len else bans.always)  # (N, V)
+    if max_len is None:
+        return out
     # At max_len only EOS, with the model's own log-probability (even before min_len);
     # applied to every row by `where`, since asking which rows are there would wait for the device.
     return torch.where((max_len <= step).unsqueeze(1), log_probs + bans.all_but_eos, out)

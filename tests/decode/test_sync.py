@@ -85,7 +85,8 @@ def test_the_loop_reads_the_device_only_at_the_checks(monkeypatch):
     search(model, *sources(), beam=3, max_len_a=1.0, max_len_b=3, sync_every=4)
     monkeypatch.undo()
     assert len(steps) > 4
-    assert reads == {"nonzero": len(steps) // 4, "item": 0, "__bool__": 0, "__int__": 1, "__float__": 0}
+    # Before the loop, two: the longest and the shortest output allowed (cache size, first step that can force EOS).
+    assert reads == {"nonzero": len(steps) // 4, "item": 0, "__bool__": 0, "__int__": 2, "__float__": 0}
 
 
 def test_sync_every_must_be_positive():
