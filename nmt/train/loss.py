@@ -20,6 +20,7 @@ training step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -136,4 +137,4 @@ class Objective(nn.Module):
 
 def perplexity(nll_sum: float, ntokens: int) -> float:
     """exp(mean NLL), capped to stay finite in logs."""
-    return float(torch.tensor(nll_sum / max(ntokens, 1)).clamp(max=50).exp())
+    return math.exp(min(float(nll_sum) / max(int(ntokens), 1), 50.0))
