@@ -24,9 +24,9 @@ run (another device or precision) given `--against DIR` reports how many of its
 lines are identical to that run's row of the same search. For example, GPU
 against CPU outputs of the same checkpoint:
 
-    python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cpu --only beam \
+    python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cpu --only beam \\
         --cached-only --outputs cpu/
-    python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cuda --only beam \
+    python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cuda --only beam \\
         --cached-only --precision fp32,bf16 --against cpu/
 """
 
