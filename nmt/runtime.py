@@ -7,6 +7,7 @@ translation and benchmarks share one obvious switch.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import logging
 import os
@@ -275,11 +276,20 @@ def init_distributed(device_name: str = "auto") -> Dist:
         if use_nccl:  # check before touching a GPU or waiting for the other ranks
             check_gpus_per_node(local_rank(), local_world_size(), torch.cuda.device_count())
             torch.cuda.set_device(local_rank())
+        # torch.distributed.nn binds `group=group.WORLD` as default arguments when it is
+        # imported, and DDP imports it (through torch._dynamo). Imported after the group
+        # exists, it would hold the group for the life of the process: `shutdown_distributed`
+        # could not end gloo's worker threads, and one freeing a tensor while the
+        # interpreter exits aborts the process. Imported first, it binds None.
+        importlib.import_module("torch.distributed.nn")
+
         dist.init_process_group(backend="nccl" if use_nccl else "gloo")
     return Dist(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
 def shutdown_distributed() -> None:
+    """Destroy the process group. It is torn down (gloo's threads joined) once nothing else holds it:
+    a DDP module does, so drop those first."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -6,6 +6,7 @@ there, two ranks would need two GPUs. The check on processes per GPU is in tests
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,8 +33,25 @@ def _as_rank(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
+def _threads() -> list[str] | None:
+    """The names of this process's native threads (Linux); None where /proc does not list them."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return None
+    names = []
+    for tid in os.listdir(tasks):
+        with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm", encoding="utf-8") as f:
+            names.append(f.read().strip())
+    return names
+
+
+def _gloo_threads(names: list[str] | None) -> list[str]:
+    """gloo's worker and transport threads, and the rendezvous store's, among `names`."""
+    return [n for n in names or [] if n.startswith(("pt_gloo", "gloo", "pt_tcpstore"))]
+
+
 def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
-    """One training rank, saving its final weights and summary for the test to compare."""
+    """One training rank, saving its final weights and summary, and its threads once the run is closed."""
     _as_rank(rank, world_size, port)
     run = build_run(cfg)
     try:
@@ -41,14 +59,16 @@ def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, ou
         torch.save({"model": run.trainable.model.state_dict(), "summary": summary}, f"{out}/rank{rank}.pt")
     finally:
         run.close()
+    with open(f"{out}/rank{rank}.threads.json", "w", encoding="utf-8") as f:
+        json.dump(_threads(), f)
 
 
 def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
-    """One rank of `nmt experiment`, saving what `run_experiment` returned to it."""
+    """One rank of `nmt experiment`, saving what `run_experiment` returned to it and its threads after."""
     _as_rank(rank, world_size, port)
     result = run_experiment(cfg, "ddp", results_dir=f"{out}/results", device="cpu")  # scoring too, as training
     with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
-        json.dump(result, f)
+        json.dump({"result": result, "threads": _threads()}, f)
 
 
 def start_ranks(target, world_size: int, cfg: ExperimentConfig, out) -> None:
@@ -98,6 +118,8 @@ def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, t
     cfg = tiny_cfg(small_corpus, tmp_path / "ddp", max_steps=3, device="cpu", precision="bf16", accumulate=2)
     ranks = run_ranks(cfg, 2, tmp_path)
     assert same_weights(ranks[0]["model"], ranks[1]["model"])
+    for r in range(2):  # the bf16 copy's DDP let the group go too
+        assert _gloo_threads(json.loads((tmp_path / f"rank{r}.threads.json").read_text(encoding="utf-8"))) == []
     assert {v.dtype for v in ranks[0]["model"].values() if v.is_floating_point()} == {torch.float32}
     assert ranks[0]["summary"]["step"] == 3
     assert same_weights(ranks[0]["model"], weights(tmp_path / "ddp" / "ckpt_3.pt"))
@@ -108,8 +130,12 @@ def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(smal
     cfg.decode.beam = 1
     start_ranks(_experiment_rank, 2, cfg, tmp_path)
 
-    returned = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    returned = [r["result"] for r in ranks]
     assert returned[1] is None
+    # The group was torn down when training ended, on both ranks: no gloo thread is left to
+    # abort a rank that exits while rank 0 still scores.
+    assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]
     written = json.loads((tmp_path / "results" / "ddp.json").read_text(encoding="utf-8"))
     assert written == returned[0]
     assert written["steps"] == 4 and written["test"]["test"]["sentences"] == 30

@@ -84,9 +84,12 @@ def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
     """
     run = build_run(cfg, restart=restart)
     try:
-        return train_run(run)
-    finally:
-        run.close()
+        summary = train_run(run)
+    except BaseException:
+        run.close(finished=False)
+        raise
+    run.close()
+    return summary
 
 
 def train_run(run: Run) -> dict[str, Any]:

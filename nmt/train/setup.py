@@ -11,6 +11,7 @@ need no run directory: `bench/train_speed.py` uses them to measure exactly what
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +68,21 @@ class Run:
     def run_dir(self) -> Path:
         return Path(self.cfg.run_dir)
 
-    def close(self) -> None:
-        """Leave the process group this run joined and release the run directory."""
+    def close(self, *, finished: bool = True) -> None:
+        """Leave the process group this run joined and release the run directory.
+
+        After a `finished` run the step's wrappers go first (`release_step`): DDP holds
+        the process group, and only a group nothing holds is torn down at once, its gloo
+        threads joined. Left running, one of them can free a tensor while the interpreter
+        exits, and that aborts the process ("terminate called without an active exception")
+        after its work is done. After an error they stay: a collective that the other ranks
+        never join keeps a thread busy, and joining it would hang the exit.
+        """
         try:
             if self.owns_group:
+                if finished:
+                    release_step(self.trainable)
+                    gc.collect()  # the wrappers' reference cycles, and with them the group
                 shutdown_distributed()
         finally:
             if self.lock is not None:
@@ -109,6 +121,15 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist)
         t.graphs = compiled is not objective and tc.compile_mode == "reduce-overhead" and device.type == "cuda"
         objective = compiled
     t.objective = objective
+
+
+def release_step(t: Trainable) -> None:
+    """Undo `prepare_step`'s wrappers (torch.compile's, then DDP's): `t.objective` is the plain objective again."""
+    objective = getattr(t.objective, "_orig_mod", t.objective)
+    if isinstance(objective, torch.nn.parallel.DistributedDataParallel):
+        objective = objective.module
+    t.objective = objective
+    t.graphs = False
 
 
 def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dist) -> TokenBatchSampler:
