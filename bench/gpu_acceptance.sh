@@ -3,9 +3,10 @@
 #
 #   bench/gpu_acceptance.sh STAGE [OUT]
 #
-# OUT (default $OUT, else results/gpu) receives each stage's log and JSON. A session's 30 minutes of
-# device time hold about four stages: multi30k, graphs and tests first (they answer the open questions),
-# then speed or compiled. Stages:
+# OUT (default $OUT, else results/gpu) receives each stage's log and JSON. A session's device time
+# (15 minutes, the machine's start included) holds one long stage and perhaps `tests`: multi30k first
+# (three acceptance figures: BLEU in 5 minutes, decoding speed, CPU/GPU agreement), graphs in the next
+# session with a GPU (the throughput figures), then tests, speed, compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
