@@ -11,7 +11,6 @@ need no run directory: `bench/train_speed.py` uses them to measure exactly what
 
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +81,6 @@ class Run:
             if self.owns_group:
                 if finished:
                     release_step(self.trainable)
-                    gc.collect()  # the wrappers' reference cycles, and with them the group
                 shutdown_distributed()
         finally:
             if self.lock is not None:
