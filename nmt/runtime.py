@@ -13,9 +13,9 @@ import logging
 import os
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +25,8 @@ from nmt.config.schema import CUDA_INDEX, device_problem
 from nmt.errors import UserError, shorten
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """The torch dtype of each reduced precision: autocast's in training, the weights' in decoding."""
@@ -288,8 +290,10 @@ def init_distributed(device_name: str = "auto") -> Dist:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the process group. It is torn down (gloo's threads joined) once nothing else holds it:
-    a DDP module does, so drop those first."""
+    """Destroy the process group. It is torn down at once (gloo's threads joined) if nothing else holds it:
+    a DDP module does, so drop those first. A group still running when the interpreter exits can abort
+    the process ("terminate called without an active exception"): a gloo thread that frees a tensor
+    of its last collective then can no longer take the GIL."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -316,6 +320,31 @@ def barrier(ctx: Dist) -> None:
     """Wait for every rank (a no-op in a single process)."""
     if ctx.enabled:
         dist.barrier()
+
+
+def on_main(fn: Callable[[], T], ctx: Dist) -> T | None:
+    """`fn()` on rank 0 while the other ranks wait; a UserError it raises is raised on every rank.
+
+    For what rank 0 does alone before the others go on (lock and prepare the run directory,
+    check the disk). Were its error raised there alone, the others would meet it at their next
+    collective as gloo's or NCCL's "connection closed by peer", or wait until the process
+    group times out. Other exceptions are rank 0's alone.
+
+    Returns:
+        What `fn` returned, on rank 0; None on the other ranks.
+    """
+    result, problem = None, None
+    if ctx.is_main:
+        try:
+            result = fn()
+        except UserError as err:
+            problem = err
+    message = all_gather(None if problem is None else str(problem), ctx)[0]  # rank 0's outcome, everywhere
+    if problem is not None:
+        raise problem
+    if message is not None:
+        raise UserError(message)
+    return result
 
 
 @contextlib.contextmanager

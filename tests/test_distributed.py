@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nmt.config import ExperimentConfig
+from nmt.errors import UserError
 from nmt.experiment import run_experiment
 from nmt.train.loop import train, train_run
 from nmt.train.setup import build_run
@@ -69,6 +70,20 @@ def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfi
     result = run_experiment(cfg, "ddp", results_dir=f"{out}/results", device="cpu")  # scoring too, as training
     with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
         json.dump({"result": result, "threads": _threads()}, f)
+
+
+def _failing_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One rank of a run that should fail: what it raised, as text, and its threads after."""
+    _as_rank(rank, world_size, port)
+    try:
+        train(cfg)
+        outcome = "trained"
+    except UserError as err:
+        outcome = f"UserError: {err}"
+    except Exception as err:  # a rank left waiting for rank 0 dies of a gloo error instead
+        outcome = f"{type(err).__name__}: {err}"
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump({"outcome": outcome, "threads": _threads()}, f)
 
 
 def start_ranks(target, world_size: int, cfg: ExperimentConfig, out) -> None:
@@ -143,6 +158,20 @@ def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(smal
         assert ", 2 processes x 1 thread (" in written["hardware"]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
+
+
+def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path):
+    """Rank 0 prepares the data alone; its error reaches the waiting rank instead of a lost connection."""
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, device="cpu")
+    cfg.data.train.path = str(tmp_path / "missing" / "train")
+    start_ranks(_failing_rank, 2, cfg, tmp_path)
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    outcomes = [r["outcome"] for r in ranks]
+    assert outcomes[0].startswith("UserError: text corpus not found: tried ")
+    assert str(tmp_path / "missing" / "train.en") in outcomes[0]
+    assert outcomes[1] == outcomes[0]
+    assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]  # torn down on the way out too
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from nmt.errors import UserError
-from nmt.runtime import all_gather
+from nmt.runtime import on_main
 
 try:
     import fcntl
@@ -102,11 +102,7 @@ def holder(path: Path) -> str:
 
 
 def lock_run_dir(run_dir: Path, ctx) -> RunLock | None:
-    """Rank 0 locks `run_dir`; every rank raises the same UserError when it cannot.
-
-    Rank 0 then prepares the run directory while the others wait at a barrier; a refusal raised on
-    rank 0 alone would leave them waiting there until the process group times out (torchrun stops
-    them sooner, a manual launch does not), so rank 0 sends the outcome to all ranks first.
+    """Rank 0 locks `run_dir`; every rank raises the same UserError when it cannot (`on_main`).
 
     Args:
         run_dir: the run directory.
@@ -115,13 +111,4 @@ def lock_run_dir(run_dir: Path, ctx) -> RunLock | None:
     Returns:
         The lock on rank 0, None on the other ranks.
     """
-    lock, refusal = None, None
-    if ctx.is_main:
-        try:
-            lock = RunLock.acquire(run_dir)
-        except UserError as err:
-            refusal = str(err)
-    refusal = all_gather(refusal, ctx)[0]  # rank 0's outcome, on every rank
-    if refusal is not None:
-        raise UserError(refusal)
-    return lock
+    return on_main(lambda: RunLock.acquire(run_dir), ctx)

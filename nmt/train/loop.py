@@ -84,12 +84,9 @@ def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
     """
     run = build_run(cfg, restart=restart)
     try:
-        summary = train_run(run)
-    except BaseException:
-        run.close(finished=False)
-        raise
-    run.close()
-    return summary
+        return train_run(run)
+    finally:
+        run.close()
 
 
 def train_run(run: Run) -> dict[str, Any]:

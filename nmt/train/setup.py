@@ -26,11 +26,11 @@ from nmt.data.tokenizer import PAD_ID, Tokenizer
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     Dist,
-    barrier,
     compile_model,
     enable_fast_math,
     grad_scaler,
     init_distributed,
+    on_main,
     pick_device,
     seed_everything,
     shutdown_distributed,
@@ -67,20 +67,15 @@ class Run:
     def run_dir(self) -> Path:
         return Path(self.cfg.run_dir)
 
-    def close(self, *, finished: bool = True) -> None:
+    def close(self) -> None:
         """Leave the process group this run joined and release the run directory.
 
-        After a `finished` run the step's wrappers go first (`release_step`): DDP holds
-        the process group, and only a group nothing holds is torn down at once, its gloo
-        threads joined. Left running, one of them can free a tensor while the interpreter
-        exits, and that aborts the process ("terminate called without an active exception")
-        after its work is done. After an error they stay: a collective that the other ranks
-        never join keeps a thread busy, and joining it would hang the exit.
+        The step's wrappers go first (`release_step`): DDP holds the process group, and only
+        a group nothing holds is torn down at once, its gloo threads joined (`shutdown_distributed`).
         """
         try:
             if self.owns_group:
-                if finished:
-                    release_step(self.trainable)
+                release_step(self.trainable)
                 shutdown_distributed()
         finally:
             if self.lock is not None:
@@ -137,6 +132,13 @@ def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dis
                          length_multiple=batch_padding(tc, device).sampler_multiple)
 
 
+def _prepare_first(cfg: ExperimentConfig, run_dir: Path, restart: bool, tokenizer: Tokenizer | None) -> RunData:
+    """Rank 0's part before the others start: the run directory, its config.yaml, the tokenizer and the data."""
+    prepare_run_dir(run_dir, restart)
+    save_config(cfg, run_dir / "config.yaml")
+    return prepare_run(cfg, run_dir, tokenizer=tokenizer)
+
+
 def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     """Build (or resume, unless `restart`) the run `cfg` describes in `cfg.run_dir`.
 
@@ -157,18 +159,15 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     try:
         if not ctx.is_main:
             logging.getLogger("nmt").setLevel(logging.WARNING)
-        if ctx.is_main:  # the others wait: no races on the run directory, the tokenizer or the caches
-            prepare_run_dir(run_dir, restart)
-            save_config(cfg, run_dir / "config.yaml")
-            data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
-        barrier(ctx)
+        # rank 0 first, the others waiting: no races on the run directory, the tokenizer or the
+        # caches; a bad corpus or setting stops every rank with rank 0's error
+        data = on_main(lambda: _prepare_first(cfg, run_dir, restart, start.tokenizer), ctx)
         if not ctx.is_main:
             data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
 
         seed_everything(tc.seed)
         t = build_trainable(cfg, data.tokenizer, device)
-        if ctx.is_main:
-            check_free_space(run_dir, count_parameters(t.model), tc.keep_last)
+        on_main(lambda: check_free_space(run_dir, count_parameters(t.model), tc.keep_last), ctx)
         if start.weights is not None:  # the run's own checkpoints, if any, replace them just below
             t.model.load_state_dict(start.weights)
             if ctx.is_main:
@@ -195,6 +194,10 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                          len(np.unique(run.sampler.lengths)), padding.multiple)
         return run
     except BaseException:
-        if lock is not None:
-            lock.release()
+        try:
+            if owns_group:
+                shutdown_distributed()
+        finally:
+            if lock is not None:
+                lock.release()
         raise
