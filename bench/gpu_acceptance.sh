@@ -4,9 +4,11 @@
 #   bench/gpu_acceptance.sh STAGE [OUT]
 #
 # OUT (default $OUT, else results/gpu) receives each stage's log and JSON. A session's device time
-# (15 minutes, the machine's start included) holds one long stage and perhaps `tests`: multi30k first
-# (three acceptance figures: BLEU in 5 minutes, decoding speed, CPU/GPU agreement), graphs in the next
-# session with a GPU (the throughput figures), then tests, speed, compiled. Stages:
+# (15 minutes, the machine's start included) holds one long stage and perhaps a short one. multi30k ran
+# on an H200 on 2026-11-26 (README, "Speed on one GPU"). graphs ran next: its first two calls died within
+# three minutes without printing a row or an error (this was before the fault handler below), and the
+# third was cut off by the time limit. Run graphs next, then speed (its profile says why bf16 is still
+# slower than fp32 at the Multi30k shape), then tests and compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
@@ -41,8 +43,18 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
 
+# A command that dies of a signal prints nothing itself: Python's fault handler dumps every thread's stack
+# on SIGSEGV, SIGABRT, SIGBUS, SIGFPE and SIGILL, and `run` logs each failing command's exit status.
+export PYTHONFAULTHANDLER=1
 log() { echo "== $*" | tee -a "$out/$stage.log"; }
-run() { log "$*"; "$@" 2>&1 | tee -a "$out/$stage.log"; }
+run() {
+  log "$*"
+  "$@" 2>&1 | tee -a "$out/$stage.log"
+  local rc=${PIPESTATUS[0]}
+  if ((rc > 128)); then log "exit status $rc: killed by SIG$(kill -l $((rc - 128)))"
+  elif ((rc != 0)); then log "exit status $rc"; fi
+  return $rc
+}
 
 case $stage in
   speed)

@@ -21,7 +21,8 @@ def load_results(directory: str | Path) -> list[dict[str, Any]]:
 
 def results_table(results: list[dict[str, Any]]) -> str:
     """One row per experiment and test set: BLEU, chrF, BLEU on the longest third, cost, hardware;
-    then, for each experiment run with `--set` overrides (a shorter time budget, say), those overrides.
+    then, for each experiment run with `--set` overrides (a shorter time budget, say), those overrides,
+    named with the hardware where one experiment has results from more than one run (`results/NAME.*.json`).
     """
     lines = [
         "| experiment | direction | model | params | test set | BLEU | chrF | BLEU, longest third | steps | training time | tokens/s | hardware | stopped by |",
@@ -37,7 +38,11 @@ def results_table(results: list[dict[str, Any]]) -> str:
                 f"| {s['bleu']:.1f} | {s['chrf']:.1f} | {long} | {r['steps']} | {minutes} | {r['tokens_per_s'] or ''} "
                 f"| {r['hardware']} | {r['stopped_by']} |"
             )
-    changed = [f"- `{r['experiment']}`: `{' '.join(r['overrides'])}`" for r in results if r.get("overrides")]
+    names = [r["experiment"] for r in results]
+    changed = []
+    for r in (r for r in results if r.get("overrides")):
+        run = f"`{r['experiment']}`" + (f" ({r['hardware']})" if names.count(r["experiment"]) > 1 else "")
+        changed.append(f"- {run}: `{' '.join(r['overrides'])}`")
     if changed:
         lines += ["", "Settings changed from the config file on the command line:", "", *changed]
     return "\n".join(lines)

@@ -115,3 +115,12 @@ def test_results_need_the_markers(tmp_path):
     readme.write_text("no markers here\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="markers"):
         main(["--results", str(tmp_path / "results"), "--readme", str(readme)])
+
+
+def test_one_experiment_run_twice_names_each_runs_hardware(experiment_result):
+    gpu = {**experiment_result, "hardware": "1x NVIDIA H200", "overrides": ["--set train.device=cuda"]}
+    table = results_table([experiment_result, gpu])
+    rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2 and rows[1].endswith("| 1x NVIDIA H200 | " + gpu["stopped_by"] + " |")
+    assert f"- `tiny` ({experiment_result['hardware']}): `--set train.max_steps=4 --set decode.beam=1`" in table
+    assert "- `tiny` (1x NVIDIA H200): `--set train.device=cuda`" in table
