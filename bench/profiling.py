@@ -12,6 +12,8 @@ them, whatever the GPU. The trace opens in https://ui.perfetto.dev or chrome://t
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,3 +56,22 @@ class Profile:
         if self.trace:
             lines.append(f"trace: {self.trace}")
         return "\n".join(lines)
+
+
+def host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
+    """How many times `fn()` made the host wait for the GPU (None off CUDA).
+
+    torch's sync debug mode warns at every synchronising CUDA call (a copy to the host
+    such as `.item()`, a stream or device synchronisation), also from inside operators
+    and from the backward pass, whose warnings autograd hands back to this thread.
+    """
+    if device.type != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)

@@ -21,7 +21,9 @@ on a bf16 copy of the weights (`train.half_weights`), `bf16-autocast` under auto
 `shapes` is the number of distinct batch shapes among the timed updates. `ops/update` counts
 the aten operations one eager update dispatches (views and allocations, which launch nothing,
 left out): on a GPU nearly each is a kernel launch, and a small model whose step is bound by
-launches is as fast as this count is low.
+launches is as fast as this count is low. `syncs` (CUDA only) counts the times one update makes
+the host wait for the GPU (torch's sync debug mode): each drains the queue of launched kernels, so
+a launch-bound step should have none. Compiled rows print a line as they warm up each batch shape.
 
 The steps run back to back without waiting for the device; the clock stops after
 the last one finishes (`torch.cuda.synchronize`), so the figure includes every
@@ -51,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from profiling import Profile  # bench/profiling.py, beside this script
+from profiling import Profile, host_syncs  # bench/profiling.py, beside this script
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -126,6 +128,7 @@ class Row:
     peak_mem_mib: float | None = None
     warmup_s: float = 0.0
     ops: int | None = None
+    syncs: int | None = None  # host waits for the GPU in one update (CUDA only)
     shapes: int = 0
     error: str = ""
 
@@ -186,10 +189,15 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         return time.perf_counter() - start, tokens, work
 
     start = time.perf_counter()
+    if row.compiled:
+        print(f"  {row.precision} {row.compile}: compiling over {warmup} warm-up updates", file=sys.stderr, flush=True)
     run(0, warmup)
     if row.compiled:  # every shape the timing will meet: compiled, then (CUDA graphs) recorded, then replayed once
         first_of_shape = {_shape(b): i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
-        for i in sorted(first_of_shape.values()):
+        for k, i in enumerate(sorted(first_of_shape.values()), 1):
+            print(f"  {row.precision} {row.compile}: warming up shape {k}/{len(first_of_shape)} "
+                  f"{'x'.join(map(str, _shape(batches[i])))} at {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr, flush=True)
             for _ in range(3):
                 run(i, 1)
     _sync(device)
@@ -207,6 +215,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         with _OpCount() as count:
             train_step(parts, [batches[0]], tc, device)
         row.ops = count.ops
+    row.syncs = host_syncs(lambda: train_step(parts, [batches[warmup]], tc, device), device)
     if profile:  # after the timing, which it would slow down
         with Profile(device, trace=trace) as prof:
             run(warmup, profile)
@@ -235,7 +244,7 @@ class _OpCount(TorchDispatchMode):
 def format_table(rows: list[Row]) -> str:
     head = (f"{'shape':6s} {'model':20s} {'prec':13s} {'compile':15s} {'tokens':>6s} {'params':>7s} "
             f"{'tgt tok/s':>10s} {'s/step':>7s} {'TFLOP/s':>8s} {'MFU %':>6s} {'peak MiB':>9s} {'warm-up s':>9s} "
-            f"{'shapes':>6s} {'ops/update':>10s}")
+            f"{'shapes':>6s} {'ops/update':>10s} {'syncs':>5s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {r.compile:15s}"
@@ -245,8 +254,9 @@ def format_table(rows: list[Row]) -> str:
         mfu = f"{r.mfu:6.1f}" if r.mfu is not None else f"{'-':>6s}"
         mem = f"{r.peak_mem_mib:9.0f}" if r.peak_mem_mib is not None else f"{'-':>9s}"
         ops = f"{r.ops:10d}" if r.ops is not None else f"{'-':>10s}"
+        syncs = f"{r.syncs:5d}" if r.syncs is not None else f"{'-':>5s}"
         lines.append(f"{what} {r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
-                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {ops}")
+                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {ops} {syncs}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,4 +30,17 @@ def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_pat
     assert copy <= fp32 + 10  # two multi-tensor copies and the loss's casts
     assert autocast > 1.4 * fp32  # a cast per weight use, forward and backward
     assert "ops/update" in proc.stdout and "bf16-autocast" in proc.stdout
+    assert all(r["syncs"] is None for r in rows.values()) and "syncs" in proc.stdout  # counted on CUDA only
     assert proc.stderr.count("profile of 1 updates, sorted by self CPU time") == 3
+
+
+@pytest.mark.gpu
+def test_host_syncs_counts_each_wait_for_the_gpu_and_nothing_else():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from profiling import host_syncs
+
+    x = torch.randn(1000, device="cuda", requires_grad=True)
+    assert host_syncs(lambda: (x * 2).sum().backward(), x.device) == 0
+    assert host_syncs(lambda: [(x + i).sum().item() for i in range(3)], x.device) == 3
+    assert host_syncs(lambda: x.nonzero(), x.device) >= 1
+    assert host_syncs(lambda: None, torch.device("cpu")) is None
