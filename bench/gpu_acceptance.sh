@@ -14,10 +14,11 @@
 #              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
 #   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation)
 #                                                                                      (about 6 min)
-#   graphs     rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes
-#              auto), one graph per length bucket: the Multi30k shape in fp32 and bf16, Transformer-base in
-#              bf16 (the acceptance rows); then the Multi30k shape in bf16 with lengths not rounded up
-#              (a graph per length)                                                    (about 7 min)
+#   graphs     bench/compile_probe.py (torch.compile alone, in each mode), then rows compiled in
+#              reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes auto), one
+#              graph per length bucket: the Multi30k shape in fp32 and bf16, Transformer-base in bf16 (the
+#              acceptance rows); then the Multi30k shape in bf16 with lengths not rounded up (a graph per
+#              length)                                                                 (about 8 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -64,6 +65,9 @@ case $stage in
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
       --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ;;
   graphs)
+    # first, whether torch.compile itself trains here, in each mode, with dynamic and static shapes
+    # (nmt compiles dynamic), each probe in its own process: about a minute, all four side by side
+    run "$py" bench/compile_probe.py --device "$device"
     # the acceptance rows first (Multi30k shape in fp32 and bf16, Transformer-base in bf16), each call
     # writing its JSON, so that a stage cut short by the device's time limit still leaves them
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config \
