@@ -8,7 +8,7 @@
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"). graphs ran next: its first two calls died within
 # three minutes without printing a row or an error (this was before the fault handler below), and the
 # third was cut off by the time limit. Run graphs next, then speed (its profile says why bf16 is still
-# slower than fp32 at the Multi30k shape), then tests and compiled. Stages:
+# slower than fp32 at the Multi30k shape), then experiments, tests and compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
@@ -24,6 +24,9 @@
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
 #              first on the CPU (outputs kept), then on CUDA in fp32 and bf16, 3 rounds each, counted
 #              against the CPU's lines, with a profile                                 (about 8 min)
+#   experiments  the other five Multi30k experiments (Transformer with dropout 0.1, en-de Transformer,
+#              Bahdanau, Luong and no-attention RNNs), each `nmt experiment` in fp32 for TRAIN_SECONDS
+#              (default 60 here) and scored on both test sets; EXPERIMENTS names others (about 9 min)
 #   tests      the tests that only run on CUDA, the distributed tests on one GPU, training with
 #              --set train.device=cuda:0, and an RNN trained in bf16 (cuDNN's bf16 RNN)  (about 3 min)
 #
@@ -33,7 +36,7 @@
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
 set -uo pipefail
-stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|multi30k|tests [OUT]}
+stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|multi30k|experiments|tests [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 data=${NMT_DATA:-../shared/data/multi30k}
@@ -90,6 +93,12 @@ case $stage in
     run "$py" "${decode[@]}" --device cpu --outputs "$out/cpu" --json "$out/decode_cpu.json"
     run "$py" "${decode[@]}" --device "$device" --precision fp32,bf16 --repeat 3 --against "$out/cpu" \
       --outputs "$out/cuda" --json "$out/decode_cuda.json" --profile ;;
+  experiments)
+    for e in ${EXPERIMENTS:-multi30k_transformer_dropout01 multi30k_transformer_en_de multi30k_rnn_bahdanau \
+              multi30k_rnn_luong_general multi30k_rnn_noattn}; do
+      run "$py" -m nmt experiment "configs/$e.yaml" --restart --results "$out" --set run_dir=/tmp/gpu_$e \
+        --set train.device=$device --set train.max_time=${TRAIN_SECONDS:-60} --set train.valid_every=500 ${TRAIN_ARGS:-}
+    done ;;
   tests)
     run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_translate.py \
       tests/train/test_half.py tests/train/test_step.py
@@ -98,5 +107,6 @@ case $stage in
     run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \
       --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100 ;;
   *)
-    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, multi30k or tests" >&2; exit 2 ;;
+    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, multi30k, experiments or tests" >&2
+    exit 2 ;;
 esac
