@@ -32,6 +32,8 @@
 #
 # DEVICE (default cuda), TRAIN_SECONDS (default 270) and STEPS (timed updates per speed row, default 50)
 # let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
+# TRAIN_ARGS adds --set options to every stage's training, e.g. TRAIN_ARGS="--set train.compile_dynamic=false"
+# for graphs compiled per batch shape, should the compile probe find dynamic shapes failing under CUDA graphs.
 #
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
@@ -63,10 +65,10 @@ run() {
 case $stage in
   speed)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
-      --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ;;
+      --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ${TRAIN_ARGS:-} ;;
   compiled)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
-      --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ;;
+      --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ${TRAIN_ARGS:-} ;;
   graphs)
     # first, whether torch.compile itself trains here, in each mode, with dynamic and static shapes
     # (nmt compiles dynamic), each probe in its own process: about a minute, all four side by side
@@ -74,12 +76,12 @@ case $stage in
     # the acceptance rows first (Multi30k shape in fp32 and bf16, Transformer-base in bf16), each call
     # writing its JSON, so that a stage cut short by the device's time limit still leaves them
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config \
-      --precisions fp32,bf16 --compile reduce-overhead --steps $steps --json "$out/graphs.json"
+      --precisions fp32,bf16 --compile reduce-overhead --steps $steps --json "$out/graphs.json" ${TRAIN_ARGS:-}
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base \
-      --precisions bf16 --compile reduce-overhead --steps $steps --json "$out/graphs_base.json"
+      --precisions bf16 --compile reduce-overhead --steps $steps --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
     # lengths unrounded: a graph per distinct length, but no padding on Multi30k's short sentences
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
-      --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" ;;
+      --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" ${TRAIN_ARGS:-} ;;
   multi30k)
     run_dir=/tmp/gpu_multi30k_transformer
     run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \

@@ -68,7 +68,7 @@ from nmt.train.data import (
     length_arrays,
     prepare_run,
 )
-from nmt.train.setup import build_trainable, prepare_step
+from nmt.train.setup import batch_shape_count, build_trainable, prepare_step
 from nmt.train.step import train_step
 
 # Dense bf16 peak of common GPUs (FLOP/s).
@@ -165,11 +165,10 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     parts = build_trainable(run_cfg, tok, device, model=model)  # what `nmt train` builds, unwrapped
     parts.model.train()
     row.params = count_parameters(parts.model)
-    prepare_step(parts, tc, device, Dist())
-
     padding = batch_padding(tc, device)
     sampler = build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed,
                             length_multiple=padding.sampler_multiple)
+    prepare_step(parts, tc, device, Dist(), shapes=batch_shape_count(sampler, tc, device))
     lists = sampler.batch_list(0)[: steps + warmup]
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
     row.shapes = len({_shape(b) for b in batches[warmup:]})

@@ -138,26 +138,36 @@ def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
                         f"({err}); use bf16 or fp32") from None
 
 
-def compile_model(model: torch.nn.Module, *, mode: str = "default", backend: str = "inductor") -> torch.nn.Module:
+def compile_model(model: torch.nn.Module, *, mode: str = "default", backend: str = "inductor",
+                  dynamic: bool = True, shapes: int = 0) -> torch.nn.Module:
     """`torch.compile(model)`, or `model` itself with a warning where compiling is unsupported.
 
-    Shapes are compiled as dynamic from the start: token-budget batches change
-    batch size and length at every step, and specialising on each would recompile
-    again and again (lengths padded to a multiple of `train.pad_to_multiple` keep
-    the number of distinct shapes small for the kernels chosen inside, and
+    By default shapes are compiled as dynamic from the start: token-budget batches
+    change batch size and length at every step, and specialising on each would
+    recompile again and again (lengths padded to a multiple of `train.pad_to_multiple`
+    keep the number of distinct shapes small for the kernels chosen inside, and
     `train.batch_shapes` the number of CUDA graphs `reduce-overhead` records).
+    With `dynamic` false, each shape gets a graph compiled for its exact sizes
+    instead, which only suits a bounded number of shapes (static batch shapes):
+    `shapes`, that number, is how many graphs dynamo then keeps per function
+    before it gives up compiling (torch's own limit where it is larger).
     Errors while compiling a graph (at its first call) also fall back to eager
     execution: dynamo's `suppress_errors` logs them and runs that graph uncompiled.
 
     Args:
         mode: torch.compile's mode: "default", "reduce-overhead" (CUDA graphs),
             "max-autotune" or "max-autotune-no-cudagraphs".
+        dynamic: one graph for all shapes; false: a graph per shape.
+        shapes: with `dynamic` false, the number of distinct shapes the model will see.
     """
     try:
         import torch._dynamo  # deferred: importing dynamo costs seconds, and only compiled runs need it
 
         torch._dynamo.config.suppress_errors = True
-        return torch.compile(model, backend=backend, mode=None if mode == "default" else mode, dynamic=True)
+        if not dynamic:
+            limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), shapes))
+        return torch.compile(model, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
     except Exception as err:  # unsupported Python or platform, unknown backend
         log.warning("train.compile: torch.compile is unavailable here (%s: %s); training uncompiled",
                     type(err).__name__, str(err).splitlines()[0] if str(err) else "")

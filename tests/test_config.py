@@ -63,6 +63,8 @@ def test_invariants_raise_with_values_and_key_path(tmp_path):
         load_config(write(tmp_path, "model:\n  rnn:\n    dropout: -0.1\n"))
     with pytest.raises(ConfigError, match="tokenizer.joint"):
         load_config(write(tmp_path, "tokenizer:\n  joint: false\nmodel:\n  tie_embeddings: all\n"))
+    with pytest.raises(ConfigError, match=r"exp.yaml: train: compile_dynamic false .* needs batch_shapes static"):
+        load_config(write(tmp_path, "train:\n  compile_dynamic: false\n  batch_shapes: free\n"))
 
 
 def test_overrides_set_nested_keys_and_are_validated(tmp_path):

@@ -23,6 +23,7 @@ from torch import nn
 from nmt.config import ExperimentConfig, TrainConfig, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID, Tokenizer
+from nmt.errors import UserError
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     Dist,
@@ -96,11 +97,15 @@ def build_trainable(cfg: ExperimentConfig, tokenizer: Tokenizer, device: torch.d
                      scaler=grad_scaler(device, tc.precision))
 
 
-def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist) -> None:
+def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist, *, shapes: int = 0) -> None:
     """Make `t.objective` what a training step calls, once the weights are loaded.
 
     With bf16 and `train.half_weights` it runs on a bf16 copy of the model
-    (`t.half`); under DDP when there are several processes; compiled when `train.compile`.
+    (`t.half`); under DDP when there are several processes; compiled when `train.compile`,
+    a graph per batch shape with `train.compile_dynamic` false (`shapes` of them).
+
+    Raises:
+        UserError: `train.compile_dynamic` false where batch shapes are not static.
     """
     objective = t.objective
     if tc.precision == "bf16" and tc.half_weights:
@@ -110,7 +115,12 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist)
         objective = torch.nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None)
     if tc.compile:
-        compiled = compile_model(objective, mode=tc.compile_mode)
+        if not tc.compile_dynamic and not batch_padding(tc, device).fill_tokens:
+            raise UserError(f"train.compile_dynamic: false compiles a graph per batch shape, which needs static "
+                            f"batch shapes, and train.batch_shapes {tc.batch_shapes} gives free ones on {device.type}"
+                            f" (auto is static only with compile_mode reduce-overhead on CUDA): set "
+                            f"train.batch_shapes: static, or train.compile_dynamic: true")
+        compiled = compile_model(objective, mode=tc.compile_mode, dynamic=tc.compile_dynamic, shapes=shapes)
         t.graphs = compiled is not objective and tc.compile_mode == "reduce-overhead" and device.type == "cuda"
         objective = compiled
     t.objective = objective
@@ -123,6 +133,11 @@ def release_step(t: Trainable) -> None:
         objective = objective.module
     t.objective = objective
     t.graphs = False
+
+
+def batch_shape_count(sampler: TokenBatchSampler, tc: TrainConfig, device: torch.device) -> int:
+    """Distinct batch shapes `sampler`'s batches take with static shapes (one per length bucket); 0 with free ones."""
+    return len(np.unique(sampler.lengths)) if batch_padding(tc, device).fill_tokens else 0
 
 
 def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dist) -> TokenBatchSampler:
@@ -174,9 +189,10 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                 log.info("fine-tuning: weights, model and tokenizer from %s", tc.init_from)
         seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
         progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
-        prepare_step(t, tc, device, ctx)
+        sampler = train_sampler(data, tc, device, ctx)
+        prepare_step(t, tc, device, ctx, shapes=batch_shape_count(sampler, tc, device))
         run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
-                  sampler=train_sampler(data, tc, device, ctx), lock=lock, owns_group=owns_group)
+                  sampler=sampler, lock=lock, owns_group=owns_group)
         if ctx.is_main:
             per_update = tc.max_tokens * tc.accumulate * ctx.world_size
             log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
@@ -191,7 +207,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             padding = batch_padding(tc, device)
             if padding.fill_tokens:
                 log.info("static batch shapes: %d, one per length bucket (lengths padded to a multiple of %d)",
-                         len(np.unique(run.sampler.lengths)), padding.multiple)
+                         batch_shape_count(run.sampler, tc, device), padding.multiple)
         return run
     except BaseException:
         try:

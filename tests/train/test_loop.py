@@ -148,11 +148,13 @@ def test_compile_falls_back_to_eager_with_a_warning(caplog):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_training_runs(mode, small_corpus, tmp_path):
-    """reduce-overhead records CUDA graphs on a GPU; on a CPU it compiles as default does, here with static shapes."""
+@pytest.mark.parametrize("mode, dynamic", [("default", True), ("reduce-overhead", True), ("reduce-overhead", False)])
+def test_compiled_training_runs(mode, dynamic, small_corpus, tmp_path):
+    """reduce-overhead records CUDA graphs on a GPU; on a CPU it compiles as default does, here with static shapes,
+    in one dynamic graph or (`compile_dynamic: false`) a graph per shape."""
+    static = dict(batch_shapes="static", pad_to_multiple=16) if mode == "reduce-overhead" else {}
     summary = train(tiny_cfg(small_corpus, tmp_path / "run", compile=True, compile_mode=mode, max_steps=2,
-                             batch_shapes="static" if mode == "reduce-overhead" else "auto"))
+                             compile_dynamic=dynamic, **static))
     assert summary["step"] == 2 and math.isfinite(summary["last_valid"]["loss"])
     assert not any(k.startswith("_orig_mod") for k in weights(tmp_path / "run" / "ckpt_2.pt"))
 

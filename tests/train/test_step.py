@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nmt.config import TrainConfig
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
+from nmt.errors import UserError
 from nmt.runtime import Dist, compile_model
 from nmt.train.data import batch_padding
 from nmt.train.loss import Objective
@@ -55,6 +56,42 @@ def test_compiled_objective_gives_the_eager_loss_and_gradients_and_takes_new_sha
         c_loss.backward()
         assert torch.isfinite(c_loss)
     assert counters["frames"]["total"] == frames, "a new batch shape compiled the objective again"
+
+
+def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
+    """`train.compile_dynamic: false`: a graph per static batch shape, never more than the shapes there are."""
+    eager = Objective(_model(), pad_id=PAD_ID, smoothing=0.1)
+    compiled = compile_model(Objective(copy.deepcopy(eager.model), pad_id=PAD_ID, smoothing=0.1),
+                             backend="aot_eager", dynamic=False, shapes=12)
+    assert compiled is not eager
+    assert torch._dynamo.config.recompile_limit >= 12  # 12 shapes may each keep a graph
+    frames = counters["frames"]["ok"]
+    batches = [collate(random_rows(seed, n, vocab=23), padding=Padding(multiple=8, fill_tokens=tokens))
+               for seed, (n, tokens) in enumerate([(9, 128), (3, 96), (9, 128), (12, 256), (3, 96)], start=1)]
+    shapes = {(*b.src.shape, b.tgt_in.shape[1]) for b in batches}
+    assert 2 <= len(shapes) < len(batches)  # some shapes come back
+    for b in batches:
+        args = (b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+        loss, nll = eager(*args)
+        c_loss, c_nll = compiled(*args)
+        loss.backward()
+        c_loss.backward()
+        assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
+    for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+    assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
+
+
+def test_a_static_compile_needs_static_batch_shapes():
+    model = _model()
+    tc = TrainConfig(compile=True, compile_dynamic=False)  # batch_shapes auto: free on a CPU
+    optimizer = build_optimizer(model, tc, torch.device("cpu"))
+    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
+                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    with pytest.raises(UserError, match=r"train.compile_dynamic: false .* set train.batch_shapes: static"):
+        prepare_step(t, tc, torch.device("cpu"), Dist())
+    prepare_step(t, replace(tc, batch_shapes="static"), torch.device("cpu"), Dist(), shapes=4)
+    assert t.objective is not t.model and hasattr(t.objective, "_orig_mod")
 
 
 def test_padding_to_a_multiple_changes_shapes_not_the_loss():
