@@ -15,7 +15,8 @@ runs, so nothing outside the training step sees bf16 weights:
     backward on the copy  ->  `grads_to_master`: its gradients, cast, into the fp32 `.grad`s
     optimizer step on the fp32 weights  ->  `refresh`: the fp32 weights, cast, into the copy
 
-Each of the two is one multi-tensor (`torch._foreach_*`) operation. The residual
+Each of the two is one multi-tensor (`torch._foreach_*`) operation (two for the later micro-batches of
+`train.accumulate`: widen to fp32, then add, since CUDA adds lists of two dtypes tensor by tensor). The residual
 stream then runs in bf16 too, where autocast kept it in fp32; LayerNorm, softmax
 and the loss still accumulate in fp32 inside their kernels.
 
@@ -62,8 +63,10 @@ class HalfCopy:
             p.grad = torch.empty_like(p)
         if fresh:
             torch._foreach_copy_([p.grad for p, _ in fresh], [g for _, g in fresh])
-        if more:
-            torch._foreach_add_([p.grad for p, _ in more], [g for _, g in more])
+        if more:  # a bf16 list added to an fp32 one takes one launch per tensor on CUDA; two fp32 lists, one launch
+            widened = [torch.empty_like(p) for p, _ in more]
+            torch._foreach_copy_(widened, [g for _, g in more])
+            torch._foreach_add_([p.grad for p, _ in more], widened)
         for h in self.halves:
             h.grad = None
 
