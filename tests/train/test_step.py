@@ -35,19 +35,25 @@ def _batch(seed: int = 0, n: int = 5):
     return collate(random_rows(seed, n), padding=Padding(multiple=8))
 
 
+def _same_loss_and_gradients(eager: Objective, compiled: torch.nn.Module, batches: list) -> None:
+    """Both objectives give the same loss on each batch, and the same gradients summed over them."""
+    for b in batches:
+        args = (b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+        loss, nll = eager(*args)
+        c_loss, c_nll = compiled(*args)
+        loss.backward()
+        c_loss.backward()
+        assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
+    for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+
+
 def test_compiled_objective_gives_the_eager_loss_and_gradients_and_takes_new_shapes_without_recompiling():
     batch = _batch()
     eager = Objective(_model(), pad_id=PAD_ID, smoothing=0.1)
     compiled = compile_model(Objective(copy.deepcopy(eager.model), pad_id=PAD_ID, smoothing=0.1))
     assert compiled is not eager  # compiling is available here; otherwise the fallback would hide the test
-    args = (batch.src, batch.src_pad_mask, batch.tgt_in, batch.tgt_out)
-    loss, nll = eager(*args)
-    c_loss, c_nll = compiled(*args)
-    loss.backward()
-    c_loss.backward()
-    assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
-    for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
-        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+    _same_loss_and_gradients(eager, compiled, [batch])
     # Batches of other sizes and lengths (static shapes, as CUDA graphs get them) reuse the one dynamic graph.
     frames = counters["frames"]["total"]
     for seed, (n, tokens) in enumerate([(9, 16 * 8), (3, 24 * 4), (12, 32 * 8)], start=1):
@@ -70,15 +76,7 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
                for seed, (n, tokens) in enumerate([(9, 128), (3, 96), (9, 128), (12, 256), (3, 96)], start=1)]
     shapes = {(*b.src.shape, b.tgt_in.shape[1]) for b in batches}
     assert 2 <= len(shapes) < len(batches)  # some shapes come back
-    for b in batches:
-        args = (b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
-        loss, nll = eager(*args)
-        c_loss, c_nll = compiled(*args)
-        loss.backward()
-        c_loss.backward()
-        assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
-    for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
-        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+    _same_loss_and_gradients(eager, compiled, batches)
     assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
 
 
