@@ -190,7 +190,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
         progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
         sampler = train_sampler(data, tc, device, ctx)
-        prepare_step(t, tc, device, ctx, shapes=batch_shape_count(sampler, tc, device))
+        shapes = batch_shape_count(sampler, tc, device)  # 0 unless batch shapes are static
+        prepare_step(t, tc, device, ctx, shapes=shapes)
         run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
                   sampler=sampler, lock=lock, owns_group=owns_group)
         if ctx.is_main:
@@ -204,10 +205,9 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
                      "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
             warn_if_slow_precision(device, tc.precision, "train.precision:")
-            padding = batch_padding(tc, device)
-            if padding.fill_tokens:
+            if shapes:
                 log.info("static batch shapes: %d, one per length bucket (lengths padded to a multiple of %d)",
-                         batch_shape_count(run.sampler, tc, device), padding.multiple)
+                         shapes, batch_padding(tc, device).multiple)
         return run
     except BaseException:
         try:
