@@ -120,12 +120,16 @@ def translate(
     attention_head: Annotated[Optional[int], typer.Option(help="Transformer head to plot (default: mean over heads).")] = None,
     progress: Annotated[Optional[bool], typer.Option(
         "--progress/--no-progress", help="Progress bar on stderr (default: for an input file, unless --quiet).")] = None,
+    restart: Annotated[bool, typer.Option(
+        "--restart", help="Translate from the first line, discarding what a stopped run left in OUTPUT.partial.")] = False,
 ) -> None:
     """Translate a file or standard input, one output line per input line.
 
     With --nbest N a line holds N translations, best first, separated by tabs;
     --scores puts each translation's score (what they are ranked by) and a tab before it.
     Standard input from a terminal is translated line by line as it is typed.
+    From -i FILE to -o FILE, a run that is stopped keeps its lines in FILE.partial and
+    the same command goes on after them.
     """
     from nmt.decode import Sampling
     from nmt.translate import Translator, check_io, translate_io
@@ -143,7 +147,7 @@ def translate(
                                  sampling=sampling, coverage_penalty=coverage_penalty, min_len=min_len,
                                  max_len_a=max_len_a, max_len_b=max_len_b)
     translate_io(translator, options, input=input, output=output, scores=scores, plot_dir=attention_plot,
-                 progress=progress)
+                 progress=progress, restart=restart)
 
 
 @app.command("eval")

@@ -1,8 +1,9 @@
 """Files written atomically: a crash at any moment leaves the previous good file, never half a new one.
 
-Checkpoints, sentencepiece models, the metrics log and translations written with
-`-o` all go through `write_atomic`: the data goes to a temporary file in the
-target's folder, is flushed to disk and renamed over the target.
+Checkpoints, sentencepiece models, the metrics log and translations of standard
+input written with `-o` all go through `write_atomic`: the data goes to a temporary
+file in the target's folder, is flushed to disk and renamed over the target.
+(Translations of a file go through `nmt.partial`, which a stopped run can resume.)
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if _disk_full(err):
+        if disk_full(err):
             free = shutil.disk_usage(path.parent).free
             raise UserError(f"{path}: disk full ({free / 2**20:.1f} MiB free there); nothing was written and "
                             "the previous file is unchanged: free some space or write elsewhere") from None
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def remove_stale_temporaries(folder: str | Path) -> None:
@@ -66,7 +67,7 @@ def _umask() -> int:
     return mask
 
 
-def _disk_full(err: BaseException | None) -> bool:
+def disk_full(err: BaseException | None) -> bool:
     """Whether a write failed for want of space: ENOSPC/EDQUOT on the error or on any error behind it
     (torch.save raises "[enforce fail at inline_container.cc...]" with the OSError as its context)."""
     seen = 0
@@ -77,7 +78,7 @@ def _disk_full(err: BaseException | None) -> bool:
     return False
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

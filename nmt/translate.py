@@ -52,6 +52,7 @@ from nmt.decode import CHUNK_LINES, Hypothesis, SearchOptions, search
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic
 from nmt.models.ensemble import Ensemble
+from nmt.partial import partial_paths, resumable_output
 from nmt.plot import plot_attention
 from nmt.runtime import HALF_DTYPES, inference, pick_device, warn_if_slow_precision
 
@@ -106,6 +107,7 @@ class Translator:
     Attributes:
         max_src_len: longest source (subwords incl. EOS) with the checkpoint's decoding
             settings; longer lines are truncated.
+        sources: path, size and modification time of each checkpoint `from_checkpoint` loaded.
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class Translator:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.device = device
+        self.sources: list[dict[str, Any]] = []  # the checkpoint files, when loaded from them (`from_checkpoint`)
 
     @classmethod
     def from_checkpoint(
@@ -149,7 +152,9 @@ class Translator:
                     raise CheckpointError(f"{p}: its sentencepiece models differ from those of {paths[0]}; "
                                           "ensemble members must share one vocabulary")
             model = Ensemble(members=[m for m, _, _ in loaded])
-        return cls(model, tokenizer, cfg, dev, precision=precision)
+        translator = cls(model, tokenizer, cfg, dev, precision=precision)
+        translator.sources = [file_identity(p) for p in paths]
+        return translator
 
     def set_attention(self, *, layer: int = -1, head: int | None = None) -> None:
         """Choose whose cross-attention a Transformer returns: a decoder layer and a head (None: their mean).
@@ -233,15 +238,16 @@ class Translator:
         it = iter(lines)
         return self.translate_chunks(iter(lambda: list(islice(it, chunk_size)), []), options, **overrides)
 
-    def translate_chunks(self, chunks: Iterable[Sequence[str]], options: SearchOptions | None = None,
-                         **overrides: Any) -> Iterator[list[Translation]]:
+    def translate_chunks(self, chunks: Iterable[Sequence[str]], options: SearchOptions | None = None, *,
+                         first_line: int = 1, **overrides: Any) -> Iterator[list[Translation]]:
         """`translate_nbest` of each chunk of lines in turn, yielding each line's translations as its chunk is done.
 
         For a pipe, chunks can be the lines available so far, so every line is answered
-        without waiting for more input (`nmt.data.text.available_lines`).
+        without waiting for more input (`nmt.data.text.available_lines`). `first_line` is
+        the input line number of the first line, for warnings.
         """
         opts = self._resolve(self.options(options, **overrides))
-        first = 1
+        first = first_line
         for chunk in chunks:
             yield from self._translate([line.rstrip("\r\n") for line in chunk], opts, first_line=first)
             first += len(chunk)
@@ -324,55 +330,101 @@ class Translator:
 
 
 def translate_io(translator: Translator, options: SearchOptions, *, input: str = "-", output: str = "-",
-                 scores: bool = False, plot_dir: str | Path | None = None, progress: bool | None = None) -> int:
+                 scores: bool = False, plot_dir: str | Path | None = None, progress: bool | None = None,
+                 restart: bool = False) -> int:
     """`nmt translate`: translate `input` (a file, or "-" for standard input) into `output` ("-": standard output).
 
     A file is read twice: once to check all of it (UTF-8) and count its lines before
     anything is translated, then to translate it. Standard input from a terminal is
     translated line by line as it is typed (`interactive`); from a pipe, every line is
     answered as soon as it has arrived, so `nmt translate` can serve as a helper process.
-    An output file is written whole or not at all (`write_output`).
+
+    An output file is never half written. From an input file, the lines go to
+    `output.partial` as they are translated, and become `output` when all are done; a
+    run that is stopped leaves them there, and the same command goes on after them
+    (`nmt.partial`; `restart` discards them). From standard input, the output is
+    written whole or not at all (`write_output`).
 
     Args:
         progress: a progress bar on stderr; None: for an input file, when stderr is a
             terminal and the log level shows information.
+        restart: translate from the first line even if a stopped run left some lines.
 
     Returns:
-        The number of lines translated.
+        The number of lines translated by this call.
 
     Raises:
-        UserError: an input or output that `check_io` refuses, or bad input text.
+        UserError: an input or output that `check_io` refuses, bad input text, or a partial
+            output of another input, checkpoint or search settings.
     """
     check_io(input, output)
-    raw = None if input == "-" else open(input, "rb")
-    written = 0
-    write = dict(scores=scores, plot_dir=plot_dir)
-
-    def run(dst: TextIO) -> None:
-        nonlocal written
-        if raw is not None:
-            total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
-            raw.seek(0)
-            show = progress if progress is not None else (
-                sys.stderr.isatty() and logging.getLogger().getEffectiveLevel() <= logging.INFO)
-            written = translate_lines(translator, decode_lines(raw, input), dst, options, progress=show,
-                                      total=total, **write)
-        elif sys.stdin.isatty():
-            written = interactive(translator, sys.stdin, dst, sys.stderr, options, **write)
-        else:
-            chunks = available_lines(sys.stdin.buffer, "<stdin>", max_lines=CHUNK_LINES)
-            written = write_translations(translator, chunks, dst, options, flush=dst is sys.stdout,
-                                         progress=bool(progress), **write)
-
-    try:
+    if input == "-":
         if output == "-":
-            run(sys.stdout)
-        else:
-            write_output(output, run)  # all or nothing: renamed over `output` once complete
-    finally:
-        if raw is not None:
-            raw.close()
-    return written
+            return _translate_stdin(translator, options, sys.stdout, scores=scores, plot_dir=plot_dir,
+                                    progress=progress)
+        written = 0
+
+        def run(dst: TextIO) -> None:
+            nonlocal written
+            written = _translate_stdin(translator, options, dst, scores=scores, plot_dir=plot_dir, progress=progress)
+
+        write_output(output, run)  # all or nothing: renamed over `output` once complete
+        return written
+    with open(input, "rb") as raw:
+        total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
+        raw.seek(0)
+        show = progress if progress is not None else (
+            sys.stderr.isatty() and logging.getLogger().getEffectiveLevel() <= logging.INFO)
+
+        def translate_file(dst: TextIO, done: int = 0) -> int:
+            return translate_lines(translator, islice(decode_lines(raw, input), done, None), dst, options,
+                                   progress=show, total=total, first_line=done + 1, scores=scores, plot_dir=plot_dir)
+
+        if output == "-":
+            return translate_file(sys.stdout)
+        job = translation_job(translator, options, input=input, scores=scores)
+        try:
+            with resumable_output(output, job, restart=restart) as part:
+                return translate_file(part.file, part.done)
+        except BaseException as err:
+            if not isinstance(err, UserError) and partial_paths(output)[0].exists():
+                log.warning("stopped: the lines translated so far are kept in %s; the same command goes on "
+                            "after them (--restart starts over)", partial_paths(output)[0])
+            raise
+
+
+def _translate_stdin(translator: Translator, options: SearchOptions, dst: TextIO, *, progress: bool | None,
+                     **write: Any) -> int:
+    """Standard input: line by line from a terminal; from a pipe, each line answered once it has arrived."""
+    if sys.stdin.isatty():
+        return interactive(translator, sys.stdin, dst, sys.stderr, options, **write)
+    chunks = available_lines(sys.stdin.buffer, "<stdin>", max_lines=CHUNK_LINES)
+    return write_translations(translator, chunks, dst, options, flush=dst is sys.stdout, progress=bool(progress),
+                              **write)
+
+
+def translation_job(translator: Translator, options: SearchOptions, *, input: str | Path, scores: bool) -> dict:
+    """What the output lines of translating file `input` depend on, to tell whether a partial output is this job's.
+
+    The batch budget, the device and the attention settings are left out: they do not
+    change the text (the GPU's fp32 outputs are the CPU's). A seeded sampler starts
+    again from its seed on resuming, so sampled lines after that point differ from an
+    uninterrupted run's.
+    """
+    search_settings = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                       if f.name not in ("max_tokens", "cached", "sync_every", "attention")}
+    if not isinstance(options.strategy, str):
+        search_settings["strategy"] = type(options.strategy).__name__
+    if options.sampling is not None:
+        search_settings["sampling"] = dataclasses.asdict(options.sampling)
+    return {"input": file_identity(input), "checkpoints": translator.sources, "precision": translator.precision,
+            "search": search_settings, "scores": scores}
+
+
+def file_identity(path: str | Path) -> dict[str, Any]:
+    """A file's real path, size and modification time: a changed file shows in one of them."""
+    st = os.stat(path)
+    return {"path": os.path.realpath(path), "bytes": st.st_size, "modified_ns": st.st_mtime_ns}
 
 
 def check_io(input: str, output: str) -> None:
@@ -405,7 +457,7 @@ def translate_lines(
 def write_translations(
     translator: Translator, chunks: Iterable[Sequence[str]], out: TextIO, options: SearchOptions | None = None, *,
     scores: bool = False, plot_dir: str | Path | None = None, progress: bool = False, total: int | None = None,
-    flush: bool = False, **overrides: Any,
+    flush: bool = False, first_line: int = 1, **overrides: Any,
 ) -> int:
     """Translate chunks of lines and write one output line per input line to `out`.
 
@@ -420,6 +472,8 @@ def write_translations(
         options, overrides: search settings (`Translator.options`).
         progress: show a tqdm bar on stderr (never on `out`), of `total` lines if known.
         flush: flush `out` after every line (for pipes and terminals).
+        first_line: the input line number of the first line (after a resumed run's lines),
+            for warnings, plot names and the progress bar (`total` counts every line).
 
     Returns:
         The number of lines written.
@@ -428,15 +482,16 @@ def write_translations(
     if plot_path is not None:
         plot_path.mkdir(parents=True, exist_ok=True)
         overrides["attention"] = True
-    stream = translator.translate_chunks(chunks, options, **overrides)
+    stream = translator.translate_chunks(chunks, options, first_line=first_line, **overrides)
     n = 0
-    with tqdm(total=total, unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(total=total, initial=first_line - 1, unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
         for n, hyps in enumerate(stream, start=1):
             out.write(format_nbest(hyps, scores=scores) + "\n")
             if flush:
                 out.flush()
             if plot_path is not None and hyps[0].attention is not None:
-                _plot(hyps[0], plot_path / f"{n}.png", n)
+                line = first_line + n - 1
+                _plot(hyps[0], plot_path / f"{line}.png", line)
             bar.update(1)
     return n
 

@@ -1,5 +1,7 @@
 """`nmt translate -o FILE`: never the input file, never half written (issue #17, item 1).
 
+A stopped run's lines wait in FILE.partial for the next run: `tests/test_translate_resume.py`.
+
 Through the real CLI (`nmt.cli.main`, and `python -m nmt` where only a process
 shows it) on the randomly initialised checkpoint of `tests/test_translate.py`.
 """
@@ -143,14 +145,15 @@ def test_bad_input_leaves_the_previous_output_and_no_temporary_file(tmp_path, ch
 
 
 def test_a_run_stopped_after_some_lines_leaves_the_previous_output(doc, checkpoints, monkeypatch):
-    """Ctrl-C once two translations are written: exit 130 (Typer's), the old file untouched, no temporary file."""
-    out = doc.parent / "out.txt"
+    """Ctrl-C once two translations are written: exit 130 (Typer's), the old file untouched, no temporary
+    file, and the two lines kept in out.txt.partial for the next run (`tests/test_translate_resume.py`)."""
+    out, partial = doc.parent / "out.txt", doc.parent / "out.txt.partial"
     out.write_text(OLD)
     format_nbest, written = translate_module.format_nbest, []
 
     def then_ctrl_c(*args, **kwargs):
         if len(written) == 2:
-            assert leftovers(doc.parent)  # the lines went to the temporary file
+            assert partial.read_text().splitlines() == written  # each line reaches the file as it is written
             raise KeyboardInterrupt
         written.append(format_nbest(*args, **kwargs))
         return written[-1]
@@ -161,6 +164,7 @@ def test_a_run_stopped_after_some_lines_leaves_the_previous_output(doc, checkpoi
     assert status == 130 and not any("Traceback" in line for line in errors), errors
     assert len(written) == 2
     assert out.read_text() == OLD
+    assert partial.read_text().splitlines() == written
     assert leftovers(doc.parent) == []
 
 
@@ -171,11 +175,12 @@ def test_sigint_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoin
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(checkpoints["transformer"]),
                              "-i", str(src), "-o", str(out), "--beam", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / "out.txt.partial"
     try:
         deadline = time.monotonic() + 120
-        while not leftovers(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+        while not (partial.exists() and partial.stat().st_size) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert leftovers(tmp_path), "the translation never started writing"
+        assert partial.exists() and partial.stat().st_size, "the translation never started writing"
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -184,5 +189,7 @@ def test_sigint_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoin
             proc.communicate()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
+    assert f"the lines translated so far are kept in {partial}; the same command goes on after them" in stderr
     assert out.read_text() == OLD
+    assert partial.read_text().count("\n") > 0
     assert leftovers(tmp_path) == []
