@@ -132,7 +132,8 @@ def translate(
     the same command goes on after them.
     """
     from nmt.decode import Sampling
-    from nmt.translate import Translator, check_io, translate_io
+    from nmt.translate import Translator
+    from nmt.translate_io import check_io, translate_io
 
     if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
         raise UserError("--temperature, --top-k, --top-p and --seed need --sample")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from nmt import cli
-from nmt import translate as translate_module
+from nmt import translate_io as translate_module
 from tests import test_translate
 
 checkpoints = test_translate.checkpoints  # the fixture: randomly initialised tiny models, no training

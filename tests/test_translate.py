@@ -22,7 +22,8 @@ from nmt.decode import Sampling
 from nmt.errors import CheckpointError, UserError
 from nmt.models.transformer import MultiHeadAttention
 from nmt.plot import image_size
-from nmt.translate import Translator, format_nbest, interactive, translate_lines
+from nmt.translate import Translator
+from nmt.translate_io import format_nbest, interactive, translate_lines
 from tests.conftest import tiny_config_dict
 
 runner = CliRunner()

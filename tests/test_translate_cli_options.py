@@ -98,7 +98,8 @@ def test_printed_nbest_scores_are_the_ranking_scores():
     """Ranking divides by the length penalty, so a longer hypothesis can rank first with a lower
     log-probability; the printed scores follow the ranking."""
     from nmt.decode.beam import length_penalty
-    from nmt.translate import Translation, format_nbest
+    from nmt.translate import Translation
+    from nmt.translate_io import format_nbest
 
     lengths, log_probs = (9, 3), (-6.0, -5.0)  # the longer one: less probable, better per token
     hyps = [Translation(text=f"h{n}", score=lp / length_penalty(n + 1, 1.0), log_prob=lp, tokens=["x"] * n,

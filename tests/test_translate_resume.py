@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt import translate as translate_module
+from nmt import translate_io as translate_module
 from tests import test_fileio_disk_full, test_translate
 from tests.test_output_files import leftovers, nmt
 
