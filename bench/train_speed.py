@@ -325,11 +325,11 @@ def main(argv: list[str] | None = None) -> None:
                         row.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
                     rows.append(row)
                     print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+                    if args.json:  # after every row: a later row that kills the process loses none before it
+                        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
     print(format_table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
 
 
 if __name__ == "__main__":
