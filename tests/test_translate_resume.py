@@ -227,3 +227,15 @@ def test_a_full_disk_keeps_the_lines_so_far_for_the_next_run(small_disk, tmp_pat
                       "space and run the same command again to go on from there"]
     assert not out.exists()
     assert partial.read_text().count("\n") > 0
+
+
+def test_attention_plots_go_on_numbering_the_input_lines(doc, checkpoints, monkeypatch):
+    ckpt, out, plots = checkpoints["transformer"], doc.parent / "out.txt", doc.parent / "plots"
+    with monkeypatch.context() as patch:
+        stop_after(patch, 3)
+        translate(patch, ckpt, doc, out, "--attention-plot", str(plots))
+    first = sorted(p.name for p in plots.iterdir())
+    status, errors = translate(monkeypatch, ckpt, doc, out, "--attention-plot", str(plots))
+    assert status == 0, errors
+    assert first == ["1.png", "2.png"]  # line 3 is empty: no attention to draw
+    assert sorted(p.name for p in plots.iterdir()) == [f"{n}.png" for n in (1, 2, 4, 5, 6, 7, 8)]
