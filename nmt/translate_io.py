@@ -32,6 +32,8 @@ from nmt.translate import Translation, Translator
 
 log = logging.getLogger(__name__)
 
+_SEARCH_FIELDS = frozenset(f.name for f in dataclasses.fields(SearchOptions))
+
 
 def translate_io(translator: Translator, options: SearchOptions, *, input: str = "-", output: str = "-",
                  scores: bool = False, plot_dir: str | Path | None = None, progress: bool | None = None,
@@ -145,17 +147,20 @@ def check_io(input: str, output: str) -> None:
 
 def translate_lines(
     translator: Translator, lines: Iterable[str], out: TextIO, options: SearchOptions | None = None, *,
-    chunk_size: int = CHUNK_LINES, **kwargs: Any,
+    chunk_size: int | None = None, **kwargs: Any,
 ) -> int:
-    """Translate `lines`, `chunk_size` at a time, writing one output line per input line to `out`.
+    """Translate `lines`, `chunk_size` at a time (default: `Translator.chunk_lines`), writing one output
+    line per input line to `out`.
 
     `kwargs` are those of `write_translations` and search overrides (`Translator.options`).
     Returns the number of lines written.
     """
-    if chunk_size < 1:
-        raise UserError(f"chunk_size ({chunk_size}) must be at least 1")
+    opts = translator.options(options, **{k: kwargs.pop(k) for k in list(kwargs) if k in _SEARCH_FIELDS})
+    size = translator.chunk_lines(opts) if chunk_size is None else chunk_size
+    if size < 1:
+        raise UserError(f"chunk_size ({size}) must be at least 1")
     it = iter(lines)
-    return write_translations(translator, iter(lambda: list(islice(it, chunk_size)), []), out, options, **kwargs)
+    return write_translations(translator, iter(lambda: list(islice(it, size)), []), out, opts, **kwargs)
 
 
 def write_translations(

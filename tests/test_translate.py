@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import struct
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,33 @@ def test_stream_equals_translate_and_is_bounded(translators, sources, kind):
     first = next(stream)
     assert len(consumed) == 4  # only the first chunk was read
     assert [first, *stream] == tr.translate(lines, beam=2)
+
+
+@pytest.mark.parametrize("beam, max_tokens, chunk", [(5, None, 2000), (1, None, 8000), (2, 20_000, 10_000),
+                                                     (1, 10**6, 32_000)])
+def test_a_stream_reads_as_many_lines_at_a_time_as_a_batch_holds_source_tokens(translators, beam, max_tokens, chunk):
+    """From 2,000 (CHUNK_LINES) up to 32,000 (MAX_CHUNK_LINES) lines; the CPU's budget is 8,000 tokens.
+    Empty lines cost no search, so the chunks can be counted at full size."""
+    tr = translators["transformer"]
+    consumed = [0]
+
+    def empty_lines():
+        while True:
+            consumed[0] += 1
+            yield "\n"
+
+    stream = tr.translate_stream(empty_lines(), beam=beam, max_tokens=max_tokens)
+    assert next(stream) == "" and consumed[0] == chunk
+    assert tr.chunk_lines(tr.options(beam=beam, max_tokens=max_tokens)) == chunk
+
+    class FirstWrite(io.StringIO):  # `nmt translate`'s path: how much input was read before the first line out
+        def write(self, text):
+            self.at = getattr(self, "at", consumed[0])
+            return super().write(text)
+
+    consumed[0], out = 0, FirstWrite()
+    translate_lines(tr, islice(empty_lines(), chunk + 1), out, beam=beam, max_tokens=max_tokens)
+    assert out.at == chunk and out.getvalue() == "\n" * (chunk + 1)
 
 
 def test_sampling_is_reproducible_with_a_seed(translators, sources):

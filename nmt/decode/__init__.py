@@ -7,12 +7,13 @@ parametrised by.
 
 from nmt.decode.beam import beam_step, coverage_penalty, length_penalty
 from nmt.decode.greedy import greedy_step
-from nmt.decode.options import CHUNK_LINES, SearchOptions, StepFn
+from nmt.decode.options import CHUNK_LINES, MAX_CHUNK_LINES, SearchOptions, StepFn
 from nmt.decode.sampling import Sampling, filter_logits, sample_step
 from nmt.decode.search import Hypothesis, beam_search, greedy_search, search
 
 __all__ = [
     "CHUNK_LINES",
+    "MAX_CHUNK_LINES",
     "SearchOptions",
     "Hypothesis",
     "Sampling",

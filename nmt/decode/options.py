@@ -21,8 +21,11 @@ from nmt.decode.greedy import greedy_step
 from nmt.decode.sampling import Sampling, make_sample_step
 
 CHUNK_LINES = 2000
-"""Lines a stream is read and translated at a time: memory stays bounded on files of any size,
-and each chunk is sorted by length into batches."""
+"""Lines a stream is read and translated at a time, at least (`Translator.chunk_lines`): memory
+stays bounded on files of any size, and each chunk is sorted by length into batches."""
+
+MAX_CHUNK_LINES = 32_000
+"""The most lines a stream is read and translated at a time (`Translator.chunk_lines`)."""
 
 
 class StepFn(Protocol):
