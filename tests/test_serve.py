@@ -151,5 +151,6 @@ def test_cli_serves_until_interrupted(checkpoint):
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
+        rest = proc.stderr.read()  # what it said after the address, to see why it failed
         proc.stderr.close()
-    assert rc == 0
+    assert rc == 0, rest[-3000:]
