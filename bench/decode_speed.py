@@ -1,11 +1,15 @@
 """Decoding speed of a checkpoint: greedy and beam search, with and without incremental caches.
 
-    python bench/decode_speed.py CHECKPOINT FILE [--limit N] [--beam 5] [--threads T] [--device cpu]
-        [--precision fp32,bf16] [--max-tokens N] [--repeat R] [--ref REFERENCES] [--outputs DIR] [--against DIR]
+    python bench/decode_speed.py CHECKPOINT FILE [--limit N] [--copies K] [--beam 5] [--threads T] [--device cpu]
+        [--precision fp32,bf16] [--max-tokens N] [--chunk-lines N] [--repeat R] [--ref REFERENCES]
+        [--outputs DIR] [--against DIR]
 
 FILE holds one source sentence per line (plain text or .gz). Each setting
-translates the same lines through `Translator.translate_nbest` (tokenization,
-length-sorted token-budget batches, search, detokenization), after a short
+translates the same lines as `nmt translate` does, through
+`Translator.translate_stream_nbest`: chunks of `Translator.chunk_lines` lines
+(`--chunk-lines` to choose), each tokenized, sorted into length-sorted token-budget
+batches, searched and detokenized. A test set is usually one chunk; `--copies K`
+translates FILE K times over, as a file of K times its lines would be. Each row runs after a short
 warm-up, `--repeat` rounds (the fastest is reported; `first s` is the first
 round's wall time, which also pays the process's first-time costs for the
 full batch shapes). Prints sentences/s, target tokens/s (output subwords, EOS included),
@@ -78,7 +82,7 @@ def _rss_mib() -> float:
 
 
 def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: bool, max_tokens: int | None,
-                repeat: int = 1) -> dict:
+                repeat: int = 1, chunk_lines: int | None = None) -> dict:
     """Translate `lines` `repeat` times after a short warm-up; the row is the fastest round.
 
     The first round after the warm-up also pays what a process pays once per new
@@ -94,7 +98,8 @@ def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: 
     with PeakRSS() as rss:
         for _ in range(repeat):
             start = time.perf_counter()
-            out = translator.translate_nbest(lines, beam=beam, cached=cached, max_tokens=max_tokens)
+            out = list(translator.translate_stream_nbest(lines, beam=beam, cached=cached, max_tokens=max_tokens,
+                                                         chunk_size=chunk_lines))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             rounds.append(time.perf_counter() - start)
@@ -104,6 +109,7 @@ def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: 
     return {"sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds, "seconds": seconds,
             "first_seconds": rounds[0], "rounds": repeat,
             "max_tokens": translator.max_tokens_for(max_tokens), "precision": translator.precision,
+            "chunk_lines": chunk_lines or translator.chunk_lines(translator.options(beam=beam, max_tokens=max_tokens)),
             "target_tokens": tokens, "peak_mem_mib": peak, "mem": "cuda_max_allocated" if device.type == "cuda" else "rss",
             "outputs": [n[0].text for n in out]}
 
@@ -113,6 +119,7 @@ def main() -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("file", help="source sentences, one per line (.gz allowed)")
     parser.add_argument("--limit", type=int, default=0, help="first N lines only (0: all)")
+    parser.add_argument("--copies", type=int, default=1, help="translate the lines this many times over, as one file")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default="auto")
@@ -120,6 +127,8 @@ def main() -> None:
                         help="comma-separated, each row's: auto (fp32), fp32, bf16, fp16")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="batch budget, padded source tokens x beam (default: the checkpoint's; 0: by device)")
+    parser.add_argument("--chunk-lines", type=int, default=None,
+                        help="lines read and translated at a time (default: as nmt translate, Translator.chunk_lines)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="time each row this many rounds and report the fastest; `first s` shows the first round")
     parser.add_argument("--only", choices=["greedy", "beam"], default=None, help="run one search only")
@@ -142,22 +151,26 @@ def main() -> None:
     refs = read_lines(args.ref)[: len(lines)] if args.ref else None
     if refs is not None and len(refs) != len(lines):
         parser.error(f"--ref {args.ref}: {len(refs)} lines for {len(lines)} sources")
-    if args.repeat < 1:
-        parser.error(f"--repeat {args.repeat}: give 1 or more rounds")
+    for name, unit in (("repeat", "rounds"), ("copies", "copies"), ("chunk_lines", "lines")):
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # --chunk-lines: None by default
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: give 1 or more {unit}")
+    lines, refs = lines * args.copies, refs * args.copies if refs is not None else None
     if args.outputs:
         args.outputs.mkdir(parents=True, exist_ok=True)
     results = {}
     for precision in args.precision.split(","):
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=precision)
-        print(f"{len(lines)} sentences from {args.file}; device {translator.device}, precision "
+        copies = f" ({args.copies} copies)" if args.copies > 1 else ""
+        print(f"{len(lines)} sentences from {args.file}{copies}; device {translator.device}, precision "
               f"{translator.precision}, {torch.get_num_threads()} threads")
         print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'first s':>8} {'tokens':>7} {'peak MiB':>9} "
-              f"{'max_tokens':>10} {'precision':>9} {'BLEU':>6} {'same as --against':>17}")
+              f"{'max_tokens':>10} {'chunk':>6} {'precision':>9} {'BLEU':>6} {'same as --against':>17}")
         for name, beam, cached in SETTINGS:
             if (args.only and name != args.only) or (args.cached_only and not cached):
                 continue
             beam = beam or args.beam
-            r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens, repeat=args.repeat)
+            r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens, repeat=args.repeat,
+                            chunk_lines=args.chunk_lines)
             search = f"{name}{beam}_{'cached' if cached else 'uncached'}"
             results[f"{search}_{translator.precision}"] = r
             r["bleu"] = score(r["outputs"], refs)["bleu"] if refs is not None else None
@@ -168,14 +181,15 @@ def main() -> None:
             same = f"{r['identical']}/{len(lines)}" if r["identical"] is not None else "-"
             print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "
                   f"{r['tokens_per_s']:9.1f} {r['seconds']:8.2f} {r['first_seconds']:8.2f} {r['target_tokens']:7d} {r['peak_mem_mib']:9.0f} "
-                  f"{r['max_tokens']:10d} {r['precision']:>9} {bleu} {same:>17}", flush=True)
+                  f"{r['max_tokens']:10d} {r['chunk_lines']:6d} {r['precision']:>9} {bleu} {same:>17}", flush=True)
             if args.profile:  # after the timing, which it would slow down
                 trace = None
                 if args.trace:
                     args.trace.mkdir(parents=True, exist_ok=True)
                     trace = args.trace / f"{search}_{translator.precision}.json"
                 with Profile(translator.device, trace=trace) as prof:
-                    translator.translate_nbest(lines, beam=beam, cached=cached, max_tokens=args.max_tokens)
+                    list(translator.translate_stream_nbest(lines, beam=beam, cached=cached, max_tokens=args.max_tokens,
+                                                           chunk_size=args.chunk_lines))
                 print(f"{search} {translator.precision}: {prof.summary(len(lines), 'sentence')}", flush=True)
         for name in ("greedy1", f"beam{args.beam}"):
             c = results.get(f"{name}_cached_{translator.precision}")

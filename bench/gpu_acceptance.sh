@@ -23,7 +23,8 @@
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
 #              first on the CPU (outputs kept), then on CUDA in fp32 and bf16, 3 rounds each, counted
-#              against the CPU's lines, with a profile                                 (about 8 min)
+#              against the CPU's lines, with a profile; then the test set 20 times over as one file, in
+#              chunks sized by the batch budget and in chunks of 2,000 lines            (about 8 min)
 #   experiments  the other five Multi30k experiments (Transformer with dropout 0.1, en-de Transformer,
 #              Bahdanau, Luong and no-attention RNNs), each `nmt experiment` in fp32 for TRAIN_SECONDS
 #              (default 60 here) and scored on both test sets; EXPERIMENTS names others (about 9 min)
@@ -97,7 +98,11 @@ case $stage in
             --only beam --cached-only)
     run "$py" "${decode[@]}" --device cpu --outputs "$out/cpu" --json "$out/decode_cpu.json"
     run "$py" "${decode[@]}" --device "$device" --precision fp32,bf16 --repeat 3 --against "$out/cpu" \
-      --outputs "$out/cuda" --json "$out/decode_cuda.json" --profile ;;
+      --outputs "$out/cuda" --json "$out/decode_cuda.json" --profile
+    # a file of 20,000 lines, read in chunks as nmt translate reads it: chunks sized by the batch budget,
+    # then the 2,000 lines of every chunk before (one full batch and one small one each)
+    run "$py" "${decode[@]}" --device "$device" --copies 20 --json "$out/decode_file.json"
+    run "$py" "${decode[@]}" --device "$device" --copies 20 --chunk-lines 2000 --json "$out/decode_file_2000.json" ;;
   experiments)
     for e in ${EXPERIMENTS:-multi30k_transformer_dropout01 multi30k_transformer_en_de multi30k_rnn_bahdanau \
               multi30k_rnn_luong_general multi30k_rnn_noattn}; do

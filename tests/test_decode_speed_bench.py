@@ -46,6 +46,14 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     assert second.stdout.count("profile of 30 sentences, sorted by self CPU time") == 2
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["beam2_cached_bf16.json", "beam2_cached_fp32.json"]
 
+    copies = _bench(ckpt, src, "--ref", ref, "--copies", "3", "--chunk-lines", "7", "--outputs", str(tmp_path / "copies"),
+                    "--json", str(tmp_path / "copies.json"))
+    assert copies.returncode == 0, copies.stderr[-2000:]
+    assert "90 sentences from" in copies.stdout and "(3 copies)" in copies.stdout
+    assert json.loads((tmp_path / "copies.json").read_text())["beam2_cached_fp32"]["chunk_lines"] == 7
+    # chunks of 7 lines, as `nmt translate` reads a file, translate each line as one batch of all did
+    assert (tmp_path / "copies" / "beam2_cached.txt").read_text(encoding="utf-8").splitlines() == saved * 3
+
     short = tmp_path / "short.en"
     short.write_text("one line\n", encoding="utf-8")
     mismatch = _bench(ckpt, str(short), "--against", str(tmp_path / "first"))
