@@ -93,9 +93,10 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
             with resumable_output(output, job, restart=restart) as part:
                 return translate_file(part.file, part.done)
         except BaseException as err:
-            if not isinstance(err, UserError) and partial_paths(output)[0].exists():
+            kept = partial_paths(output)[0]
+            if not isinstance(err, UserError) and kept.exists():
                 log.warning("stopped: the lines translated so far are kept in %s; the same command goes on "
-                            "after them (--restart starts over)", partial_paths(output)[0])
+                            "after them (--restart starts over)", kept)
             raise
 
 
