@@ -18,7 +18,9 @@
 #              reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes auto), one
 #              graph per length bucket: the Multi30k shape in fp32 and bf16, Transformer-base in bf16 (the
 #              acceptance rows); then the Multi30k shape in bf16 with lengths not rounded up (a graph per
-#              length)                                                                 (about 8 min)
+#              length). The rows compile as the probe found working: dynamic shapes, else a graph per
+#              batch shape (train.compile_dynamic=false, also tried when the first row dies of a signal),
+#              else the default mode                                                   (about 8 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -76,16 +78,31 @@ case $stage in
   graphs)
     # first, whether torch.compile itself trains here, in each mode, with dynamic and static shapes
     # (nmt compiles dynamic), each probe in its own process: about a minute, all four side by side
-    run "$py" bench/compile_probe.py --device "$device"
+    run "$py" bench/compile_probe.py --device "$device" --json "$out/probe.json"
+    # then compile as the probe found torch.compile working here: with dynamic shapes as nmt does, else a
+    # graph per batch shape, else the default mode (no CUDA graphs), so that the stage still gives rows
+    advice=$("$py" bench/compile_probe.py --advise reduce-overhead "$out/probe.json" 2>/tmp/graphs_advice.txt)
+    log "$(cat /tmp/graphs_advice.txt)"
+    read -ra compile <<< "$advice"
     # the acceptance rows first (Multi30k shape in fp32 and bf16, Transformer-base in bf16), each call
     # writing its JSON, so that a stage cut short by the device's time limit still leaves them
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config \
-      --precisions fp32,bf16 --compile reduce-overhead --steps $steps --json "$out/graphs.json" ${TRAIN_ARGS:-}
+    acceptance=("$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16
+                --steps $steps --json "$out/graphs.json")
+    run "${acceptance[@]}" "${compile[@]}" ${TRAIN_ARGS:-}
+    rc=$?
+    # a row that dies of a signal while dynamic shapes passed the probe: once more with a graph per shape,
+    # where the stage has the time for it
+    if ((rc > 128)) && [[ " ${compile[*]} " != *compile_dynamic=false* && ${compile[1]} == reduce-overhead ]] \
+        && ((SECONDS < 240)); then
+      compile+=(--set train.compile_dynamic=false)
+      log "retrying with a graph per batch shape: ${compile[*]}"
+      run "${acceptance[@]}" "${compile[@]}" ${TRAIN_ARGS:-}
+    fi
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base \
-      --precisions bf16 --compile reduce-overhead --steps $steps --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
+      --precisions bf16 "${compile[@]}" --steps $steps --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
     # lengths unrounded: a graph per distinct length, but no padding on Multi30k's short sentences
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
-      --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" ${TRAIN_ARGS:-} ;;
+      "${compile[@]}" --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" ${TRAIN_ARGS:-} ;;
   multi30k)
     run_dir=/tmp/gpu_multi30k_transformer
     run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \

@@ -1,8 +1,10 @@
-"""bench/compile_probe.py on the CPU: a compiled probe trains as its eager twin does, and a probe that
-fails is reported with its exit status and last lines while the others still run."""
+"""bench/compile_probe.py on the CPU: a compiled probe trains as its eager twin does, a probe that
+fails is reported with its exit status and last lines while the others still run, and the probes'
+results choose how the GPU stage compiles its rows."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,12 +16,44 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow  # compiles a small model (about 30 s here); CI runs it with make test-slow
-def test_the_compile_probe_reports_each_mode_alone():
+def test_the_compile_probe_reports_each_mode_alone(tmp_path: Path):
+    results = tmp_path / "probe.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "compile_probe.py"), "--device", "cpu",
-                           "--modes", "default,no-such-mode", "--dynamic", "true"],
+                           "--modes", "default,no-such-mode", "--dynamic", "true", "--json", str(results)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     ok = re.search(r"^default +true +ok: [\d.]+ s, largest loss difference from eager (\S+)$", proc.stdout, re.M)
     assert ok and float(ok.group(1)) < 1e-4, proc.stdout
     assert re.search(r"^no-such-mode +true +FAILED \(exit status 1\); its last lines:$", proc.stdout, re.M)
     assert "Unrecognized mode=no-such-mode" in proc.stdout
+    written = {r["mode"]: r for r in json.loads(results.read_text())}
+    assert written["default"]["ok"] and f"{written['default']['max_loss_diff']:.2e}" == ok.group(1)
+    assert not written["no-such-mode"]["ok"] and written["no-such-mode"]["failure"] == "exit status 1"
+    assert advise(results, "default") == "--compile default"
+
+
+def advise(results: Path, mode: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "compile_probe.py"), "--advise", mode, str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr.startswith("compile_probe: "), proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize(("dynamic_ok", "static_ok", "expected"), [
+    (True, True, "--compile reduce-overhead"),
+    (True, False, "--compile reduce-overhead"),
+    (False, True, "--compile reduce-overhead --set train.compile_dynamic=false"),
+    (False, False, "--compile on"),
+])
+def test_the_probes_choose_how_the_gpu_stage_compiles(tmp_path: Path, dynamic_ok, static_ok, expected):
+    results = tmp_path / "probe.json"
+    results.write_text(json.dumps([
+        {"mode": "default", "dynamic": "true", "ok": True},
+        {"mode": "reduce-overhead", "dynamic": "true", "ok": dynamic_ok},
+        {"mode": "reduce-overhead", "dynamic": "false", "ok": static_ok},
+    ]))
+    assert advise(results, "reduce-overhead") == expected
+
+
+def test_without_probe_results_the_gpu_stage_compiles_as_asked(tmp_path: Path):
+    assert advise(tmp_path / "missing.json", "reduce-overhead") == "--compile reduce-overhead"
