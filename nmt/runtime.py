@@ -13,7 +13,7 @@ import logging
 import os
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -309,12 +309,57 @@ def shutdown_distributed() -> None:
 
 
 def all_reduce(values: list[float], device: torch.device, ctx: Dist, op: str = "sum") -> list[float]:
-    """Sum (or `op="max"`) floats over ranks; the identity in a single process."""
+    """Sum (or `op="max"`) floats over ranks; the identity in a single process. Waits for the result."""
     if not ctx.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return t.tolist()
+    return reduce_on_device(values, device, ctx, op=op).tolist()
+
+
+def reduce_on_device(values: Sequence[float], device: torch.device, ctx: Dist, *, op: str = "sum",
+                     dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """`values` summed (or `op="max"`) over ranks into a tensor on `device`, which nothing here reads.
+
+    The host queues the copy and the collective and goes on: on CUDA the values travel
+    from pinned memory behind the work already queued, and NCCL reduces them on the
+    device's stream. (`torch.tensor(values, device=...)` would wait for that work first.)
+    """
+    if device.type == "cuda":
+        t = torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    else:
+        t = torch.tensor(values, dtype=dtype, device=device)
+    if ctx.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t
+
+
+class HostCopy:
+    """Small tensors copied to the host as the device gets to them, read later without waiting for more.
+
+    Reading a value on the device (`.item()`, `bool(t)`, `.tolist()`) waits for every
+    kernel queued on its stream so far. The training loop reads an update's outcome
+    after it has queued the next update; such a read would wait for that one as well,
+    and the GPU would then idle while the host prepares the update after it. Here the
+    values are copied into pinned host memory right behind the kernels that compute
+    them, and `values()` waits for that copy alone (a CUDA event). Elsewhere the values
+    are read when asked for.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._event: torch.cuda.Event | None = None
+        if tensors and all(t.device.type == "cuda" for t in tensors):
+            self._values = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            for host, t in zip(self._values, tensors, strict=True):
+                host.copy_(t.detach(), non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._values = [t.detach() for t in tensors]
+
+    def values(self) -> list[Any]:
+        """The tensors' values as Python numbers or lists, in order (waits for the device to reach them)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return [t.tolist() for t in self._values]
 
 
 def all_gather(obj: Any, ctx: Dist) -> list[Any]:

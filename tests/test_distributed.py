@@ -7,9 +7,11 @@ there, two ranks would need two GPUs. The check on processes per GPU is in tests
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import torch.multiprocessing as mp
 from nmt.config import ExperimentConfig
 from nmt.errors import UserError
 from nmt.experiment import run_experiment
+from nmt.train.faults import Interrupted
 from nmt.train.loop import train, train_run
 from nmt.train.setup import build_run
 from tests.conftest import ROOT
@@ -62,6 +65,26 @@ def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, ou
         run.close()
     with open(f"{out}/rank{rank}.threads.json", "w", encoding="utf-8") as f:
         json.dump(_threads(), f)
+
+
+def _signalled_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """A training rank; rank 1 alone sends itself SIGTERM in the backward pass of its third update."""
+    _as_rank(rank, world_size, port)
+    run = build_run(cfg)
+    try:
+        if rank == 1:
+            backward = itertools.count(1)
+            first = next(run.trainable.model.parameters())
+            first.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGTERM) if next(backward) == 3 else None)
+        try:
+            train_run(run)
+            outcome = {"interrupted": False}
+        except Interrupted as err:
+            outcome = {"interrupted": True, "signal": err.signum, "step": err.step, "checkpoint": str(err.checkpoint)}
+    finally:
+        run.close()
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(outcome, f)
 
 
 def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
@@ -138,6 +161,33 @@ def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, t
     assert {v.dtype for v in ranks[0]["model"].values() if v.is_floating_point()} == {torch.float32}
     assert ranks[0]["summary"]["step"] == 3
     assert same_weights(ranks[0]["model"], weights(tmp_path / "ddp" / "ckpt_3.pt"))
+
+
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run_resumes(small_corpus, tmp_path):
+    """The ranks share their wishes to stop on the device with each update and read them when that update
+    settles, one update later: all stop together, with one checkpoint, and the run resumes from it exactly."""
+    settings = {"max_steps": 8, "valid_every": 100, "device": "cpu"}
+    cfg = tiny_cfg(small_corpus, tmp_path / "stopped", **settings)
+    cfg.model.transformer.dropout = 0.0
+    start_ranks(_signalled_rank, 2, cfg, tmp_path)
+
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert outcomes[0] == outcomes[1]  # rank 0 received nothing, yet stopped with rank 1
+    # the signal came during update 3; the ranks read their agreed wishes as update 3 settles, once
+    # update 4 is queued, so both stop after update 4
+    assert outcomes[0] == {"interrupted": True, "signal": signal.SIGTERM, "step": 4,
+                           "checkpoint": str(tmp_path / "stopped" / "ckpt_4.pt")}
+    records = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if r["event"] == "interrupted"] == [
+        {"event": "interrupted", "step": 4, "signal": signal.SIGTERM}]
+
+    resumed = run_ranks(cfg, 2, tmp_path)  # the same run again: resumes at update 5
+    straight_cfg = tiny_cfg(small_corpus, tmp_path / "straight", **settings)
+    straight_cfg.model.transformer.dropout = 0.0
+    straight = run_ranks(straight_cfg, 2, tmp_path)
+    assert resumed[0]["summary"]["step"] == straight[0]["summary"]["step"] == 8
+    assert same_weights(resumed[0]["model"], straight[0]["model"])
+    assert same_weights(resumed[0]["model"], resumed[1]["model"])
 
 
 def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):

@@ -13,7 +13,14 @@ import torch
 
 from nmt import cli, runtime
 from nmt.errors import UserError
-from nmt.runtime import Dist, check_gpus_per_node, init_distributed, pick_device
+from nmt.runtime import (
+    Dist,
+    HostCopy,
+    check_gpus_per_node,
+    init_distributed,
+    pick_device,
+    reduce_on_device,
+)
 
 
 @pytest.mark.parametrize(("local_rank", "local_world_size", "device_count"), [
@@ -177,3 +184,27 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_nothing_else_does(cap
         runtime.warn_if_slow_precision(torch.device("cpu"), "fp16", "train.precision:")
         runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "train.precision:")
     assert caplog.text == ""
+
+
+def test_host_copy_gives_the_values_as_python_numbers():
+    values = HostCopy([torch.tensor(True), torch.tensor([3.0, 0.0]), torch.tensor(7)]).values()
+    assert values == [True, [3.0, 0.0], 7] and type(values[2]) is int
+
+
+def test_reduce_on_device_in_one_process_keeps_the_values_in_a_tensor():
+    t = reduce_on_device([3, 4], torch.device("cpu"), Dist(), dtype=torch.int64)
+    assert t.dtype == torch.int64 and t.tolist() == [3, 4]
+
+
+@pytest.mark.gpu
+def test_on_cuda_neither_waits_for_the_work_queued_after_its_values():
+    """What lets the training loop read an update's outcome with the next update still running."""
+    x = torch.arange(5, device="cuda")
+    copy = HostCopy([x.sum(), x > 2])
+    torch.cuda._sleep(2_000_000_000)  # a kernel of about a second, queued behind the copy
+    assert copy.values() == [10, [False, False, False, True, True]]
+    assert not torch.cuda.current_stream().query()  # the sleep still runs: the read did not wait for it
+    sums = reduce_on_device([1, 2], torch.device("cuda"), Dist(), dtype=torch.int64)
+    assert not torch.cuda.current_stream().query()  # queued behind the sleep, not waited for
+    assert sums.tolist() == [1, 2]
+    assert torch.cuda.current_stream().query()  # reading the tensor itself waits for everything

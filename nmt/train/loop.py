@@ -37,7 +37,7 @@ from nmt.config import ExperimentConfig, config_to_dict
 from nmt.data.batching import Batch
 from nmt.metrics import METRICS
 from nmt.models import count_parameters
-from nmt.runtime import all_gather, all_reduce, peak_memory_mb, rng_states
+from nmt.runtime import HostCopy, all_gather, peak_memory_mb, reduce_on_device, rng_states
 from nmt.train.data import batch_loader, batch_padding
 from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
 from nmt.train.loss import perplexity
@@ -53,13 +53,21 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class _Launched:
+    """An update queued on the device, with what the loop reads of it when it settles."""
+
+    result: StepResult
+    host: HostCopy  # skipped, then under torchrun the ranks' agreed wishes to stop (signal, out of time)
+
+
+@dataclass
 class _Window:
     """Sums over the updates since the last log line (loss, nll and grad_norm stay on the device until logged)."""
 
     loss: Any = 0.0
     nll: Any = 0.0
     tokens: int = 0
-    update_tokens: int = 0
+    update_tokens: Any = 0  # an int, or a tensor on the device under DDP
     grad_norm: Any = 0.0
     steps: int = 0
     t0: float = field(default_factory=time.perf_counter)
@@ -114,6 +122,7 @@ class _Loop:
         self.n_params = count_parameters(self.model)
         self.saved_step = self.p.step if self.p.step else -1
         self.bad_steps = 0
+        self.stop: tuple[int, bool] | None = None  # (signal, out of time) once known; agreed by the ranks under torchrun
         self.metric = METRICS[early_stop_metric(cfg)]
         self.metrics = MetricsLog(self.run_dir, resume_step=self.p.step, enabled=self.ctx.is_main,
                                   tensorboard=self.tc.tensorboard)
@@ -126,7 +135,9 @@ class _Loop:
         self.session_start = time.perf_counter() - p.train_seconds
         if self.tc.init_from and p.step == 0 and p.validated_step < 0:
             self._validate_and_save()  # where fine-tuning starts: the parent's scores on this validation set
-        reason = self._stop_reason(signum=0)  # a finished run started again has nothing to do
+        if self._out_of_time():  # a finished run started again has nothing to do (its time, from the
+            self.stop = (0, True)  # checkpoint, is the same on every rank)
+        reason = self._stop_reason()
         if reason is None:
             with StopSignals() as signals, contextlib.closing(self._groups()) as groups:
                 reason = self._train(groups, signals)
@@ -171,9 +182,11 @@ class _Loop:
 
         The outcome of an update (applied, or skipped as non-finite) is read one
         update late: the next update is already queued on the device when the
-        loop waits for the previous one, so the GPU never idles on the host. It is
-        read at once when the next step number is a log, validation, checkpoint or
-        stop point, so those always see every update before them.
+        loop waits for the previous one (and for it alone: `HostCopy`), so the GPU
+        never idles on the host. It is read at once when the next step number is a
+        log, validation, checkpoint or stop point, so those always see every update
+        before them. Under torchrun the same holds: the ranks agree on stopping
+        through values reduced on the device and read with the update's outcome.
         """
         p, tc = self.p, self.tc
         # A bar only on a terminal (disable=None); log lines go above it, not onto it.
@@ -185,37 +198,59 @@ class _Loop:
 
     def _updates(self, groups: Iterator[list[Batch]], signals: StopSignals, bar: tqdm) -> str:
         p, tc = self.p, self.tc
-        pending: StepResult | None = None
+        pending: _Launched | None = None
         try:
             for group in groups:
-                result = self._update(group)
+                launched = self._launch(group, signals.signum)
                 if pending is not None:
                     self._settle(pending, bar)
-                pending = result
-                p.train_seconds = time.perf_counter() - self.session_start
-                signum = signals.signum  # read once: a signal arriving now waits for the next update
-                if self._is_checkpoint(p.step + 1) or signum or (tc.max_time and p.train_seconds >= tc.max_time):
+                pending = launched
+                if self._is_checkpoint(p.step + 1) or self.stop is not None:
                     self._settle(pending, bar)
                     pending = None
-                reason = self._stop_reason(signum)
+                reason = self._stop_reason()
                 if reason:
                     return reason
             if pending is not None:
                 self._settle(pending, bar)
-            return f"max_epochs={tc.max_epochs}"
+            return self._stop_reason() or f"max_epochs={tc.max_epochs}"
         finally:
             bar.close()
+
+    def _launch(self, group: list[Batch], signum: int) -> _Launched:
+        """Queue one update, and with it this process's wish to stop (a signal, or `train.max_time` reached).
+
+        In a single process a wish is followed at once. Under torchrun the ranks share
+        their wishes on the device with each update, and the loop reads them, agreed,
+        when it settles that update: every rank then stops after the same update.
+        """
+        result = self._update(group)
+        self.p.train_seconds = time.perf_counter() - self.session_start
+        wish = (signum, self._out_of_time())
+        if not self.ctx.enabled:
+            if any(wish):
+                self.stop = wish
+            return _Launched(result, HostCopy([result.skipped]))
+        wishes = reduce_on_device(wish, self.device, self.ctx, op="max")  # read when the update settles
+        return _Launched(result, HostCopy([result.skipped, wishes]))
+
+    def _out_of_time(self) -> bool:
+        return bool(self.tc.max_time and self.p.train_seconds >= self.tc.max_time)
 
     def _is_checkpoint(self, step: int) -> bool:
         """Whether reaching `step` logs, validates, saves or stops, so it must be known at once."""
         tc = self.tc
         return (step % tc.log_every == 0 or step == 1 or step % tc.valid_every == 0
-                or bool(tc.save_every and step % tc.save_every == 0) or bool(tc.max_steps and step >= tc.max_steps)
-                or self.ctx.enabled)  # ranks agree on stopping every step (_stop_reason)
+                or bool(tc.save_every and step % tc.save_every == 0) or bool(tc.max_steps and step >= tc.max_steps))
 
-    def _settle(self, result: StepResult, bar: tqdm) -> None:
-        """Count an update whose outcome is now read (this waits for it on the device)."""
-        if result.updated:
+    def _settle(self, launched: _Launched, bar: tqdm) -> None:
+        """Count an update whose outcome is now read (this waits for the device to finish it, not the next one)."""
+        skipped, *wishes = launched.host.values()
+        if wishes and any(wishes[0]):  # under torchrun: the ranks' wishes to stop, agreed
+            signum, out_of_time = wishes[0]
+            self.stop = (int(signum), bool(out_of_time))
+        result = launched.result
+        if not skipped:
             self.bad_steps = 0
             self.p.step += 1
             self.window.add(result)
@@ -260,10 +295,14 @@ class _Loop:
                 f"or raise train.warmup_steps{', or use bf16 instead of fp16' if fp16 else ''}; "
                 f"the last good checkpoint is {last or 'none yet'}")
 
-    def _stop_reason(self, signum: int) -> str | None:
+    def _stop_reason(self) -> str | None:
+        """Why training stops after the updates settled so far, or None; a signal saves a checkpoint and raises.
+
+        Every input is the same on every rank: the step count, the validations, and the
+        wishes to stop as agreed (`_launch`).
+        """
         p, tc = self.p, self.tc
-        out_of_time = bool(tc.max_time and p.train_seconds >= tc.max_time)
-        signum, out_of_time = all_reduce([signum, float(out_of_time)], self.device, self.ctx, op="max")  # ranks agree
+        signum, out_of_time = self.stop or (0, False)
         if signum:
             path = self._save() if self.saved_step != p.step else self.run_dir / f"ckpt_{p.step}.pt"
             self.metrics.write({"event": "interrupted", "step": p.step, "signal": int(signum)})
@@ -284,8 +323,8 @@ class _Loop:
             "event": "train", "step": p.step, "epoch": p.epoch,
             "loss": round(float(w.loss) / max(w.tokens, 1), 4), "ppl": round(perplexity(float(w.nll), max(w.tokens, 1)), 2),
             "lr": lr, "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
-            "tokens_per_s": round(w.update_tokens / seconds, 1),
-            "tokens_per_update": round(w.update_tokens / max(w.steps, 1), 1),
+            "tokens_per_s": round(float(w.update_tokens) / seconds, 1),
+            "tokens_per_update": round(float(w.update_tokens) / max(w.steps, 1), 1),
             **peak_memory_mb(self.device),
         }
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")

@@ -2,7 +2,8 @@
 
 Nothing here waits for the GPU: the loss, the gradient norm and the "skipped"
 flag stay on the device, and a non-finite update is skipped there too (the fused
-Adam kernels take a `found_inf` flag, as with a gradient scaler). The training
+Adam kernels take a `found_inf` flag, as with a gradient scaler). Under DDP the
+update's token count is summed over ranks on the device as well. The training
 loop reads these values later, when the device has moved on (`nmt.train.loop`).
 """
 
@@ -18,7 +19,7 @@ from torch.profiler import record_function
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Batch
-from nmt.runtime import Dist, all_reduce, autocast
+from nmt.runtime import Dist, autocast, reduce_on_device
 from nmt.train.half import HalfCopy
 from nmt.train.optim import Schedule
 
@@ -55,7 +56,7 @@ class StepResult:
     loss: Tensor  # summed smoothed loss of this rank's batches
     nll: Tensor  # summed negative log-likelihood of this rank's batches
     tokens: int  # target tokens of this rank's batches
-    update_tokens: int  # target tokens of the whole update, over all ranks
+    update_tokens: int | Tensor  # target tokens of the whole update, over all ranks (on the device under DDP)
     grad_norm: Tensor  # before clipping
     skipped: Tensor  # bool
 
@@ -83,8 +84,11 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
     objective, optimizer, scaler, half = t.objective, t.optimizer, t.scaler, t.half
     precision = "fp32" if half is not None else tc.precision  # the copy is bf16 already: no autocast
     tokens = sum(b.ntokens for b in group)
-    update_tokens = int(all_reduce([tokens], device, ctx)[0])
-    weight = ctx.world_size / max(update_tokens, 1)  # DDP averages over ranks; undo that
+    if ctx.enabled:  # summed over ranks on the device: reading the sum here would wait for the last update
+        update_tokens: int | Tensor = reduce_on_device([tokens], device, ctx, dtype=torch.int64)[0]
+        weight: float | Tensor = ctx.world_size / update_tokens.clamp(min=1).float()  # DDP averages over ranks; undo that
+    else:
+        update_tokens, weight = tokens, 1 / max(tokens, 1)
     loss_sum = nll_sum = torch.zeros((), device=device)
     if t.graphs:  # a new update: the graphs' outputs of the last one (copied below) may be overwritten
         torch.compiler.cudagraph_mark_step_begin()
