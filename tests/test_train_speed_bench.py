@@ -1,5 +1,6 @@
 """bench/train_speed.py end to end on the toy corpus: each precision row trains, and the bf16 copy dispatches
-about as few operations per update as fp32 while autocast adds its casts."""
+about as few operations per update as fp32 while autocast adds its casts; bench/batch_speed.py builds the
+same batches both ways."""
 
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_host_syncs_counts_each_wait_for_the_gpu_and_nothing_else():
     assert host_syncs(lambda: [(x + i).sum().item() for i in range(3)], x.device) == 3
     assert host_syncs(lambda: x.nonzero(), x.device) >= 1
     assert host_syncs(lambda: None, torch.device("cpu")) is None
+
+
+@pytest.mark.slow  # trains the toy tokenizer first (about 15 s here); CI runs it with make test-slow
+def test_the_batch_speed_bench_builds_the_same_batches_both_ways(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_speed.py"), "configs/toy_transformer.yaml",
+                           "--max-tokens", "512,2048", "--batches", "3", "--run-dir", str(tmp_path / "run"),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["max_tokens"] for r in rows] == [512, 2048]
+    assert all(r["identical"] and r["batches"] == 3 and r["dataset_ms"] > 0 and r["idcolumns_ms"] > 0 for r in rows)
+    assert rows[1]["pairs_per_batch"] > rows[0]["pairs_per_batch"]

@@ -10,6 +10,7 @@ little of the budget is padding; the order of the batches is then shuffled.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -131,33 +132,60 @@ def collate(
         src_ids, tgt_ids = [r["src_ids"] for r in rows], [r["tgt_ids"] for r in rows]
     if indices is None:
         indices = [r["index"] for r in rows]  # type: ignore[index]
-    n = len(src_ids)
-    src_lens = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=n)
-    tgt_lens = np.fromiter((len(t) + 1 for t in tgt_ids), dtype=np.int64, count=n)
-    B, S, T = padding.shape(n, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=0)))
-    src = np.full((B, S), pad_id, dtype=np.int64)  # (B, S)
+    src, src_lens = _flat(src_ids)
+    tgt, tgt_lens = _flat(tgt_ids)
+    return collate_flat(src, src_lens, tgt, tgt_lens, indices, pad_id=pad_id, padding=padding)
+
+
+def collate_flat(src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_lens: np.ndarray,
+                 indices: Sequence[int] | np.ndarray, *, pad_id: int = PAD_ID, padding: Padding = Padding()) -> Batch:
+    """`collate` of pairs given flat: pair i's source ids are the next `src_lens[i]` values of `src`
+    (EOS included), its target ids the next `tgt_lens[i]` of `tgt` (no specials). What
+    `nmt.data.dataset.IdColumns.gather` returns; no Python loop runs over the pairs."""
+    n = len(src_lens)
+    B, S, T = padding.shape(n, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=-1)) + 1)
+    out_src = np.full((B, S), pad_id, dtype=np.int64)  # (B, S)
     tgt_in = np.full((B, T), pad_id, dtype=np.int64)  # (B, T)
     tgt_out = tgt_in.copy()  # (B, T)
-    for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-        m = len(t)
-        src[i, : len(s)] = s
-        tgt_in[i, 0] = BOS_ID
-        tgt_in[i, 1 : m + 1] = t
-        tgt_out[i, :m] = t
-        tgt_out[i, m] = EOS_ID
+    _fill(out_src, src, src_lens)
+    tgt_in[:, :1] = BOS_ID
+    _fill(tgt_in, tgt, tgt_lens, first=1)
+    _fill(tgt_out, tgt, tgt_lens)
+    tgt_out[np.arange(n), tgt_lens] = EOS_ID
     # Empty pairs: EOS alone as source (an all-padding row would have no key to attend to) and
     # BOS as decoder input with nothing to predict, so they add no loss and no gradient.
-    src[n:, 0], tgt_in[n:, 0] = EOS_ID, BOS_ID
-    src_lens = np.r_[src_lens, np.ones(B - n, dtype=np.int64)]
-    src_pad_mask = np.arange(S)[None, :] >= src_lens[:, None]  # (B, S)
+    out_src[n:, :1] = EOS_ID
+    lens = np.r_[src_lens, np.ones(B - n, dtype=np.int64)]
+    src_pad_mask = np.arange(S)[None, :] >= lens[:, None]  # (B, S)
     return Batch(
-        src=torch.from_numpy(src),
+        src=torch.from_numpy(out_src),
         src_pad_mask=torch.from_numpy(src_pad_mask),
         tgt_in=torch.from_numpy(tgt_in),
         tgt_out=torch.from_numpy(tgt_out),
         indices=torch.as_tensor(np.r_[np.asarray(indices, dtype=np.int64), np.full(B - n, -1, dtype=np.int64)]),
-        ntokens=int(tgt_lens.sum()),
+        ntokens=int(tgt_lens.sum()) + n,
     )
+
+
+def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences of ids as one flat int64 array and their lengths."""
+    lens = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    return np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum())), lens
+
+
+def ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The positions starts[0], ..., starts[0] + lens[0] - 1, then those of the next range, and so on."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lens)
+    return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lens), lens)
+
+
+def _fill(out: np.ndarray, values: np.ndarray, lens: np.ndarray, first: int = 0) -> None:
+    """Write flat sequences into the rows of `out`: row i gets its `lens[i]` values from column `first` on."""
+    rows = np.repeat(np.arange(len(lens)), lens)
+    out[rows, ranges(np.full(len(lens), first), lens)] = values
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -20,9 +20,10 @@ import torch
 from datasets import concatenate_datasets
 
 from nmt.config import ExperimentConfig, TrainConfig
-from nmt.data.batching import Batch, Padding, TokenBatchSampler, collate
+from nmt.data.batching import Batch, Padding, TokenBatchSampler, collate_flat
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import (
+    IdColumns,
     available_cores,
     in_child_process,
     length_arrays,
@@ -124,30 +125,25 @@ def batch_padding(tc: TrainConfig, device: torch.device) -> Padding:
     return Padding(multiple=multiple, fill_tokens=tc.max_tokens if static else 0)
 
 
-BATCH_COLUMNS = ["src_ids", "tgt_ids"]
-"""What `collate` reads. Fetching only these leaves the text alone: a row's text columns are
-more pages of the memory map to touch, and more Python strings to build, for nothing."""
-
-
 def collated_batches(ds, batch_lists: Sequence[list[int]], *, padding: Padding = Padding()) -> Iterator[Batch]:
-    """Collated batches for lists of row indices, in this process (rows fetched from Arrow per batch)."""
-    ids = ds.select_columns(BATCH_COLUMNS)
+    """Collated batches for lists of row indices, in this process (ids gathered straight from Arrow)."""
+    ids = IdColumns(ds)
     for indices in batch_lists:
-        yield collate(ids[indices], indices, pad_id=PAD_ID, padding=padding)
+        yield collate_flat(*ids.gather(indices), indices, pad_id=PAD_ID, padding=padding)
 
 
 class _EpochBatches(torch.utils.data.Dataset):
     """Item i is the collated batch of `batch_lists[i]`, so DataLoader workers can build batches."""
 
     def __init__(self, ds, batch_lists: Sequence[list[int]], padding: Padding) -> None:
-        self.ds, self.batch_lists, self.padding = ds.select_columns(BATCH_COLUMNS), batch_lists, padding
+        self.ids, self.batch_lists, self.padding = IdColumns(ds), batch_lists, padding
 
     def __len__(self) -> int:
         return len(self.batch_lists)
 
     def __getitem__(self, i: int) -> Batch:
         indices = self.batch_lists[i]
-        return collate(self.ds[indices], indices, pad_id=PAD_ID, padding=self.padding)
+        return collate_flat(*self.ids.gather(indices), indices, pad_id=PAD_ID, padding=self.padding)
 
 
 def batch_loader(ds, batch_lists: Sequence[list[int]], *, num_workers: int = 0, pin_memory: bool = False,
