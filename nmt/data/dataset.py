@@ -170,12 +170,15 @@ class IdColumns:
     """The `src_ids` and `tgt_ids` of a tokenized split, gathered for a batch straight from Arrow.
 
     `dataset[indices]` builds a Python list of Python ints for every id of every row, and
-    `datasets` finds each row with a search and a slice of its own: 51 ms for one batch of
-    1,812 Multi30k pairs (32,768 tokens) on a 2-core CPU, on the training process's critical path when
-    `train.num_workers` is 0. Here each Arrow chunk's flat ids and offsets are NumPy views
-    of the table (memory-mapped when the split lives in cache files, so nothing is read
-    into memory ahead), and a batch is gathered chunk by chunk with a few vectorised
-    operations (`collate_flat` then pads it without a Python loop either).
+    `datasets` finds each row with a search and a slice of its own: with `collate`, 44 ms
+    for one batch of 1,812 Multi30k pairs (32,768 tokens) on a 2-core CPU, on the training
+    process's critical path when `train.num_workers` is 0. Here each Arrow chunk's flat ids
+    are NumPy views of the table (memory-mapped when the split lives in cache files, so
+    nothing is read into memory ahead) and all chunks' offsets one array; a batch's rows
+    are gathered with one vectorised gather per chunk when they come from few chunks, and
+    with a view per row when from many (`collate_flat` then pads them without a Python
+    loop): 2.2 ms for that batch, 6 to 9 ms for batches of 1M- and 4.5M-pair corpora
+    (`bench/batch_speed.py`).
 
     Pickled (for spawned DataLoader workers), it carries the dataset, whose memory-mapped
     table pickles as its file paths, and finds the views again.
@@ -184,8 +187,8 @@ class IdColumns:
     def __init__(self, ds: Dataset) -> None:
         self.ds = ds
         table = ds.data  # the whole Arrow table, before any indices mapping
-        # `datasets` keeps select/filter results as row numbers into `table`
-        self.rows = ds._indices.column(0).to_numpy().astype(np.int64) if ds._indices is not None else None  # uint64
+        # `datasets` keeps select/filter results as row numbers (uint64) into `table`
+        self.rows = ds._indices.column(0).to_numpy().astype(np.int64) if ds._indices is not None else None
         self.columns = [_ListChunks(table.column(name)) for name in ("src_ids", "tgt_ids")]
 
     def __reduce__(self):
