@@ -68,14 +68,14 @@ def _train_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, ou
 
 
 def _signalled_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
-    """A training rank; rank 1 alone sends itself SIGTERM in the backward pass of its third update."""
+    """A training rank; rank 1 alone sends itself SIGTERM as its third update's optimizer step ends."""
     _as_rank(rank, world_size, port)
     run = build_run(cfg)
     try:
         if rank == 1:
-            backward = itertools.count(1)
-            first = next(run.trainable.model.parameters())
-            first.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGTERM) if next(backward) == 3 else None)
+            steps = itertools.count(1)
+            run.trainable.optimizer.register_step_post_hook(
+                lambda *_: os.kill(os.getpid(), signal.SIGTERM) if next(steps) == 3 else None)
         try:
             train_run(run)
             outcome = {"interrupted": False}
@@ -166,15 +166,16 @@ def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, t
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run_resumes(small_corpus, tmp_path):
     """The ranks share their wishes to stop on the device with each update and read them when that update
     settles, one update later: all stop together, with one checkpoint, and the run resumes from it exactly."""
-    settings = {"max_steps": 8, "valid_every": 100, "device": "cpu"}
+    # logs every 100 updates, so that updates settle one late (a log step settles at once)
+    settings = {"max_steps": 8, "valid_every": 100, "log_every": 100, "device": "cpu"}
     cfg = tiny_cfg(small_corpus, tmp_path / "stopped", **settings)
     cfg.model.transformer.dropout = 0.0
     start_ranks(_signalled_rank, 2, cfg, tmp_path)
 
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
     assert outcomes[0] == outcomes[1]  # rank 0 received nothing, yet stopped with rank 1
-    # the signal came during update 3; the ranks read their agreed wishes as update 3 settles, once
-    # update 4 is queued, so both stop after update 4
+    # rank 1 noted the signal after update 3 and shared it with that update; the ranks read their
+    # agreed wishes as update 3 settles, once update 4 is queued, so both stop after update 4
     assert outcomes[0] == {"interrupted": True, "signal": signal.SIGTERM, "step": 4,
                            "checkpoint": str(tmp_path / "stopped" / "ckpt_4.pt")}
     records = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]

@@ -201,7 +201,7 @@ class _Loop:
         pending: _Launched | None = None
         try:
             for group in groups:
-                launched = self._launch(group, signals.signum)
+                launched = self._launch(group, signals)
                 if pending is not None:
                     self._settle(pending, bar)
                 pending = launched
@@ -217,7 +217,7 @@ class _Loop:
         finally:
             bar.close()
 
-    def _launch(self, group: list[Batch], signum: int) -> _Launched:
+    def _launch(self, group: list[Batch], signals: StopSignals) -> _Launched:
         """Queue one update, and with it this process's wish to stop (a signal, or `train.max_time` reached).
 
         In a single process a wish is followed at once. Under torchrun the ranks share
@@ -226,7 +226,7 @@ class _Loop:
         """
         result = self._update(group)
         self.p.train_seconds = time.perf_counter() - self.session_start
-        wish = (signum, self._out_of_time())
+        wish = (signals.signum, self._out_of_time())  # read once, after the update: a signal during it counts
         if not self.ctx.enabled:
             if any(wish):
                 self.stop = wish
