@@ -163,6 +163,7 @@ def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, t
     assert same_weights(ranks[0]["model"], weights(tmp_path / "ddp" / "ckpt_3.pt"))
 
 
+@pytest.mark.slow  # three two-rank runs (about 50 s here); CI runs it with make test-slow
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run_resumes(small_corpus, tmp_path):
     """The ranks share their wishes to stop on the device with each update and read them when that update
     settles, one update later: all stop together, with one checkpoint, and the run resumes from it exactly."""
