@@ -58,7 +58,8 @@ class Profile:
                    if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
 
     def summary(self, steps: int, unit: str = "step") -> str:
-        """The top operators by self time, and kernels per `unit` (`steps` of them) on CUDA."""
+        """The top operators by self time, the wall time per `unit` (`steps` of them), and on CUDA the
+        kernels and the GPU's time in them per `unit`."""
         on_device = self.device.type == "cuda"
         key = "self_cuda_time_total" if on_device else "self_cpu_time_total"
         table = self._prof.key_averages().table(sort_by=key, row_limit=self.rows)

@@ -141,6 +141,15 @@ pickle.dump(out, open(sys.argv[2], 'wb'))
 """
 
 
+def table_rows(ds: Dataset) -> np.ndarray | None:
+    """Which rows of the Arrow table behind `ds` (`ds.data`) it holds, in its order, as int64; None: all of them.
+
+    `datasets` keeps the result of `select`, `filter` or `shuffle` as row numbers into the
+    unchanged table (an indices mapping) instead of copying the rows.
+    """
+    return ds._indices.column(0).to_numpy().astype(np.int64) if ds._indices is not None else None
+
+
 def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """The `src_len` and `tgt_len` columns of a tokenized split as two (N,) int32 arrays.
 
@@ -159,8 +168,8 @@ def length_arrays(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """
     table = ds.data  # the whole Arrow table, before any indices mapping
     columns = [table.column(name).to_numpy() for name in ("src_len", "tgt_len")]
-    if ds._indices is not None:  # `datasets` keeps select/filter results as row numbers into `table`
-        rows = ds._indices.column(0).to_numpy()
+    rows = table_rows(ds)
+    if rows is not None:
         columns = [c[rows] for c in columns]
     src, tgt = (np.ascontiguousarray(c, dtype=np.int32) for c in columns)
     return src, tgt
@@ -186,10 +195,8 @@ class IdColumns:
 
     def __init__(self, ds: Dataset) -> None:
         self.ds = ds
-        table = ds.data  # the whole Arrow table, before any indices mapping
-        # `datasets` keeps select/filter results as row numbers (uint64) into `table`
-        self.rows = ds._indices.column(0).to_numpy().astype(np.int64) if ds._indices is not None else None
-        self.columns = [_ListChunks(table.column(name)) for name in ("src_ids", "tgt_ids")]
+        self.rows = table_rows(ds)
+        self.columns = [_ListChunks(ds.data.column(name)) for name in ("src_ids", "tgt_ids")]
 
     def __reduce__(self):
         return IdColumns, (self.ds,)
