@@ -199,7 +199,7 @@ def _set_config(spec: TransformerSpec, tokenizer: Tokenizer, eps: float) -> None
 
 def _set_self_attention(spec, attn: MultiHeadAttention, res: Residual) -> None:
     _set_norm(spec.layer_norm, res.norm)
-    _set_linear(spec.linear[0], attn.q_proj, attn.kv_proj)  # (3D, D): q, k, v
+    _set_linear(spec.linear[0], attn.qkv_proj)  # (3D, D): q, k, v
     _set_linear(spec.linear[1], attn.out_proj)
 
 

@@ -48,25 +48,32 @@ def attention(
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (Vaswani et al., 2017, §3.2.2) over pre-projected keys and values.
+    """Multi-head attention (Vaswani et al., 2017, §3.2.2) over projected queries, keys and values.
 
-    Keys and values are projected by `project_kv` and passed to `forward`, so a
-    decoder can cache them: self-attention appends one step at a time, and
-    cross-attention projects the encoder output once per sentence. One (2D, D)
-    matrix projects both (`kv_proj`: keys in rows 0..D-1, values in D..2D-1), one
-    matrix product instead of two.
+    The projections are separate from `forward`, so a decoder can cache keys and
+    values: self-attention appends one step at a time, and cross-attention projects
+    the encoder output once per sentence. Self-attention projects its one input into
+    queries, keys and values with one (3D, D) matrix (`qkv_proj`: queries in rows
+    0..D-1, keys in D..2D-1, values in 2D..3D-1), `project_qkv`; cross-attention
+    projects queries with `q_proj` (`project_q`) and the source into keys and values
+    with one (2D, D) matrix (`kv_proj`), `project_kv`. One matrix product where there
+    would be three or two: fewer, larger kernels, in the backward pass as well.
 
     Args:
         d_model: D.
         heads: H, must divide D.
-        attention_dropout: dropout on the attention weights.
         impl: "manual" (`attention` above) or "sdpa" (torch's fused kernel, same maths).
+        attention_dropout: dropout on the attention weights.
+        self_attention: queries, keys and values come from one input (`qkv_proj`),
+            else queries from one and keys and values from another (`q_proj`, `kv_proj`).
 
     Raises:
         ValueError: D not divisible by H, unknown `impl`, dropout out of range.
     """
 
-    def __init__(self, *, d_model: int, heads: int, impl: str, attention_dropout: float = 0.0) -> None:
+    def __init__(
+        self, *, d_model: int, heads: int, impl: str, attention_dropout: float = 0.0, self_attention: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__()
         if heads < 1 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
@@ -75,13 +82,18 @@ class MultiHeadAttention(nn.Module):
         if not 0.0 <= attention_dropout < 1.0:
             raise ValueError(f"attention_dropout ({attention_dropout}) must be in [0, 1)")
         self.d_model, self.heads, self.head_dim = d_model, heads, d_model // heads
-        self.attention_dropout, self.impl = attention_dropout, impl
-        self.q_proj, self.out_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        # Each (D, D) block initialised as its own layer would be: keys and values alike.
-        for weight in (self.q_proj.weight, *self.kv_proj.weight.chunk(2), self.out_proj.weight):
-            nn.init.xavier_uniform_(weight)
-        for linear in (self.q_proj, self.kv_proj, self.out_proj):
+        self.attention_dropout, self.impl, self.self_attention = attention_dropout, impl, self_attention
+        if self_attention:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+            projections = [self.qkv_proj]
+        else:
+            self.q_proj, self.kv_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, 2 * d_model)
+            projections = [self.q_proj, self.kv_proj]
+        self.out_proj = nn.Linear(d_model, d_model)
+        # Each (D, D) block initialised as its own layer would be: queries, keys and values alike.
+        for linear in (*projections, self.out_proj):
+            for block in linear.weight.split(d_model):
+                nn.init.xavier_uniform_(block)
             nn.init.zeros_(linear.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -89,30 +101,45 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
-    def project_kv(self, x: Tensor) -> KV:
-        """Keys and values of x (B, L, D), each (B, H, L, Dh)."""
+    def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
+        """(B, L, n * D), n projections side by side -> n tensors (B, H, L, Dh), views of x."""
         B, L, _ = x.shape
-        kv = self.kv_proj(x).view(B, L, 2, self.heads, self.head_dim)  # (B, L, 2, H, Dh)
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
+        return x.view(B, L, n, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries, keys and values of x (B, L, D), each (B, H, L, Dh)."""
+        q, k, v = self._heads(self.qkv_proj(x), 3)
+        return q, k, v
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Cross-attention's queries of x (B, L, D): (B, H, L, Dh)."""
+        return self.split_heads(self.q_proj(x))
+
+    def project_kv(self, x: Tensor) -> KV:
+        """Cross-attention's keys and values of x (B, L, D), each (B, H, L, Dh)."""
+        k, v = self._heads(self.kv_proj(x), 2)
         return k, v
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # Checkpoints written before keys and values shared one matrix hold k_proj and v_proj.
+        # Older checkpoints project with separate matrices: k_proj and v_proj (before keys and values
+        # shared kv_proj), and q_proj with kv_proj in self-attention (before qkv_proj).
         for kind in ("weight", "bias"):
-            k, v = f"{prefix}k_proj.{kind}", f"{prefix}v_proj.{kind}"
+            q, k, v, kv = (f"{prefix}{name}.{kind}" for name in ("q_proj", "k_proj", "v_proj", "kv_proj"))
             if k in state_dict and v in state_dict:
-                state_dict[f"{prefix}kv_proj.{kind}"] = torch.cat([state_dict.pop(k), state_dict.pop(v)])
+                state_dict[kv] = torch.cat([state_dict.pop(k), state_dict.pop(v)])
+            if self.self_attention and q in state_dict and kv in state_dict:
+                state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([state_dict.pop(q), state_dict.pop(kv)])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(
-        self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
         average_heads: bool = True, causal: bool = False, bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from query (B, Tq, D) to keys and values from `project_kv`.
+        """Attend from queries to keys and values, all from the `project_*` methods.
 
         Args:
-            query: (B, Tq, D), not yet projected.
-            k, v: (B, H, Tk, Dh), from `project_kv`.
+            q: queries (B, H, Tq, Dh).
+            k, v: (B, H, Tk, Dh).
             mask: True = ignore, broadcastable to (B, H, Tq, Tk).
             need_weights: also return the attention weights (computed by the
                 manual path, whatever `impl` is).
@@ -126,8 +153,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             The output (B, Tq, D) and the weights or None.
         """
-        B, Tq, _ = query.shape
-        q = self.split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
+        B, _, Tq, _ = q.shape
         p = self.attention_dropout if self.training else 0.0
         weights = None
         if self.impl == "manual" or need_weights:
@@ -195,7 +221,7 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, pad_mask: Tensor, bias: Tensor | None = None) -> Tensor:
         """x (B, S, D), pad_mask (B, 1, 1, S) and maybe its `attention_bias` -> (B, S, D)."""
         h = self.attn_res.normed(x)
-        y, _ = self.self_attn(h, *self.self_attn.project_kv(h), pad_mask, bias=bias)
+        y, _ = self.self_attn(*self.self_attn.project_qkv(h), pad_mask, bias=bias)
         x = self.attn_res.add(x, y)
         return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x)))
 
@@ -239,7 +265,7 @@ class DecoderLayer(nn.Module):
             or the very `past` buffers (B, H, L, Dh) now filled up to t + T; weights or None.
         """
         h = self.self_res.normed(x)
-        k, v = self.self_attn.project_kv(h)  # (B, H, T, Dh)
+        q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, Dh)
         end = start + x.size(1)
         if past is None:
             cache = (k, v)
@@ -254,11 +280,11 @@ class DecoderLayer(nn.Module):
         else:  # grown (also past a full buffer's capacity, so a short max_len is never an error)
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, t + T, Dh)
             cache = (k, v)
-        y, _ = self.self_attn(h, k, v, self_mask, causal=past is None)  # no past: a whole prefix, causally masked
+        y, _ = self.self_attn(q, k, v, self_mask, causal=past is None)  # no past: a whole prefix, causally masked
         x = self.self_res.add(x, y)
         h = self.cross_res.normed(x)
-        y, attn = self.cross_attn(h, *memory_kv, memory_mask, need_weights=need_attn, average_heads=False,
-                                  bias=memory_bias)
+        y, attn = self.cross_attn(self.cross_attn.project_q(h), *memory_kv, memory_mask, need_weights=need_attn,
+                                  average_heads=False, bias=memory_bias)
         x = self.cross_res.add(x, y)
         return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x))), cache, attn
 
@@ -421,8 +447,9 @@ class Transformer(nn.Module):
         pre_norm = norm == "pre"
         Positions = SinusoidalPositions if positions == "sinusoidal" else LearnedPositions
 
-        def mha() -> MultiHeadAttention:
-            return MultiHeadAttention(d_model=d_model, heads=heads, impl=attention_impl, attention_dropout=attention_dropout)
+        def mha(*, self_attention: bool) -> MultiHeadAttention:
+            return MultiHeadAttention(d_model=d_model, heads=heads, impl=attention_impl,
+                                      attention_dropout=attention_dropout, self_attention=self_attention)
 
         def ffn() -> FeedForward:
             return FeedForward(d_model=d_model, ff_dim=ff_dim, activation=activation, activation_dropout=activation_dropout)
@@ -433,14 +460,18 @@ class Transformer(nn.Module):
         self.encoder = Encoder(
             embed=src_embed,
             positions=Positions(d_model=d_model, max_positions=max_positions),
-            layers=[EncoderLayer(self_attn=mha(), feed_forward=ffn(), **common) for _ in range(encoder_layers)],
+            layers=[
+                EncoderLayer(self_attn=mha(self_attention=True), feed_forward=ffn(), **common)
+                for _ in range(encoder_layers)
+            ],
             **common,
         )
         self.decoder = Decoder(
             embed=tgt_embed,
             positions=Positions(d_model=d_model, max_positions=max_positions),
             layers=[
-                DecoderLayer(self_attn=mha(), cross_attn=mha(), feed_forward=ffn(), **common)
+                DecoderLayer(self_attn=mha(self_attention=True), cross_attn=mha(self_attention=False),
+                             feed_forward=ffn(), **common)
                 for _ in range(decoder_layers)
             ],
             **common,

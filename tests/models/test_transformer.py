@@ -39,27 +39,48 @@ def test_manual_attention_matches_torch_sdpa_on_the_same_projections():
     x, mem = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
     pad = torch.tensor([[False] * 6, [False] * 3 + [True] * 3])[:, None, None, :]  # (B, 1, 1, S)
     for query, source, mask in [(mem, mem, pad), (x, mem, pad), (x, x, causal_mask(5))]:
-        q = manual.split_heads(manual.q_proj(query))  # (B, H, Tq, Dh)
+        q = manual.project_q(query)  # (B, H, Tq, Dh)
         k, v = manual.project_kv(source)
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask)  # True = attend in sdpa
         ref = manual.out_proj(ref.transpose(1, 2).reshape(query.shape))
-        out, weights = manual(query, k, v, mask, need_weights=True)
+        out, weights = manual(q, k, v, mask, need_weights=True)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
-        torch.testing.assert_close(fused(query, k, v, mask)[0], ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(fused(q, k, v, mask)[0], ref, atol=1e-5, rtol=0)
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
         assert torch.all(weights.masked_select(mask.squeeze(1)) == 0)  # heads averaged: (B, Tq, Tk)
 
 
+def test_self_attention_projects_like_torch_multihead_attention_with_one_matrix():
+    """`qkv_proj` stacks the query, key and value matrices as nn.MultiheadAttention's `in_proj_weight` does:
+    loaded into torch's module, the same weights give the same output, masked and causal."""
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(d_model=16, heads=4, impl="sdpa", self_attention=True).eval()
+    torch.nn.init.normal_(ours.qkv_proj.bias)  # zero at initialisation: make the biases count
+    theirs = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    theirs.in_proj_weight.data.copy_(ours.qkv_proj.weight)
+    theirs.in_proj_bias.data.copy_(ours.qkv_proj.bias)
+    theirs.out_proj.load_state_dict(ours.out_proj.state_dict())
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False] * 2 + [True] * 3])
+    q, k, v = ours.project_qkv(x)
+    assert q.shape == k.shape == v.shape == (2, 4, 5, 4)
+    out, _ = ours(q, k, v, pad[:, None, None, :])
+    ref, _ = theirs(x, x, x, key_padding_mask=pad, need_weights=False)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    out, _ = ours(q, k, v, causal_mask(5), causal=True)
+    ref, _ = theirs(x, x, x, attn_mask=causal_mask(5), need_weights=False)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
 def test_per_head_weights_average_to_the_mean_weights():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(d_model=16, heads=4, impl="sdpa")
-    x = torch.randn(2, 5, 16)
-    k, v = attn.project_kv(x)
-    _, heads = attn(x, k, v, need_weights=True, average_heads=False)
-    _, mean = attn(x, k, v, need_weights=True)
+    attn = MultiHeadAttention(d_model=16, heads=4, impl="sdpa", self_attention=True)
+    q, k, v = attn.project_qkv(torch.randn(2, 5, 16))
+    _, heads = attn(q, k, v, need_weights=True, average_heads=False)
+    _, mean = attn(q, k, v, need_weights=True)
     assert heads.shape == (2, 4, 5, 5)
     torch.testing.assert_close(heads.mean(1), mean)
-    assert attn(x, k, v)[1] is None
+    assert attn(q, k, v)[1] is None
 
 
 def test_attention_rejects_bad_sizes():
@@ -227,10 +248,13 @@ def test_initialisation():
     model = make_model(tie_embeddings="none", d_model=64, heads=4)
     assert torch.equal(model.encoder.embed.weight[PAD], torch.zeros(64))
     assert model.decoder.embed.weight[1:].std().item() == pytest.approx(64**-0.5, rel=0.15)
-    q = model.encoder.layers[0].self_attn.q_proj
-    bound = (6 / (64 + 64)) ** 0.5  # xavier-uniform
-    assert q.weight.abs().max() <= bound and q.weight.abs().max() > 0.9 * bound
-    assert torch.equal(q.bias, torch.zeros(64))
+    bound = (6 / (64 + 64)) ** 0.5  # xavier-uniform of each (D, D) block, as if each were its own layer
+    for attn in (model.encoder.layers[0].self_attn, model.decoder.layers[0].cross_attn):
+        linears = [attn.qkv_proj] if attn.self_attention else [attn.q_proj, attn.kv_proj]
+        for linear in (*linears, attn.out_proj):
+            for block in linear.weight.split(64):
+                assert block.abs().max() <= bound and block.abs().max() > 0.9 * bound
+            assert torch.equal(linear.bias, torch.zeros(linear.out_features))
 
 
 def test_dropout_is_active_only_in_training():
@@ -290,17 +314,23 @@ def test_decode_step_under_bf16_autocast():
             torch.testing.assert_close(log_probs, full[:, t], atol=0.05, rtol=0)
 
 
-def test_checkpoints_with_separate_key_and_value_projections_still_load():
-    """Weights saved when k_proj and v_proj were two layers load into the one kv_proj, strictly."""
+@pytest.mark.parametrize("layout", ["q, kv", "q, k, v"])
+def test_checkpoints_with_separate_projections_still_load(layout):
+    """Weights saved before self-attention projected with one qkv_proj (q_proj and kv_proj), and before that
+    keys and values with one kv_proj (k_proj and v_proj everywhere), load strictly and give the same model."""
     model = make_model().eval()
     old = {}
     for name, t in model.state_dict().items():
-        if ".kv_proj." in name:
-            k, v = t.chunk(2)
-            old[name.replace("kv_proj", "k_proj")], old[name.replace("kv_proj", "v_proj")] = k.clone(), v.clone()
+        if ".qkv_proj." in name:
+            q, kv = t.split([16, 32])
+            old[name.replace("qkv_proj", "q_proj")], old[name.replace("qkv_proj", "kv_proj")] = q.clone(), kv.clone()
         else:
             old[name] = t
-    assert not any(".kv_proj." in name for name in old)
+    if layout == "q, k, v":
+        for name in [n for n in old if ".kv_proj." in n]:
+            old[name.replace("kv_proj", "k_proj")], old[name.replace("kv_proj", "v_proj")] = old.pop(name).chunk(2)
+    assert not any(".qkv_proj." in name for name in old)
+    assert any(".k_proj." in name for name in old) == (layout == "q, k, v")
     fresh = make_model(seed=1).eval()
     fresh.load_state_dict(old)  # strict: no key missing, none left over
     src, src_mask, tgt = batch()
