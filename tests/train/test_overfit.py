@@ -45,8 +45,8 @@ def test_overfits_twenty_pairs_to_bleu_100(name, twenty_pairs, tmp_path):
         "data": {"src_lang": "en", "tgt_lang": "de", "train": corpus, "valid": corpus},
         "tokenizer": {"vocab_size": 150},
         "model": model,
-        "train": {"max_steps": 250, "max_tokens": 2000, "lr": 0.003, "warmup_steps": 10, "schedule": "constant",
-                  "label_smoothing": 0.0, "valid_every": 250, "valid_bleu": False, "log_every": 50, "seed": 1},
+        "train": {"max_steps": 150, "max_tokens": 2000, "lr": 0.003, "warmup_steps": 10, "schedule": "constant",
+                  "label_smoothing": 0.0, "valid_every": 150, "valid_bleu": False, "log_every": 50, "seed": 1},
     })
     train(cfg)
     translator = Translator.from_checkpoint(tmp_path / "run" / "best.pt", device="cpu")
