@@ -121,6 +121,9 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     Each checkpoint is checked against the first before its weights are added: the
     same `model` config, the same sentencepiece models and the same parameter
     shapes. A file given twice is refused, since it would silently count double.
+    Checkpoints of one model whose weights differ in layout (a run resumed by a newer
+    nmt, whose model merged parameters the older one kept apart) are averaged in this
+    version's layout, each upgraded as loading it into the model does.
 
     Raises:
         CheckpointError: no paths, a path given twice, or a checkpoint that does not fit the first.
@@ -128,10 +131,37 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     _refuse_duplicates([Path(p) for p in paths])
-    first = load_checkpoint(paths[0])
+    try:
+        return _average(paths, upgrade=False)
+    except _LayoutsDiffer:
+        return _average(paths, upgrade=True)
+
+
+class _LayoutsDiffer(Exception):
+    """Two checkpoints of one model hold its weights in different layouts."""
+
+
+def _average(paths: list[str | Path], *, upgrade: bool) -> dict[str, Any]:
+    """`average_checkpoints`, with every checkpoint's weights in this version's layout if `upgrade`.
+
+    Raises:
+        _LayoutsDiffer: not `upgrade`, and two checkpoints of one model name different parameters.
+    """
+    def load(path: str | Path) -> dict[str, Any]:
+        payload = load_checkpoint(path)
+        if upgrade:
+            model, _, _ = model_from_checkpoint(payload, source=path)
+            payload = {**payload, "model": model.state_dict()}
+        return payload
+
+    first = load(paths[0])
     sums = {k: v.double().clone() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path in paths[1:]:
-        payload = load_checkpoint(path)
+        payload = load(path)
+        if (not upgrade and payload["model"].keys() != first["model"].keys()
+                and payload.get("config", {}).get("model") == first.get("config", {}).get("model")
+                and payload.get("tokenizer") == first.get("tokenizer")):
+            raise _LayoutsDiffer
         check_averageable(first, payload, first_path=paths[0], path=path)
         state = payload["model"]
         for k, v in state.items():

@@ -121,14 +121,13 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # Older checkpoints project with separate matrices: k_proj and v_proj (before keys and values
-        # shared kv_proj), and q_proj with kv_proj in self-attention (before qkv_proj).
-        for kind in ("weight", "bias"):
-            q, k, v, kv = (f"{prefix}{name}.{kind}" for name in ("q_proj", "k_proj", "v_proj", "kv_proj"))
-            if k in state_dict and v in state_dict:
-                state_dict[kv] = torch.cat([state_dict.pop(k), state_dict.pop(v)])
-            if self.self_attention and q in state_dict and kv in state_dict:
-                state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([state_dict.pop(q), state_dict.pop(kv)])
+        # Older checkpoints hold a merged projection as its parts (`older_parameter_names`).
+        merged = ("qkv_proj",) if self.self_attention else ("kv_proj",)
+        for name in (f"{prefix}{proj}.{kind}" for proj in merged for kind in ("weight", "bias")):
+            for parts in older_parameter_names(name) if name not in state_dict else ():
+                if all(part in state_dict for part in parts):
+                    state_dict[name] = torch.cat([state_dict.pop(part) for part in parts])
+                    break
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(
@@ -170,6 +169,26 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_heads:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
         return self.out_proj(context), weights if need_weights else None
+
+
+def older_parameter_names(name: str) -> list[tuple[str, ...]]:
+    """The parameters an older layout held in place of parameter `name`, which joins them along dim 0.
+
+    Self-attention's `qkv_proj` was `q_proj` and `kv_proj`, and before that `q_proj`,
+    `k_proj` and `v_proj`; cross-attention's `kv_proj` was `k_proj` and `v_proj`. Each
+    layout is a tuple of full names, newest first; [] for a parameter no layout split.
+    Checkpoints of those layouts load (`MultiHeadAttention._load_from_state_dict`), and
+    runs saved in them resume with their optimizer state (`nmt.train.optim.load_optimizer_state`).
+    """
+    module, _, kind = name.rpartition(".")
+    prefix, _, proj = module.rpartition(".")
+    at = f"{prefix}." if prefix else ""
+    q, k, v, kv = (f"{at}{part}.{kind}" for part in ("q_proj", "k_proj", "v_proj", "kv_proj"))
+    if proj == "qkv_proj":
+        return [(q, kv), (q, k, v)]
+    if proj == "kv_proj":
+        return [(k, v)]
+    return []
 
 
 def _shared_bias(mask: Tensor, dtype: torch.dtype, attn: MultiHeadAttention) -> Tensor | None:

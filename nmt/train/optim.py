@@ -13,10 +13,12 @@ Every schedule warms up linearly from 0 to `train.lr` over `warmup_steps`, then:
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 from nmt.config import TrainConfig
 
@@ -31,7 +33,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 else decay).append(p)
+            (decay if _decays(p) else no_decay).append(p)
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -41,6 +43,72 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=True)
     except (RuntimeError, TypeError):  # no fused kernel for this device in this torch
         return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+def _decays(p: Tensor) -> bool:
+    """Whether `build_optimizer` puts `p` in its group with weight decay: matrices do, vectors don't."""
+    return p.ndim >= 2
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module, saved: dict[str, Any],
+                         saved_model: dict[str, Tensor]) -> None:
+    """Load `saved`, the state dict of `build_optimizer`'s optimizer, saved beside the weights `saved_model`.
+
+    The weights may be of an older layout of `model`'s parameters, one that `model.load_state_dict`
+    upgrades (e.g. separate projections since merged into one matrix). The optimizer state is then
+    numbered after the older parameters; each of its per-parameter tensors goes through the same
+    upgrade as the weights, so the run goes on where it stopped: Adam's moments are elementwise,
+    and its step count is the same for every part.
+
+    Raises:
+        ValueError: `saved` does not fit the parameters of `saved_model`.
+    """
+    first = {id(p): n for n, p in model.named_parameters()}
+    tied = {n: first[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}  # every name -> the first
+    buffers = {n for n, _ in model.named_buffers()}
+    saved_names = [n for n in saved_model if n not in buffers and tied.get(n, n) == n]  # the model's order then
+    if saved_names == list(first.values()):
+        optimizer.load_state_dict(saved)
+        return
+    states = _states_by_name(saved, saved_names, saved_model)
+    upgraded: dict[str, dict[str, Tensor]] = {}
+    scratch = copy.deepcopy(model)
+    for field, like in (states[saved_names[0]].items() if states else ()):
+        per_element = like.shape == saved_model[saved_names[0]].shape  # moments; else one number (the step)
+        values = dict(saved_model)  # the buffers as they are, every parameter's entry (tied ones too) replaced
+        for n, t in saved_model.items():
+            if n not in buffers:
+                value = states[tied.get(n, n)][field]
+                values[n] = value if per_element else torch.full_like(t, value.item())
+        scratch.load_state_dict(values)  # the upgrade, on this field's values
+        for n, p in scratch.named_parameters():
+            value = p.detach().clone()
+            if not per_element:
+                if not torch.all(value == value.flatten()[0]):
+                    raise ValueError(f"its optimizer's {field} differs between the parts of {n}")
+                value = like.new_tensor(value.flatten()[0].item())
+            upgraded.setdefault(n, {})[field] = value.to(like.dtype)
+    state = optimizer.state_dict()
+    order = [first[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    state["state"] = {i: upgraded[n] for i, n in enumerate(order) if n in upgraded}
+    state["param_groups"] = [{**old, "params": new["params"]}
+                             for old, new in zip(saved["param_groups"], state["param_groups"], strict=True)]
+    optimizer.load_state_dict(state)
+
+
+def _states_by_name(saved: dict[str, Any], names: list[str], weights: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    """The per-parameter state of optimizer state dict `saved`, by the names of the parameters `names` (in the
+    order the model held them) of the weights `weights`, numbered as `build_optimizer` groups them."""
+    groups = [[n for n in names if _decays(weights[n])], [n for n in names if not _decays(weights[n])]]
+    sizes = [len(g["params"]) for g in saved["param_groups"]]
+    if sizes != [len(g) for g in groups]:
+        raise ValueError(f"its optimizer holds {sizes} parameters per group where the weights beside it "
+                         f"have {[len(g) for g in groups]}")
+    number = {i: n for g, group in zip(saved["param_groups"], groups) for i, n in zip(g["params"], group)}
+    states = {number[i]: state for i, state in saved["state"].items()}
+    if states and any(states.get(n, {}).keys() != states[names[0]].keys() for n in names):
+        raise ValueError("its optimizer has state for some parameters and not for others")
+    return states
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

@@ -17,7 +17,7 @@ from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
-from nmt.train.optim import Schedule
+from nmt.train.optim import Schedule, load_optimizer_state
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,11 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
     check_resumable(path, payload)  # again here: the other ranks of a torchrun job read the file themselves
     check_same_model(payload, cfg, path)
     model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
+    try:
+        load_optimizer_state(optimizer, model, payload["optimizer"], payload["model"])
+    except ValueError as err:
+        raise CheckpointError(f"{path}: cannot resume its optimizer ({err}); to start a new run from its weights, "
+                              "set train.init_from to it and use a run_dir without ckpt_*.pt files") from None
     scheduler.load_state_dict(payload["scheduler"])
     if scaler.is_enabled() and payload.get("scaler"):
         scaler.load_state_dict(payload["scaler"])
