@@ -106,7 +106,8 @@ def _states_by_name(saved: dict[str, Any], names: list[str], weights: dict[str, 
                          f"have {[len(g) for g in groups]}")
     number = {i: n for g, group in zip(saved["param_groups"], groups) for i, n in zip(g["params"], group)}
     states = {number[i]: state for i, state in saved["state"].items()}
-    if states and any(states.get(n, {}).keys() != states[names[0]].keys() for n in names):
+    fields = next(iter(states.values()), {}).keys()
+    if states and any(states.get(n, {}).keys() != fields for n in names):
         raise ValueError("its optimizer has state for some parameters and not for others")
     return states
 

@@ -99,8 +99,12 @@ def test_an_optimizer_state_that_fits_no_layout_is_a_clear_error(small_corpus, t
     cfg = tiny_cfg(small_corpus, tmp_path / "a", max_steps=2)
     train(cfg)
     payload = separate_projections(load_checkpoint(tmp_path / "a" / "ckpt_2.pt"))
-    payload["optimizer"]["param_groups"][1]["params"].pop()
     model, _, _ = model_from_checkpoint(payload)
+    partial = {**payload["optimizer"], "state": dict(payload["optimizer"]["state"])}
+    del partial["state"][3]
+    with pytest.raises(ValueError, match="its optimizer has state for some parameters and not for others"):
+        load_optimizer_state(build_optimizer(model, cfg.train, torch.device("cpu")), model, partial, payload["model"])
+    payload["optimizer"]["param_groups"][1]["params"].pop()
     with pytest.raises(ValueError, match=r"its optimizer holds \[\d+, \d+\] parameters per group where the weights"):
         load_optimizer_state(build_optimizer(model, cfg.train, torch.device("cpu")), model, payload["optimizer"],
                              payload["model"])
