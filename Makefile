@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+TEST_JOBS ?= 2
 TORCH_SPEC ?= torch>=2.1
 
 .PHONY: install demo test test-slow test-all lint clean data bench-train bench-data
@@ -33,11 +34,13 @@ demo: install
 	$(NMT) --quiet translate -c $(TOY)/best.pt -i $(TOY)/sample.en -o $(TOY)/sample.de
 	paste -d '\n' $(TOY)/sample.en $(TOY)/sample.de
 
+# The tests run in TEST_JOBS processes (pytest-xdist; 0 runs them in this one): most of them are single-
+# threaded, or wait on processes they start, so two processes take 5-6 minutes on 2 cores where one took 8-9.
 test: install
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(ARGS)
 
 # The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the data-scale bench):
-# about 2 minutes here; CI runs them after `make test`.
+# 3 to 4 minutes here, in one process (some time their signals); CI runs them after `make test`.
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)
 
