@@ -97,7 +97,8 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(linear.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """(B, L, D) -> (B, H, L, Dh)."""
+        """(B, L, D) -> (B, H, L, Dh), a view whose backward is a view too (`_heads` of one projection
+        would unbind, whose backward stacks: a kernel more per layer and update)."""
         B, L, _ = x.shape
         return x.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
