@@ -12,8 +12,8 @@
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
-#   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation)
-#                                                                                      (about 6 min)
+#   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation);
+#              then the Bahdanau RNN eager and compiled (its decoder step)              (about 8 min)
 #   graphs     bench/compile_probe.py (torch.compile alone, in each mode), then rows compiled in
 #              reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes auto), one
 #              graph per length bucket: the Multi30k shape in fp32 and bf16, Transformer-base in bf16 (the
@@ -74,7 +74,10 @@ case $stage in
       --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ${TRAIN_ARGS:-} ;;
   compiled)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
-      --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ${TRAIN_ARGS:-} ;;
+      --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ${TRAIN_ARGS:-}
+    # an RNN compiles its decoder step (one graph for every target length): whether that pays on a GPU
+    run "$py" bench/train_speed.py configs/multi30k_rnn_bahdanau.yaml --precisions fp32,bf16 --compile off,on \
+      --steps 20 --json "$out/compiled_rnn.json" ${TRAIN_ARGS:-} ;;
   graphs)
     # first, whether torch.compile itself trains here, in each mode, with dynamic and static shapes
     # (nmt compiles dynamic), each probe in its own process: about a minute, all four side by side

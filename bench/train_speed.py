@@ -38,7 +38,11 @@ backward), with D = d_model, F = ff_dim, V = target vocabulary:
                   + 4 t D F                             (FFN)
     output layer:   2 t D V
 MFU is that count per second over the GPU's dense bf16 peak (fp32 rows too, so
-rows compare directly; TF32's peak is half of it).
+rows compare directly; TF32's peak is half of it). The count is a Transformer's:
+rows of RNN configs show no TFLOP/s nor MFU.
+
+An RNN compiles by step (`RNNSeq2Seq.compile`): its compiled rows compile one
+decoder step, which every target length reuses.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ class Row:
     params: int = 0
     tokens_per_s: float = 0.0
     seconds_per_step: float = 0.0
-    tflops: float = 0.0
+    tflops: float | None = None  # Transformers only: the FLOP count is theirs
     mfu: float | None = None
     peak_mem_mib: float | None = None
     warmup_s: float = 0.0
@@ -173,6 +177,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
     row.shapes = len({_shape(b) for b in batches[warmup:]})
     src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
+    counted = cfg.model.type == "transformer"  # an RNN's FLOPs are not counted: its rows show no TFLOP/s nor MFU
     # tgt_len is the target ids plus one: what the decoder reads (BOS first) and predicts (EOS last).
     flops = [train_flops(src_lens[idx], tgt_lens[idx], d=t.d_model, ff=t.ff_dim, enc=t.encoder_layers,
                          dec=t.decoder_layers, vocab=tok.tgt_vocab_size) for idx in lists]
@@ -206,8 +211,8 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     seconds, tokens, work = run(warmup, steps)
     row.tokens_per_s = tokens / seconds
     row.seconds_per_step = seconds / steps
-    row.tflops = work / seconds / 1e12
-    row.mfu = 100 * work / seconds / peak if peak else None
+    row.tflops = work / seconds / 1e12 if counted else None
+    row.mfu = 100 * work / seconds / peak if peak and counted else None
     if device.type == "cuda":
         row.peak_mem_mib = torch.cuda.max_memory_allocated(device) / 2**20
     if not row.compiled:
@@ -254,8 +259,9 @@ def format_table(rows: list[Row]) -> str:
         mem = f"{r.peak_mem_mib:9.0f}" if r.peak_mem_mib is not None else f"{'-':>9s}"
         ops = f"{r.ops:10d}" if r.ops is not None else f"{'-':>10s}"
         syncs = f"{r.syncs:5d}" if r.syncs is not None else f"{'-':>5s}"
+        tflops = f"{r.tflops:8.1f}" if r.tflops is not None else f"{'-':>8s}"
         lines.append(f"{what} {r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
-                     f"{r.tflops:8.1f} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {ops} {syncs}")
+                     f"{tflops} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {ops} {syncs}")
     return "\n".join(lines)
 
 

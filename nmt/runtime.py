@@ -139,7 +139,7 @@ def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
 
 
 def compile_model(model: torch.nn.Module, *, mode: str = "default", backend: str = "inductor",
-                  dynamic: bool = True, shapes: int = 0) -> torch.nn.Module:
+                  dynamic: bool = True, shapes: int = 0, in_place: bool = False) -> torch.nn.Module:
     """`torch.compile(model)`, or `model` itself with a warning where compiling is unsupported.
 
     By default shapes are compiled as dynamic from the start: token-budget batches
@@ -159,6 +159,9 @@ def compile_model(model: torch.nn.Module, *, mode: str = "default", backend: str
             "max-autotune" or "max-autotune-no-cudagraphs".
         dynamic: one graph for all shapes; false: a graph per shape.
         shapes: with `dynamic` false, the number of distinct shapes the model will see.
+        in_place: compile through `model.compile` and return `model`: its parameter names stay
+            as they are, and a model may choose what to compile (`compile_by_step` models,
+            `nmt.models.contract.Seq2Seq`).
     """
     try:
         import torch._dynamo  # deferred: importing dynamo costs seconds, and only compiled runs need it
@@ -167,7 +170,11 @@ def compile_model(model: torch.nn.Module, *, mode: str = "default", backend: str
         if not dynamic:
             limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
             setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), shapes))
-        return torch.compile(model, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
+        options = dict(backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
+        if in_place:
+            model.compile(**options)
+            return model
+        return torch.compile(model, **options)
     except Exception as err:  # unsupported Python or platform, unknown backend
         log.warning("train.compile: torch.compile is unavailable here (%s: %s); training uncompiled",
                     type(err).__name__, str(err).splitlines()[0] if str(err) else "")

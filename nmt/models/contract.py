@@ -79,6 +79,11 @@ class Seq2Seq(Protocol):
         max_positions: the longest sequence, in tokens (EOS or BOS included), the model
             reads or writes; None when any length works (recurrent models).
         has_attention: whether `decode_step` can return attention over the source.
+
+    Training with `train.compile` compiles a model with its loss as one graph. A model whose
+    `forward` loops over target positions in Python sets the class attribute
+    `compile_by_step = True` and overrides `nn.Module.compile` to compile one step in place
+    (`RNNSeq2Seq`): compiled whole, its loop would be unrolled, a graph per target length.
     """
 
     src_vocab_size: int

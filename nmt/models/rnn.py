@@ -10,9 +10,9 @@ Parts, leaves first:
     CellStack                   Ld stacked GRUCell/LSTMCell: one decoder step
     FixedContext                no attention: the same source summary at every step
     SourceAttention             an `attention.Attention` over the encoder states
-    BahdanauDecoder             context from s_{t-1}, fed into the cell
+    BahdanauDecoder             one step: context from s_{t-1}, fed into the cell
                                 (with FixedContext: Cho et al. 2014's decoder, `none`)
-    LuongDecoder                cell first, then context from s_t, attentional state
+    LuongDecoder                one step: cell first, then context from s_t, attentional state
     RNNSeq2Seq                  the `contract.Seq2Seq` model
 
 The encoder runs nn.GRU/nn.LSTM over packed sequences (one fused call, padding
@@ -21,6 +21,10 @@ step depend on the previous one anyway, and `decode` (teacher forcing) loops ove
 the very step function `decode_step` uses, so the two agree exactly. Cells also
 keep the state batch-first (B, Ld, H) and inter-layer dropout explicit, where
 nn.GRU on length-1 inputs would want (Ld, B, H) transposes at every step.
+
+Since that loop runs in Python, `torch.compile` compiles one decoder step, not the
+model (`RNNSeq2Seq.compile`): compiled whole, the loop would be unrolled, a graph per
+target length.
 """
 
 from __future__ import annotations
@@ -254,10 +258,10 @@ class BahdanauDecoder(nn.Module):
     def start(self, hidden: Tensor, cell: Tensor | None) -> RNNState:
         return RNNState(hidden=hidden, cell=cell)
 
-    def step(
+    def forward(
         self, embedded: Tensor, memory: Memory, state: RNNState
     ) -> tuple[Tensor, RNNState, Tensor | None]:
-        """embedded (B, E) -> output (B, H), new state, attention (B, S) or None."""
+        """One step: embedded (B, E) -> output (B, H), new state, attention (B, S) or None."""
         context, attn = self.context(state.hidden[:, -1], memory)  # (B, C), (B, S)
         hidden, cell = self.cells(torch.cat([embedded, context], dim=-1), state.hidden, state.cell)
         readout_in = torch.cat([hidden[:, -1], context, embedded], dim=-1)  # (B, H + C + E)
@@ -288,10 +292,10 @@ class LuongDecoder(nn.Module):
         feed = hidden.new_zeros(hidden.size(0), self.hidden_size) if self.input_feeding else None
         return RNNState(hidden=hidden, cell=cell, feed=feed)
 
-    def step(
+    def forward(
         self, embedded: Tensor, memory: Memory, state: RNNState
     ) -> tuple[Tensor, RNNState, Tensor]:
-        """embedded (B, E) -> output h~_t (B, H), new state, attention (B, S)."""
+        """One step: embedded (B, E) -> output h~_t (B, H), new state, attention (B, S)."""
         x = torch.cat([embedded, state.feed], dim=-1) if state.feed is not None else embedded
         hidden, cell = self.cells(x, state.hidden, state.cell)
         top = hidden[:, -1]  # (B, H)
@@ -362,6 +366,8 @@ class RNNSeq2Seq(nn.Module):
             bidirectional encoder; "all" across two vocabularies; invalid attention.
     """
 
+    compile_by_step = True  # see `compile` and `contract.Seq2Seq`
+
     def __init__(
         self, *, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, cell: str, embed_dim: int,
         hidden_size: int, encoder_layers: int, decoder_layers: int, bidirectional: bool,
@@ -426,6 +432,18 @@ class RNNSeq2Seq(nn.Module):
     def select_attention(self, *, layer: int = -1, head: int | None = None) -> None:
         """The decoder has one attention distribution: any choice returns it."""
 
+    def compile(self, *args, **kwargs) -> None:
+        """Compile one decoder step in place (`torch.compile`'s arguments), where `nn.Module.compile` compiles `forward`.
+
+        `forward` loops over target positions in Python: compiled whole, the loop is
+        unrolled into one graph per target length, each compiled anew (minutes for a
+        model of Multi30k's size) until dynamo's recompile limit leaves the other
+        lengths uncompiled. The step is one graph for every length, reused by
+        teacher forcing and search alike. The encoder stays eager: its nn.GRU/nn.LSTM
+        over packed sequences is one fused call already.
+        """
+        self.decoder.compile(*args, **kwargs)
+
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).
 
@@ -454,7 +472,7 @@ class RNNSeq2Seq(nn.Module):
         embedded = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
         outputs = []
         for t in range(tgt_in.size(1)):
-            output, state, _ = self.decoder.step(embedded[:, t], memory, state)
+            output, state, _ = self.decoder(embedded[:, t], memory, state)
             outputs.append(output)
         return self._logits(torch.stack(outputs, dim=1))  # (B, T, V)
 
@@ -466,7 +484,7 @@ class RNNSeq2Seq(nn.Module):
         The attention costs nothing extra, so it is returned whatever `need_attn`
         says; it is None for `decoder: none`, which has no attention weights.
         """
-        output, state, attn = self.decoder.step(self.dropout(self.tgt_embed(tokens)), memory, state)
+        output, state, attn = self.decoder(self.dropout(self.tgt_embed(tokens)), memory, state)
         return self._logits(output).float().log_softmax(dim=-1), state, attn
 
     def _logits(self, output: Tensor) -> Tensor:

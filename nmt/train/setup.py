@@ -102,7 +102,8 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
 
     With bf16 and `train.half_weights` it runs on a bf16 copy of the model
     (`t.half`); under DDP when there are several processes; compiled when `train.compile`,
-    a graph per batch shape with `train.compile_dynamic` false (`shapes` of them).
+    a graph per batch shape with `train.compile_dynamic` false (`shapes` of them): the
+    objective, or for a model that compiles by step (`contract.Seq2Seq`) that step, in place.
 
     Raises:
         UserError: `train.compile_dynamic` false where batch shapes are not static.
@@ -120,9 +121,14 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
                             f"batch shapes, and train.batch_shapes {tc.batch_shapes} gives free ones on {device.type}"
                             f" (auto is static only with compile_mode reduce-overhead on CUDA): set "
                             f"train.batch_shapes: static, or train.compile_dynamic: true")
-        compiled = compile_model(objective, mode=tc.compile_mode, dynamic=tc.compile_dynamic, shapes=shapes)
-        t.graphs = compiled is not objective and tc.compile_mode == "reduce-overhead" and device.type == "cuda"
-        objective = compiled
+        options = dict(mode=tc.compile_mode, dynamic=tc.compile_dynamic, shapes=shapes)
+        runner = t.half.copy if t.half is not None else t.model  # the model the objective runs
+        if getattr(runner, "compile_by_step", False):  # it compiles one step of its loop (contract.Seq2Seq)
+            compile_model(runner, in_place=True, **options)
+        else:  # the model with its loss, one graph
+            objective = compile_model(objective, **options)
+        # (where compiling is unavailable, marking each update's start for CUDA graphs does nothing)
+        t.graphs = tc.compile_mode == "reduce-overhead" and device.type == "cuda"
     t.objective = objective
 
 

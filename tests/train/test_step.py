@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nmt.config import TrainConfig
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
+from nmt.decode import greedy_search
 from nmt.errors import UserError
 from nmt.runtime import Dist, compile_model
 from nmt.train.data import batch_padding
@@ -78,6 +79,73 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
     assert 2 <= len(shapes) < len(batches)  # some shapes come back
     _same_loss_and_gradients(eager, compiled, batches)
     assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
+
+
+def _rnn(seed: int = 0, **rnn) -> torch.nn.Module:
+    # widths unlike any batch size or source length below: dynamo gives equal sizes one symbol ("duck
+    # sizing"), so a source length equal to the (static) embedding width would be compiled as static
+    return tiny_model("rnn", seed=seed, vocab=23, rnn=dict(embed_dim=12, hidden_size=20) | rnn,
+                      tie_embeddings="none").train()
+
+
+def _trainable(model: torch.nn.Module, tc: TrainConfig) -> Trainable:
+    optimizer = build_optimizer(model, tc, torch.device("cpu"))
+    return Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
+                     scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+
+
+def _batches_of_new_target_lengths() -> list:
+    """Batches whose target lengths (9, then 3, then 17 positions) and sizes all differ."""
+    rows = [random_rows(1, 6), random_rows(2, 4), random_rows(3, 7)]
+    for row in rows[1]:
+        row["tgt_ids"] = row["tgt_ids"][:2]
+    for row in rows[2]:
+        row["tgt_ids"] = row["tgt_ids"] * 2
+    return [collate(r) for r in rows]
+
+
+def test_training_compiles_a_recurrent_model_one_step_at_a_time_for_every_target_length():
+    """`train.compile` on an RNN compiles its decoder step in place, not the loop over target positions.
+
+    Compiled whole, the loop was unrolled into a graph per target length: 483 s of compiling on the toy
+    Bahdanau config before dynamo's recompile limit left the remaining lengths eager.
+    """
+    eager = Objective(_rnn(), pad_id=PAD_ID, smoothing=0.1)
+    tc = TrainConfig(compile=True)
+    t = _trainable(copy.deepcopy(eager.model), tc)
+    names = list(t.model.state_dict())
+    prepare_step(t, tc, torch.device("cpu"), Dist())
+    assert t.objective.model is t.model and not hasattr(t.objective, "_orig_mod")  # the objective is not wrapped
+    assert list(t.model.state_dict()) == names  # checkpoints keep their parameter names
+    batches = _batches_of_new_target_lengths()
+    assert len({b.tgt_in.size(1) for b in batches}) == 3
+    frames = counters["frames"]["ok"]
+    _same_loss_and_gradients(eager, t.objective, batches[:1])
+    # two graphs: the first step, whose state (Luong's zero input feed) needs no gradient, and every later one
+    assert counters["frames"]["ok"] - frames == 2, "the first batch compiles the decoder step"
+    _same_loss_and_gradients(eager, t.objective, batches[1:])
+    assert counters["frames"]["ok"] - frames == 2, "a new target length or batch size compiled the step again"
+
+
+@pytest.mark.parametrize("rnn", [dict(decoder="none"), dict(decoder="luong", cell="lstm", decoder_layers=2,
+                                                                 input_feeding=True, attention="general"),
+                                 dict(decoder="luong", attention="dot", local_window=2)],
+                         ids=["none", "luong-lstm-input-feeding", "luong-local"])
+def test_a_compiled_decoder_step_gives_the_eager_losses_gradients_and_translations(rnn):
+    eager = Objective(_rnn(**rnn), pad_id=PAD_ID, smoothing=0.1)
+    compiled = Objective(compile_model(copy.deepcopy(eager.model), backend="aot_eager", in_place=True),
+                         pad_id=PAD_ID, smoothing=0.1)
+    frames = counters["frames"]["ok"]
+    _same_loss_and_gradients(eager, compiled, _batches_of_new_target_lengths()[:1])
+    first = counters["frames"]["ok"] - frames
+    assert first in (1, 2)  # 2 where the first step's state needs no gradient and the later ones' do
+    _same_loss_and_gradients(eager, compiled, _batches_of_new_target_lengths()[1:])
+    assert counters["frames"]["ok"] - frames == first, "a new target length or batch size compiled the step again"
+    b = _batches_of_new_target_lengths()[2]
+    eager.model.eval(), compiled.model.eval()
+    with torch.no_grad():
+        found = [h.tokens for h in greedy_search(compiled.model, b.src, b.src_pad_mask, max_len_a=1.0, max_len_b=12)]
+        assert found == [h.tokens for h in greedy_search(eager.model, b.src, b.src_pad_mask, max_len_a=1.0, max_len_b=12)]
 
 
 def test_a_static_compile_needs_static_batch_shapes():
