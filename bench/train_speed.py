@@ -23,7 +23,8 @@ the aten operations one eager update dispatches (views and allocations, which la
 left out): on a GPU nearly each is a kernel launch, and a small model whose step is bound by
 launches is as fast as this count is low. `syncs` (CUDA only) counts the times one update makes
 the host wait for the GPU (torch's sync debug mode): each drains the queue of launched kernels, so
-a launch-bound step should have none. Compiled rows print a line as they warm up each batch shape.
+a launch-bound step should have none. Before the timing, each row runs every batch shape the timing
+will meet (compiled rows three times, printing a line for each): the figures are a long run's steady state.
 
 The steps run back to back without waiting for the device; the clock stops after
 the last one finishes (`torch.cuda.synchronize`), so the figure includes every
@@ -196,14 +197,19 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     if row.compiled:
         print(f"  {row.precision} {row.compile}: compiling over {warmup} warm-up updates", file=sys.stderr, flush=True)
     run(0, warmup)
-    if row.compiled:  # every shape the timing will meet: compiled, then (CUDA graphs) recorded, then replayed once
-        first_of_shape = {_shape(b): i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
-        for k, i in enumerate(sorted(first_of_shape.values()), 1):
+    # Every batch shape the timing will meet runs first, eager rows included: a training run meets each shape
+    # thousands of times, so what a shape's first use costs (compiling it, recording its CUDA graphs, growing
+    # the allocator's pools, the kernel libraries' first choices) is spread thin there, and must not weigh on a
+    # few dozen timed updates, nor favour the rows that pad to fewer shapes. Compiled rows run each shape three
+    # times: compiled, then (CUDA graphs) recorded, then replayed once.
+    first_of_shape = {_shape(b): i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
+    for k, i in enumerate(sorted(first_of_shape.values()), 1):
+        if row.compiled:
             print(f"  {row.precision} {row.compile}: warming up shape {k}/{len(first_of_shape)} "
                   f"{'x'.join(map(str, _shape(batches[i])))} at {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)
-            for _ in range(3):
-                run(i, 1)
+        for _ in range(3 if row.compiled else 1):
+            run(i, 1)
     _sync(device)
     row.warmup_s = time.perf_counter() - start
     if device.type == "cuda":
