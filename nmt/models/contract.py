@@ -82,8 +82,9 @@ class Seq2Seq(Protocol):
 
     Training with `train.compile` compiles a model with its loss as one graph. A model whose
     `forward` loops over target positions in Python sets the class attribute
-    `compile_by_step = True` and overrides `nn.Module.compile` to compile one step in place
-    (`RNNSeq2Seq`): compiled whole, its loop would be unrolled, a graph per target length.
+    `compile_by_step = True` and overrides `nn.Module.compile` to compile the step its loop
+    calls, in place (`RNNSeq2Seq`): compiled whole, the loop would be unrolled, a graph per
+    target length.
     """
 
     src_vocab_size: int

@@ -22,9 +22,9 @@ the very step function `decode_step` uses, so the two agree exactly. Cells also
 keep the state batch-first (B, Ld, H) and inter-layer dropout explicit, where
 nn.GRU on length-1 inputs would want (Ld, B, H) transposes at every step.
 
-Since that loop runs in Python, `torch.compile` compiles one decoder step, not the
-model (`RNNSeq2Seq.compile`): compiled whole, the loop would be unrolled, a graph per
-target length.
+Since that loop runs in Python, `torch.compile` compiles the step teacher forcing
+loops over, not the model (`RNNSeq2Seq.compile`): compiled whole, the loop would be
+unrolled, a graph per target length.
 """
 
 from __future__ import annotations
@@ -367,6 +367,7 @@ class RNNSeq2Seq(nn.Module):
     """
 
     compile_by_step = True  # see `compile` and `contract.Seq2Seq`
+    _teacher_step = None  # the compiled decoder step, once `compile` has run
 
     def __init__(
         self, *, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, cell: str, embed_dim: int,
@@ -433,16 +434,19 @@ class RNNSeq2Seq(nn.Module):
         """The decoder has one attention distribution: any choice returns it."""
 
     def compile(self, *args, **kwargs) -> None:
-        """Compile one decoder step in place (`torch.compile`'s arguments), where `nn.Module.compile` compiles `forward`.
+        """Compile the decoder step teacher forcing loops over (`torch.compile`'s arguments), not `forward`.
 
         `forward` loops over target positions in Python: compiled whole, the loop is
         unrolled into one graph per target length, each compiled anew (minutes for a
         model of Multi30k's size) until dynamo's recompile limit leaves the other
-        lengths uncompiled. The step is one graph for every length, reused by
-        teacher forcing and search alike. The encoder stays eager: its nn.GRU/nn.LSTM
-        over packed sequences is one fused call already.
+        lengths uncompiled. The step is one graph for every length, or two: the first
+        step's state may carry no gradient (a zero bridge, Luong's zero input feed)
+        where the later ones' do. It serves `forward` and `decode`, what training runs;
+        search (`decode_step`) keeps the eager step, as validation and translation run
+        every model uncompiled. The encoder stays eager: its nn.GRU/nn.LSTM over packed
+        sequences is one fused call already. Parameter names do not change.
         """
-        self.decoder.compile(*args, **kwargs)
+        self._teacher_step = torch.compile(self.decoder.forward, *args, **kwargs)  # a function, not a submodule
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).
@@ -470,9 +474,10 @@ class RNNSeq2Seq(nn.Module):
         """tgt_in (B, T) -> logits (B, T, V), looping over the step `decode_step` uses."""
         state = self.init_state(memory)
         embedded = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+        step = self.decoder if self._teacher_step is None else self._teacher_step
         outputs = []
         for t in range(tgt_in.size(1)):
-            output, state, _ = self.decoder(embedded[:, t], memory, state)
+            output, state, _ = step(embedded[:, t], memory, state)
             outputs.append(output)
         return self._logits(torch.stack(outputs, dim=1))  # (B, T, V)
 

@@ -123,7 +123,8 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
                             f"train.batch_shapes: static, or train.compile_dynamic: true")
         options = dict(mode=tc.compile_mode, dynamic=tc.compile_dynamic, shapes=shapes)
         runner = t.half.copy if t.half is not None else t.model  # the model the objective runs
-        if getattr(runner, "compile_by_step", False):  # it compiles one step of its loop (contract.Seq2Seq)
+        if getattr(runner, "compile_by_step", False):  # it compiles one step of its loop (contract.Seq2Seq),
+            options["shapes"] = 2 * shapes  # its first step apart where the state carries no gradient yet
             compile_model(runner, in_place=True, **options)
         else:  # the model with its loss, one graph
             objective = compile_model(objective, **options)
