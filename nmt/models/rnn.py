@@ -30,6 +30,7 @@ unrolled, a graph per target length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -308,6 +309,14 @@ class LuongDecoder(nn.Module):
 # --------------------------------------------------------------------------- model
 
 
+def _decoder_step(
+    decoder: BahdanauDecoder | LuongDecoder, embedded: Tensor, memory: Memory, state: RNNState
+) -> tuple[Tensor, RNNState, Tensor | None]:
+    """`decoder`'s step; `RNNSeq2Seq.compile` compiles this function, which takes the decoder as an
+    argument, so that a copy of a compiled model (`copy.deepcopy` shares functions) steps its own."""
+    return decoder(embedded, memory, state)
+
+
 def build_decoder(
     kind: str, *, cell: str, embed_dim: int, hidden_size: int, layers: int, dropout: float,
     attention: str, attention_heads: int, local_window: int, input_feeding: bool,
@@ -446,7 +455,7 @@ class RNNSeq2Seq(nn.Module):
         every model uncompiled. The encoder stays eager: its nn.GRU/nn.LSTM over packed
         sequences is one fused call already. Parameter names do not change.
         """
-        self._teacher_step = torch.compile(self.decoder.forward, *args, **kwargs)  # a function, not a submodule
+        self._teacher_step = torch.compile(_decoder_step, *args, **kwargs)  # a function, not a submodule
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).
@@ -474,7 +483,7 @@ class RNNSeq2Seq(nn.Module):
         """tgt_in (B, T) -> logits (B, T, V), looping over the step `decode_step` uses."""
         state = self.init_state(memory)
         embedded = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
-        step = self.decoder if self._teacher_step is None else self._teacher_step
+        step = self.decoder if self._teacher_step is None else partial(self._teacher_step, self.decoder)
         outputs = []
         for t in range(tgt_in.size(1)):
             output, state, _ = step(embedded[:, t], memory, state)

@@ -127,6 +127,20 @@ def test_training_compiles_a_recurrent_model_one_step_at_a_time_for_every_target
     assert counters["frames"]["ok"] - frames == 2, "a new target length or batch size compiled the step again"
 
 
+def test_a_copy_of_a_compiled_recurrent_model_steps_its_own_decoder():
+    model = compile_model(_rnn(), backend="aot_eager", in_place=True)
+    twin = copy.deepcopy(model)  # shares the compiled function, as deepcopy does
+    with torch.no_grad():
+        for p in twin.decoder.parameters():
+            p.mul_(0.5)
+    b = _batches_of_new_target_lengths()[0]
+    args = (b.src, b.src_pad_mask, b.tgt_in)
+    eager_twin = copy.deepcopy(twin)
+    eager_twin._teacher_step = None
+    torch.testing.assert_close(twin(*args), eager_twin(*args))
+    assert not torch.allclose(twin(*args), model(*args))
+
+
 def test_a_recurrent_model_compiled_per_batch_shape_may_keep_two_step_graphs_per_shape():
     """With `train.compile_dynamic: false` each static shape compiles the step twice (the first step apart)."""
     tc = TrainConfig(compile=True, compile_dynamic=False, batch_shapes="static")
