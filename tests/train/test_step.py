@@ -81,6 +81,13 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
     assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
 
 
+@pytest.fixture
+def fresh_compiler():
+    """An empty dynamo cache: every compiled RNN step shares one function, whose cache entries (one or two per
+    decoder structure and backend) would otherwise pile up across tests towards dynamo's recompile limit."""
+    torch._dynamo.reset()
+
+
 def _rnn(seed: int = 0, **rnn) -> torch.nn.Module:
     # widths unlike any batch size or source length below: dynamo gives equal sizes one symbol ("duck
     # sizing"), so a source length equal to the (static) embedding width would be compiled as static
@@ -104,7 +111,7 @@ def _batches_of_new_target_lengths() -> list:
     return [collate(r) for r in rows]
 
 
-def test_training_compiles_a_recurrent_model_one_step_at_a_time_for_every_target_length():
+def test_training_compiles_a_recurrent_model_one_step_at_a_time_for_every_target_length(fresh_compiler):
     """`train.compile` on an RNN compiles its decoder step in place, not the loop over target positions.
 
     Compiled whole, the loop was unrolled into a graph per target length: 483 s of compiling on the toy
@@ -127,7 +134,7 @@ def test_training_compiles_a_recurrent_model_one_step_at_a_time_for_every_target
     assert counters["frames"]["ok"] - frames == 2, "a new target length or batch size compiled the step again"
 
 
-def test_a_copy_of_a_compiled_recurrent_model_steps_its_own_decoder():
+def test_a_copy_of_a_compiled_recurrent_model_steps_its_own_decoder(fresh_compiler):
     model = compile_model(_rnn(), backend="aot_eager", in_place=True)
     twin = copy.deepcopy(model)  # shares the compiled function, as deepcopy does
     with torch.no_grad():
@@ -153,7 +160,7 @@ def test_a_recurrent_model_compiled_per_batch_shape_may_keep_two_step_graphs_per
                                                                  input_feeding=True, attention="general"),
                                  dict(decoder="luong", attention="dot", local_window=2)],
                          ids=["none", "luong-lstm-input-feeding", "luong-local"])
-def test_a_compiled_decoder_step_gives_the_eager_losses_and_gradients_and_leaves_search_eager(rnn):
+def test_a_compiled_decoder_step_gives_the_eager_losses_and_gradients_and_leaves_search_eager(rnn, fresh_compiler):
     eager = Objective(_rnn(**rnn), pad_id=PAD_ID, smoothing=0.1)
     compiled = Objective(compile_model(copy.deepcopy(eager.model), backend="aot_eager", in_place=True),
                          pad_id=PAD_ID, smoothing=0.1)
