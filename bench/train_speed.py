@@ -181,7 +181,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     counted = cfg.model.type == "transformer"  # an RNN's FLOPs are not counted: its rows show no TFLOP/s nor MFU
     # tgt_len is the target ids plus one: what the decoder reads (BOS first) and predicts (EOS last).
     flops = [train_flops(src_lens[idx], tgt_lens[idx], d=t.d_model, ff=t.ff_dim, enc=t.encoder_layers,
-                         dec=t.decoder_layers, vocab=tok.tgt_vocab_size) for idx in lists]
+                         dec=t.decoder_layers, vocab=tok.tgt_vocab_size) if counted else 0.0 for idx in lists]
 
     def run(first: int, count: int) -> tuple[float, int, float]:
         _sync(device)

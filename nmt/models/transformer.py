@@ -125,7 +125,9 @@ class MultiHeadAttention(nn.Module):
         # Older checkpoints hold a merged projection as its parts (`older_parameter_names`).
         merged = ("qkv_proj",) if self.self_attention else ("kv_proj",)
         for name in (f"{prefix}{proj}.{kind}" for proj in merged for kind in ("weight", "bias")):
-            for parts in older_parameter_names(name) if name not in state_dict else ():
+            if name in state_dict:
+                continue
+            for parts in older_parameter_names(name):
                 if all(part in state_dict for part in parts):
                     state_dict[name] = torch.cat([state_dict.pop(part) for part in parts])
                     break

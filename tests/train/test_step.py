@@ -36,6 +36,13 @@ def _batch(seed: int = 0, n: int = 5):
     return collate(random_rows(seed, n), padding=Padding(multiple=8))
 
 
+def _trainable(model: torch.nn.Module, tc: TrainConfig, optimizer: torch.optim.Optimizer | None = None) -> Trainable:
+    """`model` with what a CPU step updates it with (`build_optimizer`'s optimizer unless one is given)."""
+    optimizer = optimizer or build_optimizer(model, tc, torch.device("cpu"))
+    return Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
+                     scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+
+
 def _same_loss_and_gradients(eager: Objective, compiled: torch.nn.Module, batches: list) -> None:
     """Both objectives give the same loss on each batch, and the same gradients summed over them."""
     for b in batches:
@@ -93,12 +100,6 @@ def _rnn(seed: int = 0, **rnn) -> torch.nn.Module:
     # sizing"), so a source length equal to the (static) embedding width would be compiled as static
     return tiny_model("rnn", seed=seed, vocab=23, rnn=dict(embed_dim=12, hidden_size=20) | rnn,
                       tie_embeddings="none").train()
-
-
-def _trainable(model: torch.nn.Module, tc: TrainConfig) -> Trainable:
-    optimizer = build_optimizer(model, tc, torch.device("cpu"))
-    return Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
-                     scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
 
 
 def _batches_of_new_target_lengths() -> list:
@@ -181,9 +182,7 @@ def test_a_compiled_decoder_step_gives_the_eager_losses_and_gradients_and_leaves
 def test_a_static_compile_needs_static_batch_shapes():
     model = _model()
     tc = TrainConfig(compile=True, compile_dynamic=False)  # batch_shapes auto: free on a CPU
-    optimizer = build_optimizer(model, tc, torch.device("cpu"))
-    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
-                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    t = _trainable(model, tc)
     with pytest.raises(UserError, match=r"train.compile_dynamic: false .* set train.batch_shapes: static"):
         prepare_step(t, tc, torch.device("cpu"), Dist())
     prepare_step(t, replace(tc, batch_shapes="static"), torch.device("cpu"), Dist(), shapes=4)
@@ -240,11 +239,8 @@ def test_batch_padding_resolves_auto_by_device_and_compile_mode():
 def test_a_non_finite_update_leaves_weights_and_adam_state_alone(fused):
     model = _model()
     tc = TrainConfig(lr=1e-3, warmup_steps=0, clip_norm=1.0)
-    optimizer = build_optimizer(model, tc, torch.device("cpu"))
-    if not fused:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
-                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    t = _trainable(model, tc, None if fused else torch.optim.Adam(model.parameters(), lr=1e-3))
+    optimizer = t.optimizer
     good = train_step(t, [_batch(1)], tc, torch.device("cpu"))
     assert not bool(good.skipped) and good.updated and math.isfinite(float(good.grad_norm))
     before = copy.deepcopy(model.state_dict())
@@ -280,9 +276,8 @@ def test_a_training_update_never_reads_a_tensor_on_the_host(precision):
     """Loss, gradient norm and the skip decision stay on the device (the loop reads them an update later)."""
     model = _model()
     tc = TrainConfig(lr=1e-3, warmup_steps=4, clip_norm=1.0, precision=precision, accumulate=2)
-    optimizer = build_optimizer(model, tc, torch.device("cpu"))
-    t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
-                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+    t = _trainable(model, tc)
+    optimizer = t.optimizer
     prepare_step(t, tc, torch.device("cpu"), Dist())
     assert optimizer.defaults.get("fused")  # the device-side skip; other optimizers must ask the host
     for update in range(2):
