@@ -2,7 +2,6 @@
 
     python bench/compile_probe.py [--device cuda] [--modes default,reduce-overhead] [--dynamic true,false]
                                   [--json probe.json]
-    python bench/compile_probe.py --advise reduce-overhead probe.json
 
 Each probe compiles the training step's shape of work without any of nmt's code: an
 attention block (projections, `scaled_dot_product_attention` with a padding mask, a
@@ -17,11 +16,10 @@ Every probe runs in a subprocess, all at once, so that one dying of a signal (a 
 in a compiler or while recording a CUDA graph) is reported with its signal, its last
 output lines and Python's stack dump (`PYTHONFAULTHANDLER`), and the others still run.
 
-`--advise MODE probe.json` turns a probe's results into the arguments with which
-`bench/train_speed.py` should compile in MODE there: as nmt compiles by default
-(dynamic shapes) where that probe passed, a graph per batch shape
-(`train.compile_dynamic=false`) where only static shapes passed, and the default mode
-where MODE failed both ways, so that a GPU session still measures compiled rows.
+A probe that passes does not promise that nmt's model trains so: on an H200 (2026-11-26) the
+reduce-overhead probe passed with dynamic shapes, while the Multi30k Transformer, compiled the same
+way, died of a segmentation fault in its compiled backward pass. That is why `train.compile_dynamic`
+auto compiles a graph per batch shape where batch shapes are static, as they are under CUDA graphs.
 """
 
 from __future__ import annotations
@@ -91,19 +89,6 @@ def probe(device: str, mode: str, dynamic: bool) -> dict:
     return {"seconds": round(time.perf_counter() - start, 1), "max_loss_diff": worst}
 
 
-def advise(results: list[dict], mode: str) -> tuple[list[str], str]:
-    """`bench/train_speed.py` arguments to compile in `mode` where the probes `results` passed, and why."""
-    ok = {r["dynamic"]: r["ok"] for r in results if r["mode"] == mode}
-    if ok.get("true"):
-        return ["--compile", mode], f"{mode} passed its probe with dynamic shapes, as nmt compiles"
-    if ok.get("false"):
-        return (["--compile", mode, "--set", "train.compile_dynamic=false"],
-                f"{mode} failed its probe with dynamic shapes and passed with static ones: a graph per batch shape")
-    if not ok:
-        return ["--compile", mode], f"{mode} was not probed"
-    return ["--compile", "on"], f"{mode} failed its probe with dynamic and static shapes: the default mode instead"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -111,27 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dynamic", default="true,false", help="Comma-separated: true (as nmt compiles), false.")
     ap.add_argument("--timeout", type=float, default=300, help="Seconds each probe may take.")
     ap.add_argument("--json", default=None, help="Also write each probe's result to this file.")
-    ap.add_argument("--advise", nargs=2, metavar=("MODE", "PROBE_JSON"),
-                    help="Print bench/train_speed.py's compile arguments for MODE from a probe's --json, "
-                         "and the reason on stderr; run nothing.")
     ap.add_argument("--one", nargs=3, metavar=("DEVICE", "MODE", "DYNAMIC"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:  # a probe's own process
         device, mode, dynamic = args.one
         print(json.dumps(probe(device, mode, dynamic == "true")), flush=True)
         return 0
-    if args.advise:
-        mode, path = args.advise
-        try:
-            results = json.loads(open(path).read())
-        except (OSError, ValueError) as e:
-            results = []
-            print(f"compile_probe: no probe results in {path} ({e})", file=sys.stderr)
-        words, why = advise(results, mode)
-        print(" ".join(words))
-        print(f"compile_probe: {why}: {' '.join(words)}", file=sys.stderr)
-        return 0
-
     runs = []
     for mode, dynamic in itertools.product(args.modes.split(","), args.dynamic.split(",")):
         cmd = [sys.executable, __file__, "--one", args.device, mode, dynamic]

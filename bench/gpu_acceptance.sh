@@ -5,22 +5,19 @@
 #
 # OUT (default $OUT, else results/gpu) receives each stage's log and JSON. A session's device time
 # (15 minutes, the machine's start included) holds one long stage and perhaps a short one. multi30k ran
-# on an H200 on 2026-11-26 (README, "Speed on one GPU"). graphs ran next: its first two calls died within
-# three minutes without printing a row or an error (this was before the fault handler below), and the
-# third was cut off by the time limit. Run graphs next, then speed (its profile says why bf16 is still
-# slower than fp32 at the Multi30k shape), then experiments, tests and compiled. Stages:
+# on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
+# dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
+# auto now chooses). Run experiments next, then speed, multi30k (again, with CUDA graphs), tests and
+# compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
 #   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation);
 #              then the Bahdanau RNN eager and compiled (its decoder step)              (about 8 min)
-#   graphs     bench/compile_probe.py (torch.compile alone, in each mode), then rows compiled in
-#              reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes auto), one
-#              graph per length bucket: the Multi30k shape in fp32 and bf16, Transformer-base in bf16 (the
-#              acceptance rows); then the Multi30k shape in bf16 with lengths not rounded up (a graph per
-#              length). The rows compile as the probe found working: dynamic shapes, else a graph per
-#              batch shape (train.compile_dynamic=false, also tried when the first row dies of a signal),
-#              else the default mode                                                   (about 8 min)
+#   graphs     rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes
+#              auto), a graph per length bucket (train.compile_dynamic auto): the Multi30k shape in fp32
+#              and bf16, Transformer-base in bf16 (the acceptance rows); then the Multi30k shape in bf16
+#              with lengths not rounded up (a graph per length)                         (about 6 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -35,8 +32,7 @@
 #
 # DEVICE (default cuda), TRAIN_SECONDS (default 270) and STEPS (timed updates per speed row, default 50)
 # let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
-# TRAIN_ARGS adds --set options to every stage's training, e.g. TRAIN_ARGS="--set train.compile_dynamic=false"
-# for graphs compiled per batch shape, should the compile probe find dynamic shapes failing under CUDA graphs.
+# TRAIN_ARGS adds --set options to every stage's training, e.g. TRAIN_ARGS="--set train.pad_to_multiple=1".
 #
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
@@ -79,33 +75,15 @@ case $stage in
     run "$py" bench/train_speed.py configs/multi30k_rnn_bahdanau.yaml --precisions fp32,bf16 --compile off,on \
       --steps 20 --json "$out/compiled_rnn.json" ${TRAIN_ARGS:-} ;;
   graphs)
-    # first, whether torch.compile itself trains here, in each mode, with dynamic and static shapes
-    # (nmt compiles dynamic), each probe in its own process: about a minute, all four side by side
-    run "$py" bench/compile_probe.py --device "$device" --json "$out/probe.json"
-    # then compile as the probe found torch.compile working here: with dynamic shapes as nmt does, else a
-    # graph per batch shape, else the default mode (no CUDA graphs), so that the stage still gives rows
-    advice=$("$py" bench/compile_probe.py --advise reduce-overhead "$out/probe.json" 2>/tmp/graphs_advice.txt)
-    log "$(cat /tmp/graphs_advice.txt)"
-    read -ra compile <<< "$advice"
-    # the acceptance rows first (Multi30k shape in fp32 and bf16, Transformer-base in bf16), each call
-    # writing its JSON, so that a stage cut short by the device's time limit still leaves them
-    acceptance=("$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16
-                --steps $steps --json "$out/graphs.json")
-    run "${acceptance[@]}" "${compile[@]}" ${TRAIN_ARGS:-}
-    rc=$?
-    # a row that dies of a signal while dynamic shapes passed the probe: once more with a graph per shape,
-    # where the stage has the time for it
-    if ((rc > 128)) && [[ " ${compile[*]} " != *compile_dynamic=false* && ${compile[1]} == reduce-overhead ]] \
-        && ((SECONDS < 240)); then
-      compile+=(--set train.compile_dynamic=false)
-      log "retrying with a graph per batch shape: ${compile[*]}"
-      run "${acceptance[@]}" "${compile[@]}" ${TRAIN_ARGS:-}
-    fi
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base \
-      --precisions bf16 "${compile[@]}" --steps $steps --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
+    # the acceptance rows first, each call writing its JSON, so that a stage cut short still leaves them
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile reduce-overhead --steps $steps --json "$out/graphs.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile reduce-overhead --steps $steps --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
     # lengths unrounded: a graph per distinct length, but no padding on Multi30k's short sentences
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
-      "${compile[@]}" --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" ${TRAIN_ARGS:-} ;;
+      --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \
+      ${TRAIN_ARGS:-} ;;
   multi30k)
     run_dir=/tmp/gpu_multi30k_transformer
     run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \

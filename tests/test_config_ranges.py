@@ -44,6 +44,8 @@ REFUSED = [
      r"model.transformer.max_positions: 1000000000 must be in \[1, 65536\]$"),
     ("tokenizer-max_sentences-zero", "tokenizer:\n  max_sentences: 0\n", r"tokenizer.max_sentences: 0 must be >= 1$"),
     ("device-tpu", "train:\n  device: tpu\n", r"train.device: 'tpu' is not one of 'auto', 'cpu', 'cuda', 'mps'"),
+    ("compile_dynamic-number", "train:\n  compile_dynamic: 0\n",  # 0 == False in Python, not in the config
+     r"train.compile_dynamic: 0 is not one of 'auto', true, false$"),
     ("character_coverage-zero", "tokenizer:\n  character_coverage: 0\n",
      r"tokenizer.character_coverage: 0.0 must be in \(0, 1\]$"),
     ("length_penalty-inf", "decode:\n  length_penalty: .inf\n", r"decode.length_penalty: inf is not a finite number$"),
@@ -56,6 +58,8 @@ ACCEPTED = [
     ("beta-zero", "train:\n  betas: [0, 0.999]\n", ("train", "betas"), (0.0, 0.999)),
     ("eps-zero", "train:\n  eps: 0\n", ("train", "eps"), 0.0),
     ("seed-zero", "train:\n  seed: 0\n", ("train", "seed"), 0),
+    ("compile_dynamic-false", "train:\n  compile_dynamic: false\n  batch_shapes: static\n", ("train", "compile_dynamic"),
+     False),
     ("seed-largest", "train:\n  seed: 4294967295\n", ("train", "seed"), 4294967295),
     ("valid_max_sentences-zero", "train:\n  valid_max_sentences: 0\n", ("train", "valid_max_sentences"), 0),
     ("tokenizer-max_sentences-one", "tokenizer:\n  max_sentences: 1\n", ("tokenizer", "max_sentences"), 1),

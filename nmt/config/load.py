@@ -245,10 +245,10 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return _build(tp, value if value is not None else {}, keypath, source)
     if origin is Literal:
-        if value not in args:
+        if not any(type(a) is type(value) and a == value for a in args):  # 1 is not true, nor 0 false
             close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            choices = ", ".join(repr(a) for a in args)
+            choices = ", ".join(str(a).lower() if isinstance(a, bool) else repr(a) for a in args)  # YAML's true
             raise ConfigError(f"{source}: {keypath}: {shorten(repr(value))} is not one of {choices}{hint}")
         return value
     if origin is dict:

@@ -77,7 +77,8 @@ def _choices(tp: object) -> str:
     else:
         prefix = "one of"
     if typing.get_origin(tp) is typing.Literal:
-        return f"{prefix} " + ", ".join(f"`{a}`" for a in typing.get_args(tp))
+        return f"{prefix} " + ", ".join(f"`{str(a).lower() if isinstance(a, bool) else a}`"  # as YAML writes it
+                                        for a in typing.get_args(tp))
     return ""
 
 

@@ -331,8 +331,8 @@ class TrainConfig:
     """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); an RNN compiles its decoder step, one graph for every target length; where compiling fails, training goes on uncompiled with a warning."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile)."""
-    compile_dynamic: bool = True
-    """With `compile: true`: one graph with symbolic sizes serves every batch shape; false: a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` (or `auto` in `reduce-overhead` mode on CUDA) and compiles once per length bucket in the first steps."""
+    compile_dynamic: Literal["auto", True, False] = "auto"
+    """With `compile: true`: true, one graph with symbolic sizes serves every batch shape; false, a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` and compiles once per length bucket in the first steps; `auto`: false exactly where batch shapes are static (`batch_shapes: static`, or `auto` in `reduce-overhead` mode on CUDA). On an H200, CUDA graphs over the graph with symbolic sizes killed training with a segmentation fault in the compiled backward pass; a graph per static shape trained."""
     pad_to_multiple: int = num(0, lo=0)
     """Pad batch lengths (source and target) to a multiple of this, so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
     batch_shapes: Literal["auto", "static", "free"] = "auto"
@@ -399,7 +399,7 @@ class TrainConfig:
         self.init_from = expand_vars(self.init_from) if self.init_from else ""
         if self.schedule in ("cosine", "linear") and self.max_steps == 0:
             raise ValueError(f"schedule {self.schedule!r} decays to max_steps, which must then be > 0")
-        if not self.compile_dynamic and self.batch_shapes == "free":
+        if self.compile_dynamic is False and self.batch_shapes == "free":
             raise ValueError("compile_dynamic false compiles a graph per batch shape, so it needs batch_shapes "
                              "static (one shape per length bucket), not free")
         if self.average_last > self.keep_last:

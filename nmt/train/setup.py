@@ -102,8 +102,9 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
 
     With bf16 and `train.half_weights` it runs on a bf16 copy of the model
     (`t.half`); under DDP when there are several processes; compiled when `train.compile`,
-    a graph per batch shape with `train.compile_dynamic` false (`shapes` of them): the
-    objective, or for a model that compiles by step (`contract.Seq2Seq`) that step, in place.
+    a graph per batch shape where `train.compile_dynamic` is false, or auto with static batch
+    shapes (`shapes` of them), else one graph with symbolic sizes: the objective, or for a
+    model that compiles by step (`contract.Seq2Seq`) that step, in place.
 
     Raises:
         UserError: `train.compile_dynamic` false where batch shapes are not static.
@@ -116,12 +117,14 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
         objective = torch.nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None)
     if tc.compile:
-        if not tc.compile_dynamic and not batch_padding(tc, device).fill_tokens:
+        static = bool(batch_padding(tc, device).fill_tokens)
+        if tc.compile_dynamic is False and not static:
             raise UserError(f"train.compile_dynamic: false compiles a graph per batch shape, which needs static "
                             f"batch shapes, and train.batch_shapes {tc.batch_shapes} gives free ones on {device.type}"
                             f" (auto is static only with compile_mode reduce-overhead on CUDA): set "
                             f"train.batch_shapes: static, or train.compile_dynamic: true")
-        options = dict(mode=tc.compile_mode, dynamic=tc.compile_dynamic, shapes=shapes)
+        dynamic = not static if tc.compile_dynamic == "auto" else tc.compile_dynamic
+        options = dict(mode=tc.compile_mode, dynamic=dynamic, shapes=shapes)
         runner = t.half.copy if t.half is not None else t.model  # the model the objective runs
         if getattr(runner, "compile_by_step", False):  # it compiles one step of its loop (contract.Seq2Seq),
             options["shapes"] = 2 * shapes  # its first step apart where the state carries no gradient yet

@@ -189,6 +189,18 @@ def test_a_static_compile_needs_static_batch_shapes():
     assert t.objective is not t.model and hasattr(t.objective, "_orig_mod")
 
 
+@pytest.mark.parametrize("batch_shapes, per_shape", [("static", True), ("free", False)])
+def test_compile_dynamic_auto_compiles_a_graph_per_shape_exactly_where_batch_shapes_are_static(batch_shapes,
+                                                                                              per_shape):
+    """`train.compile_dynamic: auto`: static batch shapes get a graph each (dynamo may keep `shapes` of them), free
+    ones a graph with symbolic sizes. CUDA graphs over the symbolic one died of a segmentation fault on an H200."""
+    tc = TrainConfig(compile=True, batch_shapes=batch_shapes)
+    assert tc.compile_dynamic == "auto"
+    with torch._dynamo.config.patch(recompile_limit=8):
+        prepare_step(_trainable(_model(), tc), tc, torch.device("cpu"), Dist(), shapes=64)
+        assert torch._dynamo.config.recompile_limit == (64 if per_shape else 8)
+
+
 def test_padding_to_a_multiple_changes_shapes_not_the_loss():
     model = Objective(_model(), pad_id=PAD_ID, smoothing=0.1).eval()
     rows = [{"src_ids": [5, 6, 2], "tgt_ids": [7, 8, 9], "index": 0}, {"src_ids": [9, 2], "tgt_ids": [4], "index": 1}]
