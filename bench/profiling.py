@@ -13,9 +13,10 @@ kernels fill a small part of its wall time is bound by the host that launches th
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -44,18 +45,22 @@ class Profile:
         if self.trace:
             self._prof.export_chrome_trace(str(self.trace))
 
-    def kernels(self) -> int:
-        """Device kernels the block launched (0 off CUDA)."""
+    def _device_events(self) -> list:
+        """The block's work on the device: kernels, copies and sets. CUPTI also reports the times the host's
+        launches waited for room in the device's queue ("Command Buffer Full") as device events; those are
+        the host waiting on a busy GPU, not work, and are left out."""
         if self.device.type != "cuda":
-            return 0
-        return sum(1 for e in self._prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+            return []
+        return [e for e in self._prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.name != "Command Buffer Full"]
+
+    def kernels(self) -> int:
+        """Device kernels (and copies) the block launched (0 off CUDA)."""
+        return len(self._device_events())
 
     def kernel_seconds(self) -> float:
-        """Time the device spent running the block's kernels (0 off CUDA)."""
-        if self.device.type != "cuda":
-            return 0.0
-        return sum(e.time_range.elapsed_us() for e in self._prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+        """Time the device spent running the block's kernels, kernels that overlap counted once (0 off CUDA)."""
+        return covered((e.time_range.start, e.time_range.end) for e in self._device_events()) / 1e6
 
     def summary(self, steps: int, unit: str = "step") -> str:
         """The top operators by self time, the wall time per `unit` (`steps` of them), and on CUDA the
@@ -75,6 +80,16 @@ class Profile:
         if self.trace:
             lines.append(f"trace: {self.trace}")
         return "\n".join(lines)
+
+
+def covered(spans: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of `spans` (start, end): time covered by at least one of them."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:

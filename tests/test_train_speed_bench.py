@@ -48,6 +48,16 @@ def test_host_syncs_counts_each_wait_for_the_gpu_and_nothing_else():
     assert host_syncs(lambda: None, torch.device("cpu")) is None
 
 
+def test_the_gpu_busy_time_counts_overlapping_kernels_once():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from profiling import covered
+
+    assert covered([]) == 0
+    assert covered([(5, 7), (0, 2)]) == 4  # apart, in any order
+    assert covered([(0, 4), (1, 2), (3, 6)]) == 6  # one inside another, one overlapping its end
+    assert covered([(0, 2), (2, 3)]) == 3  # touching
+
+
 @pytest.mark.slow  # trains the toy tokenizer first (about 15 s here); CI runs it with make test-slow
 def test_the_batch_speed_bench_builds_the_same_batches_both_ways(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
