@@ -11,7 +11,8 @@
 # compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
-#              weights) / bf16-autocast, with a 10-update profile of each row          (about 5 min)
+#              weights) / bf16-autocast, with a 10-update profile of each row; the host time of the bf16
+#              copy's bookkeeping per update (bench/half_copy_speed.py)                 (about 5 min)
 #   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation);
 #              then the Bahdanau RNN eager and compiled (its decoder step)              (about 8 min)
 #   graphs     rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes
@@ -67,7 +68,9 @@ run() {
 case $stage in
   speed)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
-      --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ${TRAIN_ARGS:-} ;;
+      --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ${TRAIN_ARGS:-}
+    # the host's time in the bf16 copy's bookkeeping, which every bf16 update adds
+    run "$py" bench/half_copy_speed.py configs/multi30k_transformer.yaml --device "$device" ;;
   compiled)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
       --precisions fp32,bf16 --compile on --steps $steps --json "$out/compiled.json" ${TRAIN_ARGS:-}

@@ -5,6 +5,7 @@ same batches both ways."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,15 @@ def test_host_syncs_counts_each_wait_for_the_gpu_and_nothing_else():
     assert host_syncs(lambda: [(x + i).sum().item() for i in range(3)], x.device) == 3
     assert host_syncs(lambda: x.nonzero(), x.device) >= 1
     assert host_syncs(lambda: None, torch.device("cpu")) is None
+
+
+def test_the_half_copy_bench_times_the_bookkeeping_of_the_configs_model() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "half_copy_speed.py"), "configs/toy_transformer.yaml",
+                           "--device", "cpu", "--vocab", "50", "--updates", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.fullmatch(r"transformer, \d+ parameter tensors, [\d.]+M parameters, cpu: median \d+ us of host time "
+                        r"per update\n", proc.stdout), proc.stdout
 
 
 def test_the_gpu_busy_time_counts_overlapping_kernels_once():

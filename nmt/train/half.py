@@ -51,26 +51,45 @@ class HalfCopy:
         names = [n for n, _ in model.named_parameters()]
         if names != [n for n, _ in self.copy.named_parameters()]:  # parameters() order is the modules' order
             raise RuntimeError("the bf16 copy's parameters do not line up with the model's")
+        self._first = True  # the next gradients begin an update (`grads_to_master`)
 
     def grads_to_master(self) -> None:
-        """Add the copy's gradients to the fp32 parameters' `.grad` (creating them) and clear the copy's."""
-        fresh: list[tuple[torch.Tensor, torch.Tensor]] = []  # (fp32 parameter without a gradient, bf16 gradient)
-        more: list[tuple[torch.Tensor, torch.Tensor]] = []  # (fp32 parameter with a gradient, bf16 gradient)
-        for p, h in zip(self.masters, self.halves, strict=True):
-            if h.grad is not None:
-                (fresh if p.grad is None else more).append((p, h.grad))
-        for p, _ in fresh:
-            p.grad = torch.empty_like(p)
-        if fresh:
-            torch._foreach_copy_([p.grad for p, _ in fresh], [g for _, g in fresh])
+        """Move the copy's gradients to the fp32 parameters' `.grad` and clear the copy's.
+
+        The first backward of an update (after `refresh`) writes over the last update's fp32 gradients,
+        whose tensors stay from one update to the next: no allocation per parameter and update, which on a
+        GPU is host time that a small model's step, bound by its host, pays in full. A parameter that got no
+        gradient has none (`None`, as the optimizer expects). A later backward of the update (micro-batches
+        of `train.accumulate`) adds to them.
+        """
+        grads = [h.grad for h in self.halves]
+        for h in self.halves:
+            h.grad = None
+        if self._first:
+            self._first = False
+            masters, sources = [], []
+            for p, g in zip(self.masters, grads, strict=True):
+                if g is None:
+                    p.grad = None
+                    continue
+                if p.grad is None:  # its first gradient of the run, or the first after one it did not get
+                    p.grad = torch.empty_like(p)
+                masters.append(p.grad)
+                sources.append(g)
+            if masters:
+                torch._foreach_copy_(masters, sources)
+            return
+        fresh = [(p, g) for p, g in zip(self.masters, grads, strict=True) if g is not None and p.grad is None]
+        more = [(p, g) for p, g in zip(self.masters, grads, strict=True) if g is not None and p.grad is not None]
+        for p, g in fresh:
+            p.grad = g.to(p.dtype)
         if more:  # a bf16 list added to an fp32 one takes one launch per tensor on CUDA; two fp32 lists, one launch
             widened = [torch.empty_like(p) for p, _ in more]
             torch._foreach_copy_(widened, [g for _, g in more])
             torch._foreach_add_([p.grad for p, _ in more], widened)
-        for h in self.halves:
-            h.grad = None
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the fp32 weights into the bf16 copy (after every optimizer update, applied or skipped)."""
         torch._foreach_copy_(self.halves, self.masters)
+        self._first = True  # the next gradients begin a new update

@@ -113,9 +113,10 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
             step_unless(optimizer, skipped)
         t.scheduler.step()
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if half is not None:
+        if half is not None:  # the next update's gradients overwrite these (`HalfCopy.grads_to_master`)
             half.refresh()
+        else:
+            optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm.detach(), skipped)
 
 

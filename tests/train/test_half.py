@@ -131,6 +131,34 @@ def test_accumulated_bf16_batches_add_up_in_fp32():
         torch.testing.assert_close(a, deltas[1][n], rtol=0.05, atol=2e-3, msg=n)
 
 
+def test_each_update_writes_over_the_last_updates_fp32_gradients_in_the_same_tensors():
+    """The fp32 gradients stay allocated from one update to the next: an update's first backward writes over
+    them, its later ones add to them, and a weight that got no gradient in an update has none."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(dict(a=torch.nn.Linear(3, 4), b=torch.nn.Linear(3, 4)))
+    half = HalfCopy(model, torch.bfloat16)
+    x = torch.randn(5, 3, dtype=torch.bfloat16)
+
+    def backward(branch: str) -> torch.Tensor:  # the copy's gradient of one branch's weight
+        half.copy[branch](x).square().sum().backward()
+        grad = half.copy[branch].weight.grad.float()
+        half.grads_to_master()
+        return grad
+
+    first = backward("a")
+    kept = model.a.weight.grad
+    assert torch.equal(kept, first) and model.b.weight.grad is None
+    half.refresh()  # after the optimizer: a new update
+    again = backward("a")
+    assert model.a.weight.grad is kept and torch.equal(kept, again)  # written over, not added to
+    half.refresh()
+    only_b = backward("b")
+    assert model.a.weight.grad is None and torch.equal(model.b.weight.grad, only_b)  # nothing left of update 2
+    more = backward("b")  # a second micro-batch of the same update adds to the first
+    torch.testing.assert_close(model.b.weight.grad, only_b + more)
+    assert all(h.grad is None for h in half.halves)
+
+
 def test_a_skipped_bf16_update_leaves_weights_and_copy_alone():
     tc = TrainConfig(precision="bf16", lr=1e-3, warmup_steps=0, clip_norm=1.0)
     model = _model()
