@@ -328,7 +328,7 @@ class TrainConfig:
     half_weights: bool = True
     """With bf16: run the forward and backward passes on a bf16 copy of the model while the optimizer updates the fp32 weights (checkpoints and validation keep fp32), which saves autocast's cast at every use of a weight (a third of the operations of a small Transformer's update); false: autocast."""
     compile: bool = False
-    """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); an RNN compiles its decoder step, one graph for every target length; where compiling fails, training goes on uncompiled with a warning."""
+    """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); an RNN compiles its decoder step, one graph for every target length, which on an H200 ran slower than eager; where compiling fails, training goes on uncompiled with a warning."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile)."""
     compile_dynamic: Literal["auto", True, False] = "auto"
