@@ -2,7 +2,8 @@
 
     python bench/train_speed.py configs/multi30k_transformer.yaml \\
         [--shapes config,base] [--precisions fp32,bf16,bf16-autocast] [--compile off,on,reduce-overhead] \\
-        [--steps 30] [--warmup 5] [--reference] [--json results.json] [--set k=v ...]
+        [--steps 30] [--warmup 5] [--reference] [--attention flash,efficient,math] [--json results.json] \\
+        [--set k=v ...]
 
 Each row trains one model shape at one precision, eager or compiled, on the same
 real batches (the config's training data and tokenizer), with what `nmt train`
@@ -288,6 +289,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="After each row's timing, profile N more updates: top operators, kernels per update.")
     ap.add_argument("--trace", type=Path, default=None, help="With --profile: a Chrome trace per row in this folder.")
     ap.add_argument("--work", default="runs/bench", help="Where the tokenizer and data caches go (one folder per config).")
+    ap.add_argument("--attention", default="flash,efficient,math",
+                    help="On CUDA, the scaled_dot_product_attention kernels allowed, comma-separated: flash, "
+                         "efficient, math (default: those training allows). `math` alone leaves attention to "
+                         "plain matrix products and softmax, which a compiled row fuses.")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args(argv)
 
@@ -296,6 +301,12 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--shapes base and --reference need a Transformer config")
     device = pick_device(cfg.train.device)
     enable_fast_math(device)
+    kernels = set(args.attention.split(","))
+    if not kernels or not kernels <= {"flash", "efficient", "math"}:
+        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math")
+    torch.backends.cuda.enable_flash_sdp("flash" in kernels)
+    torch.backends.cuda.enable_mem_efficient_sdp("efficient" in kernels)
+    torch.backends.cuda.enable_math_sdp("math" in kernels)
     run_dir = Path(args.work) / Path(args.config).stem
     run_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_run(cfg, run_dir)
@@ -304,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     padding = batch_padding(cfg.train, device)
     print(f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{args.steps} timed steps after {args.warmup} warm-up, batch lengths padded to a multiple of "
-          f"{padding.multiple}", flush=True)
+          f"{padding.multiple}" + (f", attention kernels {args.attention}" if device.type == "cuda" else ""), flush=True)
 
     rows: list[Row] = []
     for shape in args.shapes.split(","):
