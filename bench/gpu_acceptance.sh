@@ -11,8 +11,9 @@
 # compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
-#              weights) / bf16-autocast, with a 10-update profile of each row; the host time of the bf16
-#              copy's bookkeeping per update (bench/half_copy_speed.py)                 (about 5 min)
+#              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
+#              and bf16 with lengths not rounded up; the host time of the bf16 copy's bookkeeping per
+#              update (bench/half_copy_speed.py)                                        (about 6 min)
 #   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation);
 #              then the Bahdanau RNN eager and compiled (its decoder step)              (about 8 min)
 #   graphs     rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes
@@ -70,6 +71,9 @@ case $stage in
   speed)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
       --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ${TRAIN_ARGS:-}
+    # lengths not rounded up to 8: whether padding still helps the small model once every shape has been seen
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --precisions fp32,bf16 --compile off \
+      --steps $steps --set train.pad_to_multiple=1 --json "$out/speed_multiple1.json" ${TRAIN_ARGS:-}
     # the host's time in the bf16 copy's bookkeeping, which every bf16 update adds
     run "$py" bench/half_copy_speed.py configs/multi30k_transformer.yaml --device "$device" ;;
   compiled)
