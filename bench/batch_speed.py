@@ -14,7 +14,10 @@ two ways from the same rows, twice over (the second round is timed):
 
 It checks that both give identical batches. With `train.num_workers: 0` (the default)
 the training process builds every batch itself, so on a GPU this is host time in
-every update.
+every update. With `train.num_workers` 1 or more it receives each batch from a worker
+instead: `from worker ms` is the training process's time to take one batch that a
+worker built in advance (`batch_loader` with one worker, 20 ms of pretended step
+between batches), which is what a worker saves only where it is below `IdColumns ms`.
 
 At scale: run `bench/data_scale.py --pairs N` first, then point `--run-dir` at its run
 directory (`WORK/run-N`) and `--set data.train=...`/`data.valid=...` at its corpus, as
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -34,7 +38,7 @@ from nmt.config import load_config
 from nmt.data.batching import Padding, collate, collate_flat
 from nmt.data.dataset import IdColumns
 from nmt.data.tokenizer import PAD_ID
-from nmt.train.data import build_sampler, prepare_run
+from nmt.train.data import batch_loader, build_sampler, prepare_run
 
 FIELDS = ("src", "src_pad_mask", "tgt_in", "tgt_out", "indices")
 
@@ -52,6 +56,18 @@ def measure(ds, lists: list[list[int]], padding: Padding) -> dict:
     same = all(a.ntokens == b.ntokens and all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
                for a, b in zip(old, new, strict=True))
     return {"dataset_ms": 1e3 * (t1 - t0) / len(lists), "idcolumns_ms": 1e3 * (t2 - t1) / len(lists), "identical": same}
+
+
+def from_worker(ds, lists: list[list[int]], padding: Padding, step_s: float = 0.02) -> float:
+    """Median seconds the training process spends taking a batch from a loader worker that built it in advance."""
+    loader = iter(batch_loader(ds, lists, num_workers=1, padding=padding))
+    waits = []
+    for _ in lists:
+        time.sleep(step_s)  # the step, while the worker builds the next batches
+        start = time.perf_counter()
+        next(loader)
+        waits.append(time.perf_counter() - start)
+    return statistics.median(waits[min(5, len(waits) - 1):])  # after the worker's start
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,15 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     ds = data.train
     print(f"{len(ds):,} training pairs in {ds.data.column('src_ids').num_chunks} Arrow chunks ({run_dir})", flush=True)
     rows = []
-    print(f"{'max_tokens':>10} {'pairs/batch':>11} {'dataset ms':>10} {'IdColumns ms':>12} {'speed-up':>8} identical")
+    print(f"{'max_tokens':>10} {'pairs/batch':>11} {'dataset ms':>10} {'IdColumns ms':>12} {'speed-up':>8} "
+          f"{'from worker ms':>14} identical")
     for budget in (int(b) for b in args.max_tokens.split(",")):
         sampler = build_sampler(ds, max_tokens=budget, shuffle=True, seed=cfg.train.seed)
         lists = [list(map(int, b)) for b in sampler.batch_list(0)[: args.batches]]
         r = {"max_tokens": budget, "batches": len(lists), "pairs_per_batch": sum(map(len, lists)) / len(lists),
              "pairs": len(ds), **measure(ds, lists, Padding(multiple=args.multiple))}
+        r["from_worker_ms"] = 1e3 * from_worker(ds, lists, Padding(multiple=args.multiple))
         rows.append(r)
         print(f"{budget:>10} {r['pairs_per_batch']:>11.0f} {r['dataset_ms']:>10.2f} {r['idcolumns_ms']:>12.2f} "
-              f"{r['dataset_ms'] / r['idcolumns_ms']:>7.1f}x {r['identical']}", flush=True)
+              f"{r['dataset_ms'] / r['idcolumns_ms']:>7.1f}x {r['from_worker_ms']:>14.2f} {r['identical']}",
+              flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if not all(r["identical"] for r in rows):

@@ -86,5 +86,6 @@ def test_the_batch_speed_bench_builds_the_same_batches_both_ways(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["max_tokens"] for r in rows] == [512, 2048]
-    assert all(r["identical"] and r["batches"] == 3 and r["dataset_ms"] > 0 and r["idcolumns_ms"] > 0 for r in rows)
+    assert all(r["identical"] and r["batches"] == 3 and r["dataset_ms"] > 0 and r["idcolumns_ms"] > 0
+               and r["from_worker_ms"] > 0 for r in rows)
     assert rows[1]["pairs_per_batch"] > rows[0]["pairs_per_batch"]

@@ -36,6 +36,13 @@ class Batch:
         indices: dataset row of each sentence, -1 for the empty pairs that fill a batch
             to a fixed shape (`Padding.fill_tokens`), (B,) long.
         ntokens: non-pad target tokens (a plain int, so reading it never waits on a GPU).
+
+    `collate_flat` puts the five tensors in one buffer (views of one storage), and
+    `to` and `pin_memory` keep it so: a batch from a loader worker then crosses into
+    the training process as one shared-memory segment, is pinned as one block, and
+    reaches the GPU in one copy instead of five (measured on a 2-core CPU, a worker's
+    Multi30k batch of 4,096 tokens cost the training process about 2 ms to receive as
+    five segments).
     """
 
     src: Tensor
@@ -59,8 +66,17 @@ class Batch:
         return self._map(Tensor.pin_memory)
 
     def _map(self, fn: Any) -> Batch:
-        changes = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "ntokens"}
-        return dataclasses.replace(self, **changes)
+        tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ntokens"}
+        storage = self.src.untyped_storage()
+        if any(t.untyped_storage().data_ptr() != storage.data_ptr() for t in tensors.values()):
+            return dataclasses.replace(self, **{name: fn(t) for name, t in tensors.items()})
+        whole = fn(torch.empty(0, dtype=torch.uint8, device=self.src.device).set_(storage))  # the buffer, moved once
+        return dataclasses.replace(self, **{name: _on_storage(t, whole.untyped_storage()) for name, t in tensors.items()})
+
+
+def _on_storage(t: Tensor, storage: torch.UntypedStorage) -> Tensor:
+    """`t`'s dtype, shape and place in its storage, on another storage of the same layout."""
+    return torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, t.storage_offset(), t.shape, t.stride())
 
 
 @dataclass(frozen=True)
@@ -144,9 +160,16 @@ def collate_flat(src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_len
     `nmt.data.dataset.IdColumns.gather` returns; no Python loop runs over the pairs."""
     n = len(src_lens)
     B, S, T = padding.shape(n, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=-1)) + 1)
-    out_src = np.full((B, S), pad_id, dtype=np.int64)  # (B, S)
-    tgt_in = np.full((B, T), pad_id, dtype=np.int64)  # (B, T)
-    tgt_out = tgt_in.copy()  # (B, T)
+    # one buffer (`Batch`): the int64 source, decoder input, decoder output and indices, then the bool mask
+    longs = B * S + 2 * B * T + B
+    whole = torch.empty(8 * longs + B * S, dtype=torch.uint8)
+    src_t, tgt_in_t, tgt_out_t, indices_t = whole[: 8 * longs].view(torch.int64).split([B * S, B * T, B * T, B])
+    src_t, tgt_in_t, tgt_out_t = src_t.view(B, S), tgt_in_t.view(B, T), tgt_out_t.view(B, T)
+    mask_t = whole[8 * longs :].view(torch.bool).view(B, S)
+    out_src, tgt_in, tgt_out = src_t.numpy(), tgt_in_t.numpy(), tgt_out_t.numpy()  # (B, S), (B, T), (B, T)
+    out_src.fill(pad_id)
+    tgt_in.fill(pad_id)
+    tgt_out.fill(pad_id)
     _fill(out_src, src, src_lens)
     tgt_in[:, :1] = BOS_ID
     _fill(tgt_in, tgt, tgt_lens, first=1)
@@ -156,15 +179,12 @@ def collate_flat(src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_len
     # BOS as decoder input with nothing to predict, so they add no loss and no gradient.
     out_src[n:, :1] = EOS_ID
     lens = np.r_[src_lens, np.ones(B - n, dtype=np.int64)]
-    src_pad_mask = np.arange(S)[None, :] >= lens[:, None]  # (B, S)
-    return Batch(
-        src=torch.from_numpy(out_src),
-        src_pad_mask=torch.from_numpy(src_pad_mask),
-        tgt_in=torch.from_numpy(tgt_in),
-        tgt_out=torch.from_numpy(tgt_out),
-        indices=torch.as_tensor(np.r_[np.asarray(indices, dtype=np.int64), np.full(B - n, -1, dtype=np.int64)]),
-        ntokens=int(tgt_lens.sum()) + n,
-    )
+    np.greater_equal(np.arange(S)[None, :], lens[:, None], out=mask_t.numpy())  # (B, S)
+    indices_np = indices_t.numpy()
+    indices_np[:n] = np.asarray(indices, dtype=np.int64)
+    indices_np[n:] = -1
+    return Batch(src=src_t, src_pad_mask=mask_t, tgt_in=tgt_in_t, tgt_out=tgt_out_t, indices=indices_t,
+                 ntokens=int(tgt_lens.sum()) + n)
 
 
 def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -221,13 +221,42 @@ def test_collate_takes_dataset_columns_with_indices() -> None:
     assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, b.tgt_out) and moved.ntokens == 4
 
 
+def _one_storage(b: Batch) -> bool:
+    tensors = (b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, b.indices)
+    return len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+
+
+def test_a_batch_crosses_from_a_loader_worker_as_one_buffer_and_unchanged() -> None:
+    """A batch's tensors are views of one buffer, so a worker sends one shared-memory segment, not five."""
+    from nmt.train.data import batch_loader
+
+    rng = np.random.default_rng(3)
+    ds = Dataset.from_dict({"src_ids": [rng.integers(4, 50, size=rng.integers(1, 9)).tolist() + [EOS_ID]
+                                        for _ in range(40)],
+                            "tgt_ids": [rng.integers(4, 50, size=rng.integers(0, 9)).tolist() for _ in range(40)]})
+    lists = [list(range(i, i + 8)) for i in range(0, 40, 8)]
+    padding = Padding(multiple=8, fill_tokens=256)
+    here = list(batch_loader(ds, lists, num_workers=0, padding=padding))
+    there = list(batch_loader(ds, lists, num_workers=1, padding=padding))  # built in another process
+    assert len(here) == len(there) == 5
+    for a, b in zip(here, there, strict=True):
+        assert _one_storage(a) and _one_storage(b)
+        for name in ("src", "src_pad_mask", "tgt_in", "tgt_out", "indices"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert a.src_pad_mask.dtype == torch.bool and a.ntokens == b.ntokens
+        assert torch.equal(a.src_pad_mask, a.src.eq(PAD_ID))  # padding exactly where the mask says
+        rows, length = a.src.shape  # filled with empty pairs to the static shape
+        assert rows * length == 256 and rows > 8 and a.indices[8:].eq(-1).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_memory_and_transfer() -> None:
     b = collate([{"index": 0, "src_ids": [5, EOS_ID], "tgt_ids": [6]}]).pin_memory()
-    assert b.src.is_pinned() and b.src_pad_mask.is_pinned() and b.indices.is_pinned()
+    assert b.src.is_pinned() and b.src_pad_mask.is_pinned() and b.indices.is_pinned() and _one_storage(b)
     on_gpu = b.to("cuda", non_blocking=True)
-    assert on_gpu.tgt_in.is_cuda and on_gpu.tgt_in.cpu().tolist() == [[BOS_ID, 6]]
+    assert on_gpu.tgt_in.is_cuda and on_gpu.tgt_in.cpu().tolist() == [[BOS_ID, 6]] and _one_storage(on_gpu)
+    assert on_gpu.src_pad_mask.cpu().tolist() == [[False, False]] and on_gpu.indices.cpu().tolist() == [0]
 
 
 # --------------------------------------------------------------------------- inference
