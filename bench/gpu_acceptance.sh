@@ -54,8 +54,8 @@ git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
 # A command that dies of a signal prints nothing itself: Python's fault handler dumps every thread's stack
 # on SIGSEGV, SIGABRT, SIGBUS, SIGFPE and SIGILL, and `run` logs each failing command's exit status.
 # Unbuffered output: into a pipe Python holds stdout back, and a process killed by a signal loses what it
-# held (train_speed's rows go to stderr as each is measured, but its table, the probe's report and the
-# training logs go to stdout).
+# held (train_speed's rows go to stderr as each is measured, but its table and the training logs go to
+# stdout).
 export PYTHONFAULTHANDLER=1 PYTHONUNBUFFERED=1
 log() { echo "== $*" | tee -a "$out/$stage.log"; }
 run() {
