@@ -124,6 +124,10 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
                             f" (auto is static only with compile_mode reduce-overhead on CUDA): set "
                             f"train.batch_shapes: static, or train.compile_dynamic: true")
         dynamic = not static if tc.compile_dynamic == "auto" else tc.compile_dynamic
+        if tc.compile_mode == "reduce-overhead" and device.type == "cuda" and not static and ctx.is_main:
+            log.warning("train.batch_shapes: free under CUDA graphs (compile_mode reduce-overhead) records a graph "
+                        "for every distinct batch shape, and with dynamic shapes such a run died of a segmentation "
+                        "fault on an H200; train.batch_shapes: auto or static gives one shape per length bucket")
         options = dict(mode=tc.compile_mode, dynamic=dynamic, shapes=shapes)
         runner = t.half.copy if t.half is not None else t.model  # the model the objective runs
         if getattr(runner, "compile_by_step", False):  # it compiles one step of its loop (contract.Seq2Seq),

@@ -4,6 +4,7 @@ updates skipped on the device."""
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from dataclasses import replace
 
@@ -199,6 +200,18 @@ def test_compile_dynamic_auto_compiles_a_graph_per_shape_exactly_where_batch_sha
     with torch._dynamo.config.patch(recompile_limit=8):
         prepare_step(_trainable(_model(), tc), tc, torch.device("cpu"), Dist(), shapes=64)
         assert torch._dynamo.config.recompile_limit == (64 if per_shape else 8)
+
+
+def test_free_batch_shapes_under_cuda_graphs_are_warned_of(caplog):
+    tc = TrainConfig(compile=True, compile_mode="reduce-overhead", batch_shapes="free")
+    with caplog.at_level(logging.WARNING, logger="nmt"):  # nothing runs on the device: compiling is lazy
+        prepare_step(_trainable(_model(), tc), tc, torch.device("cuda"), Dist())
+    assert "train.batch_shapes: free under CUDA graphs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt"):  # auto: static shapes there
+        auto = replace(tc, batch_shapes="auto")
+        prepare_step(_trainable(_model(), auto), auto, torch.device("cuda"), Dist())
+    assert "batch_shapes" not in caplog.text
 
 
 def test_padding_to_a_multiple_changes_shapes_not_the_loss():
