@@ -160,10 +160,14 @@ def collate_flat(src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_len
     `nmt.data.dataset.IdColumns.gather` returns; no Python loop runs over the pairs."""
     n = len(src_lens)
     B, S, T = padding.shape(n, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=-1)) + 1)
-    # one buffer (`Batch`): the int64 source, decoder input, decoder output and indices, then the bool mask
-    longs = B * S + 2 * B * T + B
+    # one buffer (`Batch`): the int64 source, decoder input, decoder output and indices, then the bool mask,
+    # each starting on a 16-byte boundary (compiled kernels copy inputs that are not aligned so)
+    sizes = [B * S, B * T, B * T, B]
+    spans = [n + n % 2 for n in sizes]
+    longs = sum(spans)
     whole = torch.empty(8 * longs + B * S, dtype=torch.uint8)
-    src_t, tgt_in_t, tgt_out_t, indices_t = whole[: 8 * longs].view(torch.int64).split([B * S, B * T, B * T, B])
+    parts = whole[: 8 * longs].view(torch.int64).split(spans)
+    src_t, tgt_in_t, tgt_out_t, indices_t = (part[:n] for part, n in zip(parts, sizes, strict=True))
     src_t, tgt_in_t, tgt_out_t = src_t.view(B, S), tgt_in_t.view(B, T), tgt_out_t.view(B, T)
     mask_t = whole[8 * longs :].view(torch.bool).view(B, S)
     out_src, tgt_in, tgt_out = src_t.numpy(), tgt_in_t.numpy(), tgt_out_t.numpy()  # (B, S), (B, T), (B, T)

@@ -226,6 +226,14 @@ def _one_storage(b: Batch) -> bool:
     return len({t.untyped_storage().data_ptr() for t in tensors}) == 1
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_each_tensor_of_a_batch_starts_on_a_16_byte_boundary_of_its_buffer(rows: int) -> None:
+    """Compiled kernels copy inputs that are not 16-byte aligned; odd sizes must not shift the later tensors."""
+    b = collate([{"index": i, "src_ids": [5] * (i % 3) + [EOS_ID], "tgt_ids": [6] * i} for i in range(rows)])
+    assert _one_storage(b)
+    assert all(t.data_ptr() % 16 == 0 for t in (b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, b.indices))
+
+
 def test_a_batch_crosses_from_a_loader_worker_as_one_buffer_and_unchanged() -> None:
     """A batch's tensors are views of one buffer, so a worker sends one shared-memory segment, not five."""
     from nmt.train.data import batch_loader
