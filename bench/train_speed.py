@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     device = pick_device(cfg.train.device)
     enable_fast_math(device)
     kernels = set(args.attention.split(","))
-    if not kernels or not kernels <= {"flash", "efficient", "math"}:
+    if not kernels <= {"flash", "efficient", "math"}:  # an empty choice is {""}
         ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math")
     torch.backends.cuda.enable_flash_sdp("flash" in kernels)
     torch.backends.cuda.enable_mem_efficient_sdp("efficient" in kernels)
