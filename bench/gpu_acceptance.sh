@@ -27,14 +27,16 @@
 #              first on the CPU (outputs kept), then on CUDA in fp32 and bf16, 3 rounds each, counted
 #              against the CPU's lines, with a profile; then the test set 20 times over as one file, in
 #              chunks sized by the batch budget and in chunks of 2,000 lines            (about 8 min)
-#   experiments  the other five Multi30k experiments (Transformer with dropout 0.1, en-de Transformer,
-#              Bahdanau, Luong and no-attention RNNs), each `nmt experiment` in fp32 for TRAIN_SECONDS
-#              (default 60 here) and scored on both test sets; EXPERIMENTS names others (about 9 min)
+#   experiments  the six Multi30k experiments of `make multi30k-all` (the Transformer with dropout 0.3 and
+#              0.1, en-de Transformer, Bahdanau, Luong and no-attention RNNs) side by side on the one GPU,
+#              each `nmt experiment` in fp32 for TRAIN_SECONDS (default 300 here) with its log in
+#              OUT/NAME.log, scored on both test sets; then their results table. EXPERIMENTS names others
+#                                                                                       (about 7 min)
 #   tests      the tests that only run on CUDA, the distributed tests on one GPU, training with
 #              --set train.device=cuda:0, and an RNN trained in bf16 (cuDNN's bf16 RNN)  (about 3 min)
 #
-# DEVICE (default cuda), TRAIN_SECONDS (default 270) and STEPS (timed updates per speed row, default 50)
-# let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
+# DEVICE (default cuda), TRAIN_SECONDS (default 270; 300 in experiments) and STEPS (timed updates per speed
+# row, default 50) let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
 # TRAIN_ARGS adds --set options to every stage's training, e.g. TRAIN_ARGS="--set train.pad_to_multiple=1".
 #
 # On a machine without package registry access, prepare the checkout with the project's
@@ -115,11 +117,31 @@ case $stage in
     run "$py" "${decode[@]}" --device "$device" --copies 20 --json "$out/decode_file.json"
     run "$py" "${decode[@]}" --device "$device" --copies 20 --chunk-lines 2000 --json "$out/decode_file_2000.json" ;;
   experiments)
-    for e in ${EXPERIMENTS:-multi30k_transformer_dropout01 multi30k_transformer_en_de multi30k_rnn_bahdanau \
-              multi30k_rnn_luong_general multi30k_rnn_noattn}; do
-      run "$py" -m nmt experiment "configs/$e.yaml" --restart --results "$out" --set run_dir=/tmp/gpu_$e \
-        --set train.device=$device --set train.max_time=${TRAIN_SECONDS:-60} --set train.valid_every=500 ${TRAIN_ARGS:-}
-    done ;;
+    # every experiment at once, each its own process on the one GPU, with an equal share of the CPU cores: a
+    # Multi30k model leaves the GPU idle for much of its step (bound by its host, H200 profiles of 2026-11-26),
+    # so runs side by side should share it well (unmeasured yet: each result records its tokens/s), and six
+    # fit one call of the device's 10 minutes, where one after another they got 60 s of training each
+    names=(${EXPERIMENTS:-multi30k_transformer multi30k_transformer_dropout01 multi30k_transformer_en_de \
+           multi30k_rnn_bahdanau multi30k_rnn_luong_general multi30k_rnn_noattn})
+    threads=$(( $(nproc) / ${#names[@]} )); ((threads > 0)) || threads=1
+    pids=()
+    for e in "${names[@]}"; do
+      cmd=("$py" -m nmt experiment "configs/$e.yaml" --restart --results "$out" --set run_dir=/tmp/gpu_$e
+           --set train.device=$device --set train.max_time=${TRAIN_SECONDS:-300} --set train.valid_every=500 ${TRAIN_ARGS:-})
+      log "OMP_NUM_THREADS=$threads ${cmd[*]} > $out/$e.log (in the background)"
+      OMP_NUM_THREADS=$threads "${cmd[@]}" > "$out/$e.log" 2>&1 &
+      pids+=($!)
+    done
+    failed=0
+    for i in "${!names[@]}"; do
+      wait "${pids[i]}"; rc=$?
+      ((rc == 0)) || { log "${names[i]}: exit status $rc (the end of $out/${names[i]}.log follows)"
+                       tail -n 30 "$out/${names[i]}.log" | tee -a "$out/$stage.log"; failed=1; }
+      cp "/tmp/gpu_${names[i]}/metrics.jsonl" "$out/${names[i]}.metrics.jsonl" 2>/dev/null
+    done
+    "$py" -c 'import sys; from nmt.results import load_results, results_table
+print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.log"
+    exit $failed ;;
   tests)
     run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_translate.py \
       tests/train/test_half.py tests/train/test_step.py
