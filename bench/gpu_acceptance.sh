@@ -18,8 +18,9 @@
 #              then the Bahdanau RNN eager and compiled (its decoder step)              (about 8 min)
 #   graphs     rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes
 #              auto), a graph per length bucket (train.compile_dynamic auto): the Multi30k shape in fp32
-#              and bf16, Transformer-base in bf16 (the acceptance rows); Transformer-base again with
-#              attention left to the compiler (--attention math); then the Multi30k shape in bf16 with
+#              and bf16, Transformer-base in bf16 (the acceptance rows, each with a profile whose host time
+#              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
+#              left to the compiler (--attention math); then the Multi30k shape in bf16 with
 #              lengths not rounded up (a graph per length)                              (about 8 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
@@ -87,9 +88,9 @@ case $stage in
   graphs)
     # the acceptance rows first, each call writing its JSON, so that a stage cut short still leaves them
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
-      --compile reduce-overhead --steps $steps --json "$out/graphs.json" ${TRAIN_ARGS:-}
+      --compile reduce-overhead --steps $steps --profile 10 --json "$out/graphs.json" ${TRAIN_ARGS:-}
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile reduce-overhead --steps $steps --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
+      --compile reduce-overhead --steps $steps --profile 5 --json "$out/graphs_base.json" ${TRAIN_ARGS:-}
     # attention as plain matrix products and softmax, which the compiler fuses: Transformer-base's flash and
     # memory-efficient attention kernels took more GPU time than its largest matrix products on these short
     # sentences (H200, 2026-11-26)

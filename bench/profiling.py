@@ -5,7 +5,8 @@
     print(prof.summary(steps=20))
 
 The summary is torch.profiler's table of the operators with the most self time
-(device time on CUDA, host time elsewhere), the wall time per step and, on CUDA, the
+(device time on CUDA, host time elsewhere), the host's time per step in each labelled
+phase (`host_phases`), the wall time per step and, on CUDA, the
 kernels launched per step and the time the GPU spent running them: a step whose
 kernels fill a small part of its wall time is bound by the host that launches them
 (or by a wait for the host), whatever the GPU. The trace opens in https://ui.perfetto.dev or chrome://tracing.
@@ -67,9 +68,13 @@ class Profile:
         kernels and the GPU's time in them per `unit`."""
         on_device = self.device.type == "cuda"
         key = "self_cuda_time_total" if on_device else "self_cpu_time_total"
-        table = self._prof.key_averages().table(sort_by=key, row_limit=self.rows)
+        averages = self._prof.key_averages()
+        table = averages.table(sort_by=key, row_limit=self.rows)
         lines = [f"profile of {steps} {unit}s, sorted by self {'GPU' if on_device else 'CPU'} time:", table]
         n = max(steps, 1)
+        phases = host_phases(averages, n)
+        if phases:
+            lines.append(f"host time per {unit}: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in phases))
         wall = f"{1e3 * self.seconds / n:.2f} ms per {unit} (wall, profiled)"
         if on_device:
             busy = self.kernel_seconds()
@@ -80,6 +85,16 @@ class Profile:
         if self.trace:
             lines.append(f"trace: {self.trace}")
         return "\n".join(lines)
+
+
+def host_phases(averages: Iterable, steps: int) -> list[tuple[str, float]]:
+    """The host's time per step (ms) in each labelled phase of the profiled block, longest first: nmt's own
+    `record_function` ranges (`nmt.forward_backward`, `nmt.optimizer`) and torch's optimizer ones
+    (`Optimizer.step#Adam.step`), each including the operators it ran. Where the GPU idles, these say which
+    part of the step keeps the host from launching sooner."""
+    phases = [(e.key, e.cpu_time_total / 1e3 / max(steps, 1)) for e in averages
+              if e.key.startswith(("nmt.", "Optimizer."))]
+    return sorted(phases, key=lambda phase: -phase[1])
 
 
 def covered(spans: Iterable[tuple[float, float]]) -> float:

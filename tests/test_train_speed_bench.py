@@ -35,6 +35,7 @@ def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_pat
     assert all(r["syncs"] is None for r in rows.values()) and "syncs" in proc.stdout  # counted on CUDA only
     assert proc.stderr.count("profile of 1 updates, sorted by self CPU time") == 3
     assert proc.stderr.count(" ms per update (wall, profiled)") == 3
+    assert len(re.findall(r"host time per update: .*nmt\.optimizer [\d.]+ ms", proc.stderr)) == 3
 
 
 @pytest.mark.gpu
@@ -65,6 +66,31 @@ def test_the_train_speed_bench_refuses_an_unknown_attention_kernel_in_one_line()
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == ("train_speed.py: error: --attention 'math,cudnn': use a comma-separated "
                                             "choice of flash, efficient, math")
+
+
+def test_the_host_phases_are_the_labelled_ranges_per_step_longest_first():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from profiling import Profile, host_phases
+    from torch.profiler import record_function
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.Adam(model.parameters())
+    with Profile(torch.device("cpu")) as prof:
+        for _ in range(3):
+            with record_function("nmt.forward_backward"):
+                model(torch.randn(256, 64)).pow(2).sum().backward()
+            with record_function("nmt.optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+    phases = dict(host_phases(prof._prof.key_averages(), 3))
+    assert {"nmt.forward_backward", "nmt.optimizer", "Optimizer.step#Adam.step"} <= set(phases)
+    assert not any(name.startswith("aten::") for name in phases)  # operators are inside the phases, not phases
+    assert phases["nmt.optimizer"] >= phases["Optimizer.step#Adam.step"] > 0  # the step runs inside the range
+    times = list(dict(host_phases(prof._prof.key_averages(), 3)).values())
+    assert times == sorted(times, reverse=True)
+    assert sum(phases.values()) < 1e3 * prof.seconds  # per step, so together less than the whole block's wall time
+    line = next(x for x in prof.summary(3, "update").splitlines() if x.startswith("host time per update: "))
+    assert "nmt.forward_backward" in line and "nmt.optimizer" in line
 
 
 def test_the_gpu_busy_time_counts_overlapping_kernels_once():
