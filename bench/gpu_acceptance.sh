@@ -20,8 +20,8 @@
 #              auto), a graph per length bucket (train.compile_dynamic auto): the Multi30k shape in fp32
 #              and bf16, Transformer-base in bf16 (the acceptance rows, each with a profile whose host time
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
-#              left to the compiler (--attention math); then the Multi30k shape in bf16 with
-#              lengths not rounded up (a graph per length)                              (about 8 min)
+#              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
+#              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -96,6 +96,10 @@ case $stage in
     # sentences (H200, 2026-11-26)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
       --compile reduce-overhead --attention math --steps $steps --json "$out/graphs_base_math.json" ${TRAIN_ARGS:-}
+    # cuDNN's attention, which training leaves out because it plans every new shape: static shapes plan a few
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile reduce-overhead --attention cudnn,flash,efficient,math --steps $steps \
+      --json "$out/graphs_base_cudnn.json" ${TRAIN_ARGS:-}
     # lengths unrounded: a graph per distinct length, but no padding on Multi30k's short sentences
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
       --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \

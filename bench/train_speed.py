@@ -291,8 +291,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", default="runs/bench", help="Where the tokenizer and data caches go (one folder per config).")
     ap.add_argument("--attention", default="flash,efficient,math",
                     help="On CUDA, the scaled_dot_product_attention kernels allowed, comma-separated: flash, "
-                         "efficient, math (default: those training allows). `math` alone leaves attention to "
-                         "plain matrix products and softmax, which a compiled row fuses.")
+                         "efficient, math, cudnn (default: those training allows). `math` alone leaves attention "
+                         "to plain matrix products and softmax, which a compiled row fuses. `cudnn` (which torch "
+                         "prefers where allowed) plans every new shape once, a cost that static batch shapes pay "
+                         "only once per length bucket.")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args(argv)
 
@@ -302,8 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     device = pick_device(cfg.train.device)
     enable_fast_math(device)
     kernels = set(args.attention.split(","))
-    if not kernels <= {"flash", "efficient", "math"}:  # an empty choice is {""}
-        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math")
+    if not kernels <= {"flash", "efficient", "math", "cudnn"}:  # an empty choice is {""}
+        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math, cudnn")
+    torch.backends.cuda.enable_cudnn_sdp("cudnn" in kernels)
     torch.backends.cuda.enable_flash_sdp("flash" in kernels)
     torch.backends.cuda.enable_mem_efficient_sdp("efficient" in kernels)
     torch.backends.cuda.enable_math_sdp("math" in kernels)

@@ -61,11 +61,11 @@ def test_the_half_copy_bench_times_the_bookkeeping_of_the_configs_model() -> Non
 
 def test_the_train_speed_bench_refuses_an_unknown_attention_kernel_in_one_line() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train_speed.py"), "configs/toy_transformer.yaml",
-                           "--attention", "math,cudnn", "--set", "train.device=cpu"],
+                           "--attention", "math,xformers", "--set", "train.device=cpu"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == ("train_speed.py: error: --attention 'math,cudnn': use a comma-separated "
-                                            "choice of flash, efficient, math")
+    assert proc.stderr.splitlines()[-1] == ("train_speed.py: error: --attention 'math,xformers': use a comma-separated "
+                                            "choice of flash, efficient, math, cudnn")
 
 
 def test_the_host_phases_are_the_labelled_ranges_per_step_longest_first():
