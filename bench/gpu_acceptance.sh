@@ -7,8 +7,8 @@
 # (15 minutes, the machine's start included) holds one long stage and perhaps a short one. multi30k ran
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
-# auto now chooses). Run experiments next, then speed, multi30k (again, with CUDA graphs), tests and
-# compiled. Stages:
+# auto now chooses). Run updates next, then experiments (TRAIN_SECONDS=240 where they share a session),
+# graphs, speed, multi30k (again, with CUDA graphs), tests and compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
@@ -22,6 +22,11 @@
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
+#   updates    train.cuda_graphs (each batch shape's whole update recorded as one CUDA graph): its tests on
+#              the GPU first (the stage stops if they fail), then the Multi30k shape eager with and
+#              without it and compiled (default mode) with it, in fp32 and bf16, with profiles; then
+#              Transformer-base in bf16 compiled with it; then a toy training with it, resumed
+#                                                                                       (about 6 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -43,7 +48,7 @@
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
 set -uo pipefail
-stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|multi30k|experiments|tests [OUT]}
+stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|updates|multi30k|experiments|tests [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 data=${NMT_DATA:-../shared/data/multi30k}
@@ -104,6 +109,20 @@ case $stage in
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
       --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \
       ${TRAIN_ARGS:-} ;;
+  updates)
+    run "$py" -m pytest -q -rs tests/train/test_graphs.py tests/train/test_step.py || exit 1
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile default --update-graphs on --steps $steps --profile 10 --json "$out/updates_compiled.json" \
+      ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile default --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+    for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
+      run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates --set train.device=$device \
+        --set train.cuda_graphs=true --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
+    done
+    cp /tmp/gpu_updates/metrics.jsonl "$out/updates_metrics.jsonl" 2>/dev/null ;;
   multi30k)
     run_dir=/tmp/gpu_multi30k_transformer
     run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \
@@ -149,12 +168,12 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     exit $failed ;;
   tests)
     run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_translate.py \
-      tests/train/test_half.py tests/train/test_step.py
+      tests/train/test_half.py tests/train/test_step.py tests/train/test_graphs.py
     run "$py" -m nmt train configs/toy_transformer.yaml --restart --set run_dir=/tmp/gpu_cuda0 \
       --set train.device=$device:0 --set train.max_steps=100 --set train.valid_every=100
     run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \
       --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100 ;;
   *)
-    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, multi30k, experiments or tests" >&2
+    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, multi30k, experiments or tests" >&2
     exit 2 ;;
 esac

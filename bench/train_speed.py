@@ -2,8 +2,8 @@
 
     python bench/train_speed.py configs/multi30k_transformer.yaml \\
         [--shapes config,base] [--precisions fp32,bf16,bf16-autocast] [--compile off,on,reduce-overhead] \\
-        [--steps 30] [--warmup 5] [--reference] [--attention flash,efficient,math] [--json results.json] \\
-        [--set k=v ...]
+        [--update-graphs off,on] [--steps 30] [--warmup 5] [--reference] [--attention flash,efficient,math] \\
+        [--json results.json] [--set k=v ...]
 
 Each row trains one model shape at one precision, eager or compiled, on the same
 real batches (the config's training data and tokenizer), with what `nmt train`
@@ -13,7 +13,9 @@ does (`train.pad_to_multiple`, `train.batch_shapes`), and `nmt.train.step.train_
 `--compile` takes off, on (the config's `train.compile_mode`) or a mode's name, e.g.
 reduce-overhead (CUDA graphs, with static batch shapes unless `train.batch_shapes: free`);
 a compiled row first runs each batch shape of its timed updates three times, so that
-compiling and graph recording stay out of the timing. Shapes: `config` is the config's model and
+compiling and graph recording stay out of the timing. `--update-graphs on` records each batch
+shape's whole update as a CUDA graph (`train.cuda_graphs`; its compile column reads `MODE+update`),
+after the eager uses training gives a shape first. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
 FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
 torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
@@ -74,6 +76,7 @@ from nmt.train.data import (
     length_arrays,
     prepare_run,
 )
+from nmt.train.graphs import EAGER_USES
 from nmt.train.setup import batch_shape_count, build_trainable, prepare_step
 from nmt.train.step import train_step
 
@@ -126,6 +129,7 @@ class Row:
     precision: str
     compile: str  # off, or torch.compile's mode
     max_tokens: int
+    cuda_graphs: bool = False  # `train.cuda_graphs`: each batch shape's whole update recorded and replayed
     params: int = 0
     tokens_per_s: float = 0.0
     seconds_per_step: float = 0.0
@@ -142,6 +146,11 @@ class Row:
     def compiled(self) -> bool:
         return self.compile != "off"
 
+    @property
+    def how(self) -> str:
+        """The compile mode, `+update` with update graphs."""
+        return self.compile + ("+update" if self.cuda_graphs else "")
+
 
 def _shape(b) -> tuple[int, ...]:
     return (*b.src.shape, b.tgt_in.shape[1])
@@ -157,7 +166,8 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     """Train `steps` timed updates after `warmup` ones; fill in the row's figures."""
     precision, _, variant = row.precision.partition("-")  # bf16-autocast: bf16 without the bf16 copy
     tc = replace(cfg.train, precision=precision, half_weights=variant != "autocast", max_tokens=row.max_tokens,
-                 compile=row.compiled, compile_mode=row.compile if row.compiled else cfg.train.compile_mode)
+                 compile=row.compiled, compile_mode=row.compile if row.compiled else cfg.train.compile_mode,
+                 cuda_graphs=row.cuda_graphs)
     t = cfg.model.transformer
     tok = data.tokenizer
     seed_everything(tc.seed)
@@ -196,20 +206,22 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
 
     start = time.perf_counter()
     if row.compiled:
-        print(f"  {row.precision} {row.compile}: compiling over {warmup} warm-up updates", file=sys.stderr, flush=True)
+        print(f"  {row.precision} {row.how}: compiling over {warmup} warm-up updates", file=sys.stderr, flush=True)
     run(0, warmup)
     # Every batch shape the timing will meet runs first, eager rows included: a training run meets each shape
     # thousands of times, so what a shape's first use costs (compiling it, recording its CUDA graphs, growing
     # the allocator's pools, the kernel libraries' first choices) is spread thin there, and must not weigh on a
     # few dozen timed updates, nor favour the rows that pad to fewer shapes. Compiled rows run each shape three
-    # times: compiled, then (CUDA graphs) recorded, then replayed once.
+    # times: compiled, then (CUDA graphs) recorded, then replayed once; rows with update graphs run it eagerly
+    # as often as training does before recording it, then record it and replay it once.
     first_of_shape = {_shape(b): i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
+    uses = EAGER_USES + 2 if row.cuda_graphs else 3 if row.compiled else 1
     for k, i in enumerate(sorted(first_of_shape.values()), 1):
-        if row.compiled:
-            print(f"  {row.precision} {row.compile}: warming up shape {k}/{len(first_of_shape)} "
+        if row.compiled or row.cuda_graphs:
+            print(f"  {row.precision} {row.how}: warming up shape {k}/{len(first_of_shape)} "
                   f"{'x'.join(map(str, _shape(batches[i])))} at {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)
-        for _ in range(3 if row.compiled else 1):
+        for _ in range(uses):
             run(i, 1)
     _sync(device)
     row.warmup_s = time.perf_counter() - start
@@ -222,7 +234,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     row.mfu = 100 * work / seconds / peak if peak and counted else None
     if device.type == "cuda":
         row.peak_mem_mib = torch.cuda.max_memory_allocated(device) / 2**20
-    if not row.compiled:
+    if not row.compiled and not row.cuda_graphs:  # a replayed update dispatches no operators to count
         with _OpCount() as count:
             train_step(parts, [batches[0]], tc, device)
         row.ops = count.ops
@@ -230,7 +242,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     if profile:  # after the timing, which it would slow down
         with Profile(device, trace=trace) as prof:
             run(warmup, profile)
-        print(f"{row.shape} {row.model} {row.precision} compile {row.compile}: "
+        print(f"{row.shape} {row.model} {row.precision} compile {row.how}: "
               f"{prof.summary(profile, 'update')}", file=sys.stderr, flush=True)
     return row
 
@@ -258,7 +270,7 @@ def format_table(rows: list[Row]) -> str:
             f"{'shapes':>6s} {'ops/update':>10s} {'syncs':>5s}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {r.compile:15s}"
+        what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {r.how:15s}"
         if r.error:
             lines.append(f"{what} failed: {r.error}")
             continue
@@ -279,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, bf16-autocast, fp16 (default: the config's).")
     ap.add_argument("--compile", default="off", help="Comma-separated: off, on (train.compile_mode), or a mode: "
                                                       "default, reduce-overhead, max-autotune(-no-cudagraphs).")
+    ap.add_argument("--update-graphs", default="off", help="Comma-separated: off, on (train.cuda_graphs: each "
+                                                            "batch shape's whole update recorded as a CUDA graph).")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5, help="Untimed updates first (compiled rows take more, "
                                                             "so that every batch shape is compiled).")
@@ -303,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--shapes base and --reference need a Transformer config")
     device = pick_device(cfg.train.device)
     enable_fast_math(device)
+    if not set(args.update_graphs.split(",")) <= {"off", "on"}:
+        ap.error(f"--update-graphs {args.update_graphs!r}: use off, on or off,on")
     kernels = set(args.attention.split(","))
     if not kernels <= {"flash", "efficient", "math", "cudnn"}:  # an empty choice is {""}
         ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math, cudnn")
@@ -333,18 +349,20 @@ def main(argv: list[str] | None = None) -> None:
                 compiled = mode != "off"
                 if mode not in COMPILE_MODES:
                     ap.error(f"--compile {mode!r}: use off, on or one of {', '.join(COMPILE_MODES[1:])}")
-                for reference in (False, True) if args.reference else (False,):
-                    if reference and compiled:
+                variants = [(reference, graphs == "on") for reference in ((False, True) if args.reference else (False,))
+                            for graphs in args.update_graphs.split(",")]
+                for reference, graphs in variants:
+                    if reference and (compiled or graphs):  # the reference model runs eager only
                         continue
                     model = "torch.nn.Transformer" if reference else f"nmt {cfg.model.type}"
-                    row = Row(shape, model, precision, mode, max_tokens)
+                    row = Row(shape, model, precision, mode, max_tokens, cuda_graphs=graphs)
                     warmup = max(args.warmup, 10) if compiled else args.warmup
                     try:
                         trace = None
                         if args.trace:
                             args.trace.mkdir(parents=True, exist_ok=True)
                             name = "reference" if reference else "nmt"
-                            trace = args.trace / f"{shape}-{name}-{precision}-{mode}.json"
+                            trace = args.trace / f"{shape}-{name}-{precision}-{row.how}.json"
                         run_row(row, shape_cfg, data, device, steps=args.steps, warmup=warmup,
                                 reference=reference, peak=peak, profile=args.profile, trace=trace)
                     except Exception as err:  # one failing row (e.g. out of memory) must not lose the others

@@ -333,6 +333,8 @@ class TrainConfig:
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile). On an H200, reduce-overhead made the Multi30k Transformer's updates 1.9-2.8x faster than eager ones in fp32 (`bench/train_speed.py`; not yet timed in a whole training run)."""
     compile_dynamic: Literal["auto", True, False] = "auto"
     """With `compile: true`: true, one graph with symbolic sizes serves every batch shape; false, a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` and compiles once per length bucket in the first steps; `auto`: false exactly where batch shapes are static (`batch_shapes: static`, or `auto` in `reduce-overhead` mode on CUDA). On an H200, CUDA graphs over the graph with symbolic sizes killed training with a segmentation fault in the compiled backward pass; a graph per static shape trained."""
+    cuda_graphs: bool = False
+    """Record each batch shape's whole update (forward, backward, clipping, the optimizer, the bf16 copy's bookkeeping) as one CUDA graph after two eager uses of that shape, then replay it with one launch, so that a small model's step is no longer bound by the host's kernel launches (`compile_mode: reduce-overhead` records the forward and backward passes only). Needs CUDA, one process, `accumulate: 1`, fp32 or bf16 on the bf16 copy, batch shapes that are not `free` (`auto` makes them static), a Transformer (the RNNs read source lengths on the host), and no compile mode with graphs of its own (`default` and `max-autotune-no-cudagraphs` go with it). Not yet timed on a GPU (`bench/train_speed.py --update-graphs`)."""
     pad_to_multiple: int = num(0, lo=0)
     """Pad batch lengths (source and target) to a multiple of this, so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
     batch_shapes: Literal["auto", "static", "free"] = "auto"
@@ -402,9 +404,29 @@ class TrainConfig:
         if self.compile_dynamic is False and self.batch_shapes == "free":
             raise ValueError("compile_dynamic false compiles a graph per batch shape, so it needs batch_shapes "
                              "static (one shape per length bucket), not free")
+        if self.cuda_graphs:
+            self._check_cuda_graphs()
         if self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= {self.average_last} "
                              f"(now {self.keep_last}): only kept checkpoints can be averaged")
+
+    def _check_cuda_graphs(self) -> None:
+        """What `cuda_graphs: true` needs of the other settings (the device and the model are checked when
+        training starts: `nmt.train.graphs.check_update_graphs`)."""
+        needs = []
+        if self.accumulate != 1:
+            needs.append(f"accumulate: 1 (now {self.accumulate})")
+        if self.precision == "fp16" or (self.precision == "bf16" and not self.half_weights):
+            needs.append(f"precision fp32, or bf16 with half_weights: true (now {self.precision}"
+                         f"{'' if self.precision == 'fp16' else ' under autocast'})")
+        if self.batch_shapes == "free":
+            needs.append("batch_shapes auto or static (now free)")
+        if self.compile and self.compile_mode in ("reduce-overhead", "max-autotune"):
+            needs.append(f"a compile_mode without CUDA graphs of its own, default or max-autotune-no-cudagraphs "
+                         f"(now {self.compile_mode})")
+        if needs:
+            raise ValueError(f"cuda_graphs true records one whole update per batch shape, which needs "
+                             f"{'; '.join(needs)}")
 
 
 @dataclass

@@ -65,12 +65,35 @@ class Batch:
         """The same batch in page-locked memory (a DataLoader with pin_memory=True calls it)."""
         return self._map(Tensor.pin_memory)
 
-    def _map(self, fn: Any) -> Batch:
-        tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ntokens"}
+    def clone(self) -> Batch:
+        """A copy of the batch in memory of its own, on the same device."""
+        return self._map(Tensor.clone)
+
+    def copy_(self, other: Batch) -> None:
+        """Write the values of `other`, a batch of the same shapes on any device, into this batch's tensors."""
+        mine, theirs = self._buffer(), other._buffer()
+        if mine is not None and theirs is not None and mine.shape == theirs.shape:
+            mine.copy_(theirs, non_blocking=True)  # one copy for the five tensors
+            return
+        for name in self._tensors():
+            getattr(self, name).copy_(getattr(other, name), non_blocking=True)
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ntokens"}
+
+    def _buffer(self) -> Tensor | None:
+        """The one storage all five tensors are views of, as bytes; None where they are not (not built by
+        `collate_flat`)."""
         storage = self.src.untyped_storage()
-        if any(t.untyped_storage().data_ptr() != storage.data_ptr() for t in tensors.values()):
+        if any(t.untyped_storage().data_ptr() != storage.data_ptr() for t in self._tensors().values()):
+            return None
+        return torch.empty(0, dtype=torch.uint8, device=self.src.device).set_(storage)
+
+    def _map(self, fn: Any) -> Batch:
+        tensors, buffer = self._tensors(), self._buffer()
+        if buffer is None:
             return dataclasses.replace(self, **{name: fn(t) for name, t in tensors.items()})
-        whole = fn(torch.empty(0, dtype=torch.uint8, device=self.src.device).set_(storage))  # the buffer, moved once
+        whole = fn(buffer)  # the buffer, moved once
         return dataclasses.replace(self, **{name: _on_storage(t, whole.untyped_storage()) for name, t in tensors.items()})
 
 

@@ -85,6 +85,11 @@ class Seq2Seq(Protocol):
     `compile_by_step = True` and overrides `nn.Module.compile` to compile the step its loop
     calls, in place (`RNNSeq2Seq`): compiled whole, the loop would be unrolled, a graph per
     target length.
+
+    Training with `train.cuda_graphs` records a whole update as a CUDA graph, which only a
+    model whose training `forward` never waits for the device can be part of: such a model
+    sets the class attribute `graph_safe = True` (the Transformer). The RNNs pack their source
+    by lengths read on the host, so they leave it unset.
     """
 
     src_vocab_size: int

@@ -435,6 +435,8 @@ class Transformer(nn.Module):
         ValueError: an invalid size, option or combination; the message shows the values.
     """
 
+    graph_safe = True  # its training forward never waits for the device: `train.cuda_graphs` can record it
+
     def __init__(
         self,
         *,

@@ -115,13 +115,13 @@ def batch_padding(tc: TrainConfig, device: torch.device) -> Padding:
     """How training batches are padded on `device`, the `auto` settings resolved.
 
     `train.pad_to_multiple` 0 means 8 on CUDA (tensor-core tiles, few shapes), 1
-    elsewhere. `train.batch_shapes` auto means static where CUDA graphs are recorded:
-    compiled in `reduce-overhead` mode on CUDA, which records a graph for each
-    distinct batch shape; static shapes leave one shape per length bucket.
+    elsewhere. `train.batch_shapes` auto means static where CUDA graphs are recorded
+    (`train.cuda_graphs`, or compiled in `reduce-overhead` mode), on CUDA: a graph is
+    recorded for each distinct batch shape, and static shapes leave one per length bucket.
     """
     multiple = tc.pad_to_multiple or (8 if device.type == "cuda" else 1)
-    static = tc.batch_shapes == "static" or (
-        tc.batch_shapes == "auto" and tc.compile and tc.compile_mode == "reduce-overhead" and device.type == "cuda")
+    graphs = tc.cuda_graphs or (tc.compile and tc.compile_mode == "reduce-overhead")
+    static = tc.batch_shapes == "static" or (tc.batch_shapes == "auto" and graphs and device.type == "cuda")
     return Padding(multiple=multiple, fill_tokens=tc.max_tokens if static else 0)
 
 

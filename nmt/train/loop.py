@@ -318,7 +318,7 @@ class _Loop:
     def _log_train(self, bar: tqdm) -> None:
         w, p = self.window, self.p
         seconds = max(time.perf_counter() - w.t0, 1e-9)
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.scheduler.lr
         record = {
             "event": "train", "step": p.step, "epoch": p.epoch,
             "loss": round(float(w.loss) / max(w.tokens, 1), 4), "ppl": round(perplexity(float(w.nll), max(w.tokens, 1)), 2),

@@ -132,7 +132,11 @@ class Schedule:
     """Sets every parameter group's rate to `lr * lr_factor(step) * plateau_scale` before each update.
 
     Call `step()` after each optimizer update and, for `schedule: plateau`,
-    `observe(metric)` after each validation.
+    `observe(metric)` after each validation. A group whose rate is a tensor
+    (`nmt.train.graphs`) gets the new rate written into that tensor, on its device.
+
+    Attributes:
+        lr: the rate set for the next update (a float, whatever the groups hold).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
@@ -168,7 +172,7 @@ class Schedule:
         return True
 
     def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
+        return [self.lr for _ in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "scale": self.scale, "best": self.best, "bad": self.bad}
@@ -183,9 +187,12 @@ class Schedule:
         self._apply()
 
     def _apply(self) -> None:
-        lr = self.cfg.lr * lr_factor(self.steps, self.cfg) * self.scale
+        self.lr = self.cfg.lr * lr_factor(self.steps, self.cfg) * self.scale
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], Tensor):  # read where it lies by a recorded update (`nmt.train.graphs`)
+                group["lr"].fill_(self.lr)
+            else:
+                group["lr"] = self.lr
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Schedule:

@@ -39,6 +39,7 @@ from nmt.runtime import (
 )
 from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
+from nmt.train.graphs import UpdateGraphs, check_update_graphs
 from nmt.train.half import HalfCopy
 from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
@@ -104,10 +105,12 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
     (`t.half`); under DDP when there are several processes; compiled when `train.compile`,
     a graph per batch shape where `train.compile_dynamic` is false, or auto with static batch
     shapes (`shapes` of them), else one graph with symbolic sizes: the objective, or for a
-    model that compiles by step (`contract.Seq2Seq`) that step, in place.
+    model that compiles by step (`contract.Seq2Seq`) that step, in place. With
+    `train.cuda_graphs`, each batch shape's whole update is then recorded (`t.update_graphs`).
 
     Raises:
-        UserError: `train.compile_dynamic` false where batch shapes are not static.
+        UserError: `train.compile_dynamic` false where batch shapes are not static;
+            `train.cuda_graphs` where updates cannot be recorded.
     """
     objective = t.objective
     if tc.precision == "bf16" and tc.half_weights:
@@ -138,6 +141,9 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
         # (where compiling is unavailable, marking each update's start for CUDA graphs does nothing)
         t.graphs = tc.compile_mode == "reduce-overhead" and device.type == "cuda"
     t.objective = objective
+    if tc.cuda_graphs:
+        check_update_graphs(tc, device, ctx, t.model)
+        t.update_graphs = UpdateGraphs(t, tc, device)
 
 
 def release_step(t: Trainable) -> None:
@@ -147,6 +153,7 @@ def release_step(t: Trainable) -> None:
         objective = objective.module
     t.objective = objective
     t.graphs = False
+    t.update_graphs = None
 
 
 def batch_shape_count(sampler: TokenBatchSampler, tc: TrainConfig, device: torch.device) -> int:
@@ -183,6 +190,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     owns_group = not (dist.is_available() and dist.is_initialized())
     ctx = init_distributed(tc.device)
     device = pick_device(tc.device)
+    if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
+        check_update_graphs(tc, device, ctx)
     enable_fast_math(device)
     lock = lock_run_dir(run_dir, ctx)  # a second training in this run directory stops here, on every rank
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -19,9 +20,16 @@ from torch.profiler import record_function
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Batch
+from nmt.data.tokenizer import PAD_ID
 from nmt.runtime import Dist, autocast, reduce_on_device
 from nmt.train.half import HalfCopy
 from nmt.train.optim import Schedule
+
+
+class RecordedUpdates(Protocol):
+    """Updates recorded once and replayed (`nmt.train.graphs.UpdateGraphs`), which `train_step` hands a group to."""
+
+    def step(self, t: Trainable, group: list[Batch]) -> StepResult: ...
 
 
 @dataclass
@@ -43,6 +51,7 @@ class Trainable:
     scaler: torch.amp.GradScaler
     half: HalfCopy | None = None
     graphs: bool = False
+    update_graphs: RecordedUpdates | None = None  # `train.cuda_graphs`: each batch shape's update as a CUDA graph
 
 
 @dataclass
@@ -68,6 +77,20 @@ class StepResult:
 
 def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.device, *,
                ctx: Dist = Dist()) -> StepResult:
+    """One optimizer update of `t` over the batches in `group` (`update`), then the schedule's step.
+
+    With `t.update_graphs` (`train.cuda_graphs`) the update is its batch shape's recorded one, replayed.
+    """
+    if t.update_graphs is not None:
+        result = t.update_graphs.step(t, group)
+    else:
+        result = update(t, group, tc, device, ctx=ctx)
+    t.scheduler.step()
+    return result
+
+
+def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.device, *,
+           ctx: Dist = Dist(), tokens_on_device: bool = False) -> StepResult:
     """One optimizer update of `t` over the batches in `group` (gradient accumulation); skipped if gradients are not finite.
 
     The loss is normalised by the target tokens of the whole update on all ranks,
@@ -75,16 +98,25 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
     times larger. Under DDP, gradients are synchronised only on the last batch.
     A non-finite gradient norm skips the optimizer on the device (for fp16 the
     scaler also lowers its scale); the norm is the same on every rank, so is the
-    choice. The schedule is stepped in any case: the loop, which learns of a
-    skipped update later, steps it back (`Schedule.unstep`). With a bf16 copy
-    (`t.half`) the passes run on it without autocast, its gradients move to the
-    fp32 weights after each synchronised backward, and the updated weights back
-    to it after the optimizer.
+    choice. With a bf16 copy (`t.half`) the passes run on it without autocast, its
+    gradients move to the fp32 weights after each synchronised backward, and the
+    updated weights back to it after the optimizer. The learning rate is the
+    schedule's as it stands: `train_step` steps the schedule after the update, in
+    any case (the loop, which learns of a skipped update later, steps it back:
+    `Schedule.unstep`).
+
+    `tokens_on_device` counts the target tokens that normalise the loss from the batches'
+    tensors, on the device, rather than from their host-side counts: a CUDA graph recording
+    this update (`nmt.train.graphs`) would otherwise keep the count of the batch it was
+    recorded with for every batch it replays.
     """
     objective, optimizer, scaler, half = t.objective, t.optimizer, t.scaler, t.half
     precision = "fp32" if half is not None else tc.precision  # the copy is bf16 already: no autocast
     tokens = sum(b.ntokens for b in group)
-    if ctx.enabled:  # summed over ranks on the device: reading the sum here would wait for the last update
+    if tokens_on_device:  # one process (graphs record no collective)
+        counted = sum(b.tgt_out.ne(PAD_ID).sum() for b in group)
+        update_tokens, weight = tokens, 1 / counted.clamp(min=1).float()
+    elif ctx.enabled:  # summed over ranks on the device: reading the sum here would wait for the last update
         update_tokens: int | Tensor = reduce_on_device([tokens], device, ctx, dtype=torch.int64)[0]
         weight: float | Tensor = ctx.world_size / update_tokens.clamp(min=1).float()  # DDP averages over ranks; undo that
     else:
@@ -111,7 +143,6 @@ def train_step(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.
             scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
         else:
             step_unless(optimizer, skipped)
-        t.scheduler.step()
         scaler.update()
         if half is not None:  # the next update's gradients overwrite these (`HalfCopy.grads_to_master`)
             half.refresh()

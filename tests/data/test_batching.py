@@ -257,6 +257,27 @@ def test_a_batch_crosses_from_a_loader_worker_as_one_buffer_and_unchanged() -> N
         assert rows * length == 256 and rows > 8 and a.indices[8:].eq(-1).all()
 
 
+def test_a_clone_has_a_buffer_of_its_own_which_copy_rewrites_in_place() -> None:
+    """What a recorded update (`train.cuda_graphs`) reads its batches from: a clone, rewritten by each batch."""
+    padding = Padding(multiple=8, fill_tokens=64)
+    first = collate([{"index": i, "src_ids": [5 + i] * i + [EOS_ID], "tgt_ids": [6] * i} for i in range(3)],
+                    padding=padding)
+    second = collate([{"index": i, "src_ids": [9] * (i + 2) + [EOS_ID], "tgt_ids": [7, 8]} for i in range(5)],
+                     padding=padding)
+    names = ("src", "src_pad_mask", "tgt_in", "tgt_out", "indices")
+    assert all(getattr(first, n).shape == getattr(second, n).shape for n in names)  # one static shape
+    kept = first.clone()
+    assert _one_storage(kept) and kept.src.untyped_storage().data_ptr() != first.src.untyped_storage().data_ptr()
+    pointers = [getattr(kept, n).data_ptr() for n in names]
+    kept.copy_(second)
+    assert [getattr(kept, n).data_ptr() for n in names] == pointers  # in place
+    assert all(torch.equal(getattr(kept, n), getattr(second, n)) for n in names)
+    assert not torch.equal(first.src, second.src)  # the clone's source is untouched
+    separate = Batch(**{n: getattr(first, n).clone() for n in names}, ntokens=first.ntokens)  # five storages
+    separate.copy_(second)
+    assert all(torch.equal(getattr(separate, n), getattr(second, n)) for n in names)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_memory_and_transfer() -> None:

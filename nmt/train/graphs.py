@@ -1,0 +1,148 @@
+"""`train.cuda_graphs`: each batch shape's whole update recorded once as a CUDA graph, then replayed.
+
+A model of Multi30k's size launches about 400 kernels per update, each a few
+microseconds of GPU work, so on a GPU its step is bound by the host that launches
+them (H200 profiles of 2026-11-26). `compile_mode: reduce-overhead` records the
+forward and backward passes as CUDA graphs, but leaves the rest of the update to the
+host: the gradients' clipping, the optimizer, the bf16 copy's bookkeeping. Here the
+whole of `nmt.train.step.update` is one graph, replayed with one launch:
+
+    first uses of a shape (`EAGER_USES`)  ->  the update runs as it is, on a side stream,
+                                               which sets up what the graph will use
+                                               (optimizer state, the fp32 gradients of the
+                                               bf16 copy, the kernel libraries' workspaces)
+    the next use                          ->  recorded into a graph, with the batch copied
+                                               into tensors kept for that shape, and replayed
+    every later use                       ->  the batch copied in (one copy: the batch is one
+                                               buffer), the graph replayed
+
+What a graph records is fixed: shapes, and every number the host passes to a kernel.
+So the update counts its target tokens on the device (`update(tokens_on_device=True)`),
+the learning rate is a tensor on the device that the schedule writes into
+(`Schedule._apply`), and a skipped update is decided on the device by the fused
+optimizer (`step_unless`). The graphs of all shapes share one memory pool; what an
+update returns is copied out of the pool before the next replay can overwrite it.
+
+Where it applies (`check_update_graphs`): CUDA, one process, one batch per update,
+fp32 or bf16 on the bf16 copy, static batch shapes, and a model whose training step
+never waits for the GPU (its `graph_safe` attribute, `contract.Seq2Seq`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.config import TrainConfig
+from nmt.data.batching import Batch
+from nmt.errors import UserError
+from nmt.runtime import Dist
+from nmt.train.step import StepResult, Trainable, update
+
+# Eager updates of a batch shape before its graph is recorded: the first sets up the optimizer's state and
+# the kernel libraries' choices, the second runs with all of it in place, as the recording will.
+EAGER_USES = 2
+
+
+@dataclass
+class _Recorded:
+    """One batch shape's update graph: the tensors it reads the batch from, and those it leaves its results in."""
+
+    graph: torch.cuda.CUDAGraph
+    batch: Batch  # the inputs, for this shape
+    results: Tensor  # (4,) fp32: summed loss, summed NLL, gradient norm, skipped (0 or 1)
+
+
+class UpdateGraphs:
+    """Replays each batch shape's recorded update (see the module docstring).
+
+    Args:
+        t: what the updates update; its optimizer's learning rates become tensors on `device`.
+        tc: the training config.
+        device: the CUDA device.
+    """
+
+    def __init__(self, t: Trainable, tc: TrainConfig, device: torch.device) -> None:
+        self.tc, self.device = tc, device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.side = torch.cuda.Stream(device)
+        self.uses: Counter[tuple[int, ...]] = Counter()
+        self.recorded: dict[tuple[int, ...], _Recorded] = {}
+        for group in t.optimizer.param_groups:  # recorded updates read the rate the schedule writes in place
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+            group["capturable"] = True  # the fused kernels are; torch asks for the flag to let them be recorded
+        t.optimizer.register_state_dict_post_hook(_rates_as_floats)
+
+    @property
+    def count(self) -> int:
+        """Graphs recorded so far (one per batch shape met `EAGER_USES` times before)."""
+        return len(self.recorded)
+
+    def step(self, t: Trainable, group: list[Batch]) -> StepResult:
+        """The update of `t` over `group` (one batch): eager for a shape's first uses, then its graph's replay."""
+        (batch,) = group
+        shape = (*batch.src.shape, *batch.tgt_in.shape)
+        recorded = self.recorded.get(shape)
+        if recorded is None:
+            self.uses[shape] += 1
+            if self.uses[shape] <= EAGER_USES:
+                return self._eager(t, batch)
+            recorded = self.recorded[shape] = self._record(t, batch)
+        else:
+            recorded.batch.copy_(batch)
+        recorded.graph.replay()
+        results = recorded.results.clone()  # the next replay (of any shape: one pool) writes over the recorded ones
+        return StepResult(loss=results[0], nll=results[1], tokens=batch.ntokens, update_tokens=batch.ntokens,
+                          grad_norm=results[2], skipped=results[3].bool())
+
+    def _eager(self, t: Trainable, batch: Batch) -> StepResult:
+        """The update run as it is, on a side stream (as torch asks of the runs before a recording)."""
+        main = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(main)
+        with torch.cuda.stream(self.side):
+            result = update(t, [batch], self.tc, self.device, tokens_on_device=True)
+        main.wait_stream(self.side)
+        return result
+
+    def _record(self, t: Trainable, batch: Batch) -> _Recorded:
+        """Record the update of a copy of `batch` (which the caller then replays: recording runs nothing)."""
+        inputs = batch.clone()  # outside the pool: the shape's inputs for good
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a DataLoader's pin-memory thread may allocate page-locked memory meanwhile, which the
+        # default ("global") would count as an error of this recording
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            r = update(t, [inputs], self.tc, self.device, tokens_on_device=True)
+            results = torch.stack([r.loss.float(), r.nll.float(), r.grad_norm.float(), r.skipped.float()])
+        return _Recorded(graph=graph, batch=inputs, results=results)
+
+
+def _rates_as_floats(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """Checkpoints keep each group's rate a float, as an optimizer without graphs has it (reading it waits
+    for the device, as saving a checkpoint does anyway)."""
+    for group in state["param_groups"]:
+        if isinstance(group["lr"], Tensor):
+            group["lr"] = group["lr"].item()
+    return state
+
+
+def check_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, model: torch.nn.Module | None = None) -> None:
+    """Refuse `train.cuda_graphs` where an update cannot be recorded (what the config alone shows is
+    checked when it loads); `model` is checked where one is given.
+
+    Raises:
+        UserError: not on CUDA, several processes, or a model whose training step waits for the GPU.
+    """
+    if device.type != "cuda":
+        raise UserError(f"train.cuda_graphs: true records updates as CUDA graphs, which needs a CUDA device "
+                        f"(training runs on {device.type}); set train.cuda_graphs: false")
+    if ctx.enabled:
+        raise UserError(f"train.cuda_graphs: true records the updates of one process, and this run has "
+                        f"{ctx.world_size}; set train.cuda_graphs: false under torchrun")
+    if model is not None and not getattr(model, "graph_safe", False):
+        raise UserError(f"train.cuda_graphs: true needs a model whose training step never waits for the GPU, and "
+                        f"the {getattr(model, 'name', type(model).__name__)} model reads its source lengths on the "
+                        f"host; set train.cuda_graphs: false (or train a transformer)")
