@@ -31,6 +31,7 @@ never waits for the GPU (its `graph_safe` attribute, `contract.Seq2Seq`).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +51,9 @@ EAGER_USES = 2
 
 @dataclass
 class _Recorded:
-    """One batch shape's update graph: the tensors it reads the batch from, and those it leaves its results in."""
+    """One batch shape's recorded update: how to replay it, the batch it reads, the tensor it leaves results in."""
 
-    graph: torch.cuda.CUDAGraph
+    replay: Callable[[], object]
     batch: Batch  # the inputs, for this shape
     results: Tensor  # (4,) fp32: summed loss, summed NLL, gradient norm, skipped (0 or 1)
 
@@ -60,64 +61,77 @@ class _Recorded:
 class UpdateGraphs:
     """Replays each batch shape's recorded update (see the module docstring).
 
+    `run_eagerly` and `record` are where CUDA comes in; everything else is the same on any device.
+
     Args:
         t: what the updates update; its optimizer's learning rates become tensors on `device`.
         tc: the training config.
-        device: the CUDA device.
+        device: the training device.
     """
 
     def __init__(self, t: Trainable, tc: TrainConfig, device: torch.device) -> None:
         self.tc, self.device = tc, device
-        self.pool = torch.cuda.graph_pool_handle()
-        self.side = torch.cuda.Stream(device)
         self.uses: Counter[tuple[int, ...]] = Counter()
         self.recorded: dict[tuple[int, ...], _Recorded] = {}
         for group in t.optimizer.param_groups:  # recorded updates read the rate the schedule writes in place
             group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
             group["capturable"] = True  # the fused kernels are; torch asks for the flag to let them be recorded
         t.optimizer.register_state_dict_post_hook(_rates_as_floats)
+        self._pool: Any = None  # the graphs' memory pool, and the stream of the eager updates (on first use)
+        self._side: torch.cuda.Stream | None = None
 
     @property
     def count(self) -> int:
-        """Graphs recorded so far (one per batch shape met `EAGER_USES` times before)."""
+        """Updates recorded so far (one per batch shape met `EAGER_USES` times before)."""
         return len(self.recorded)
 
     def step(self, t: Trainable, group: list[Batch]) -> StepResult:
-        """The update of `t` over `group` (one batch): eager for a shape's first uses, then its graph's replay."""
+        """The update of `t` over `group` (one batch): eager for a shape's first uses, then its recording's replay."""
         (batch,) = group
         shape = (*batch.src.shape, *batch.tgt_in.shape)
         recorded = self.recorded.get(shape)
         if recorded is None:
             self.uses[shape] += 1
             if self.uses[shape] <= EAGER_USES:
-                return self._eager(t, batch)
-            recorded = self.recorded[shape] = self._record(t, batch)
+                return self.run_eagerly(lambda: update(t, [batch], self.tc, self.device, tokens_on_device=True))
+            inputs = batch.clone()  # the shape's inputs for good, which later batches are copied into
+            replay, results = self.record(t, lambda: _results(update(t, [inputs], self.tc, self.device,
+                                                                     tokens_on_device=True)))
+            recorded = self.recorded[shape] = _Recorded(replay=replay, batch=inputs, results=results)
         else:
             recorded.batch.copy_(batch)
-        recorded.graph.replay()
+        recorded.replay()
         results = recorded.results.clone()  # the next replay (of any shape: one pool) writes over the recorded ones
         return StepResult(loss=results[0], nll=results[1], tokens=batch.ntokens, update_tokens=batch.ntokens,
                           grad_norm=results[2], skipped=results[3].bool())
 
-    def _eager(self, t: Trainable, batch: Batch) -> StepResult:
-        """The update run as it is, on a side stream (as torch asks of the runs before a recording)."""
+    def run_eagerly(self, update_: Callable[[], StepResult]) -> StepResult:
+        """An update as it is, on a side stream (as torch asks of what runs before a recording)."""
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
         main = torch.cuda.current_stream(self.device)
-        self.side.wait_stream(main)
-        with torch.cuda.stream(self.side):
-            result = update(t, [batch], self.tc, self.device, tokens_on_device=True)
-        main.wait_stream(self.side)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            result = update_()
+        main.wait_stream(self._side)
         return result
 
-    def _record(self, t: Trainable, batch: Batch) -> _Recorded:
-        """Record the update of a copy of `batch` (which the caller then replays: recording runs nothing)."""
-        inputs = batch.clone()  # outside the pool: the shape's inputs for good
+    def record(self, t: Trainable, update_: Callable[[], Tensor]) -> tuple[Callable[[], object], Tensor]:
+        """`update_` recorded as a CUDA graph (recording runs nothing: the caller replays it), and the tensor the
+        graph leaves the update's results in."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: a DataLoader's pin-memory thread may allocate page-locked memory meanwhile, which the
         # default ("global") would count as an error of this recording
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            r = update(t, [inputs], self.tc, self.device, tokens_on_device=True)
-            results = torch.stack([r.loss.float(), r.nll.float(), r.grad_norm.float(), r.skipped.float()])
-        return _Recorded(graph=graph, batch=inputs, results=results)
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            results = update_()
+        return graph.replay, results
+
+
+def _results(r: StepResult) -> Tensor:
+    """The device values of an update's result as one (4,) fp32 tensor: loss, NLL, gradient norm, skipped."""
+    return torch.stack([r.loss.float(), r.nll.float(), r.grad_norm.float(), r.skipped.float()])
 
 
 def _rates_as_floats(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`train.cuda_graphs`: what it refuses (here), and on a GPU that recorded updates train exactly as eager ones."""
+"""`train.cuda_graphs`: what it refuses, and that recorded updates train as eager ones: on a GPU with CUDA
+graphs, and on a CPU with the updates recorded by `make_fx` (`TracedUpdates`), which keeps what a graph keeps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Padding, collate
@@ -13,7 +15,13 @@ from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
 from nmt.runtime import Dist
 from nmt.train.data import batch_padding
-from nmt.train.graphs import EAGER_USES, _rates_as_floats, check_update_graphs
+from nmt.train.graphs import (
+    EAGER_USES,
+    UpdateGraphs,
+    _rates_as_floats,
+    _results,
+    check_update_graphs,
+)
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.setup import prepare_step
@@ -56,8 +64,8 @@ def test_update_graphs_make_auto_batch_shapes_static_on_cuda_only():
     assert batch_padding(tc, torch.device("cpu")).fill_tokens == 0
 
 
-def _trainable(seed: int, tc: TrainConfig, device: torch.device, **model) -> Trainable:
-    m = tiny_model(seed=seed, vocab=23, transformer=dict(max_positions=64), **model).to(device).train()
+def _trainable(seed: int, tc: TrainConfig, device: torch.device, **transformer) -> Trainable:
+    m = tiny_model(seed=seed, vocab=23, transformer=dict(max_positions=64, **transformer)).to(device).train()
     optimizer = build_optimizer(m, tc, device)
     return Trainable(model=m, objective=Objective(m, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
                      scheduler=build_scheduler(optimizer, tc),
@@ -99,60 +107,132 @@ def test_a_schedule_writes_a_tensor_rate_in_place_and_checkpoints_keep_it_a_floa
     assert all(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups)  # the live ones stay tensors
 
 
-def _filled(seed: int, n: int, length: int) -> object:
-    """A batch filled to the static shape of its length bucket (one shape per `length`), on the GPU."""
+class TracedUpdates(UpdateGraphs):
+    """`UpdateGraphs` with its two CUDA parts replaced by their likeness on a CPU, for the tests.
+
+    `record` traces the update with `make_fx`: every aten operation it runs is kept, the tensors it reads
+    and writes (parameters, optimizer state, the batch's buffer, the rates) by reference and every other
+    number as it was, which is what a CUDA graph keeps. A replay runs those operations again, no Python of
+    the update in between, so a number the host fixed at recording time (a token count, a float rate) stays
+    fixed here too. Tracing runs the update once, so what it changed is put back; eager updates just run.
+    """
+
+    def run_eagerly(self, update_):
+        return update_()
+
+    def record(self, t, update_):
+        state = [*t.model.parameters(), *(t.half.copy.parameters() if t.half is not None else ()),
+                 *(p.grad for p in t.model.parameters() if p.grad is not None),
+                 *(v for s in t.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
+        saved, rng = [x.detach().clone() for x in state], torch.get_rng_state()
+        traced = make_fx(update_)()
+        with torch.no_grad():
+            for x, value in zip(state, saved, strict=True):
+                x.copy_(value)
+        torch.set_rng_state(rng)
+        results = torch.empty(4)
+
+        def replay() -> None:
+            with torch.no_grad():  # the recorded operations hold the backward pass already
+                results.copy_(traced())
+
+        return replay, results
+
+
+def _filled(seed: int, n: int, length: int, device: torch.device) -> object:
+    """A batch filled to the static shape of its length bucket (one shape per `length`)."""
     rows = random_rows(seed, n)
-    return collate(rows, padding=Padding(multiple=length, fill_tokens=12 * length)).to(CUDA)
+    return collate(rows, padding=Padding(multiple=length, fill_tokens=12 * length)).to(device)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_the_device(precision):
-    tc = TrainConfig(precision=precision, warmup_steps=3, lr=0.01, batch_shapes="static", max_tokens=12 * 16,
-                     cuda_graphs=True)
-    batches = [_filled(seed, 5 + seed % 4, 16 if seed % 2 else 32) for seed in range(12)]  # two shapes, 6 each
+def _recorded_and_eager(precision: str, device: torch.device) -> tuple[Trainable, Trainable, list, dict]:
+    """Two equal models trained on the same twelve batches of two shapes, one by recorded updates (a CUDA
+    graph each on a GPU, `TracedUpdates` on a CPU), one eagerly; each result compared on the way."""
+    # Adam's eps well above rounding noise: the key projection's bias has a gradient of zero but for rounding,
+    # which Adam with a tiny eps scales up to steps of the full rate, differently for two orders of operations
+    tc = TrainConfig(precision=precision, warmup_steps=3, lr=0.01, eps=1e-6, batch_shapes="static",
+                     max_tokens=12 * 16, cuda_graphs=True, device=device.type)
+    batches = [_filled(seed, 5 + seed % 4, 16 if seed % 2 else 32, device) for seed in range(12)]  # 6 per shape
     assert len({(*b.src.shape, *b.tgt_in.shape) for b in batches}) == 2
-    # attention written out (matrix products), whose backward adds no atomics: eager and recorded updates can
-    # then differ only where bf16 rounds a matrix product of another cuBLAS algorithm differently
-    model = dict(transformer=dict(max_positions=64, attention_impl="manual"))
-    eager, graphed = _trainable(0, replace(tc, cuda_graphs=False), CUDA, **model), _trainable(0, tc, CUDA, **model)
-    close = dict(rtol=1e-4, atol=1e-5) if precision == "fp32" else dict(rtol=1e-2, atol=1e-3)
-    prepare_step(eager, replace(tc, cuda_graphs=False), CUDA, Dist(), shapes=2)
-    prepare_step(graphed, tc, CUDA, Dist(), shapes=2)
+    assert len({b.ntokens for b in batches}) > 2  # same shapes, other token counts
+    # attention written out (matrix products), whose backward adds no atomics: on a GPU, eager and recorded
+    # updates then differ only where bf16 rounds a product of another cuBLAS algorithm differently
+    eager, recorded = _trainable(0, tc, device, attention_impl="manual"), _trainable(0, tc, device, attention_impl="manual")
+    prepare_step(eager, replace(tc, cuda_graphs=False), device, Dist(), shapes=2)
+    if device.type == "cuda":
+        prepare_step(recorded, tc, device, Dist(), shapes=2)
+    else:
+        prepare_step(recorded, replace(tc, cuda_graphs=False), device, Dist(), shapes=2)
+        recorded.update_graphs = TracedUpdates(recorded, tc, device)
+    # a bug that a recording keeps (a rate, a token count) moves weights by about the rate (0.01) per update
+    close = dict(rtol=1e-4, atol=1e-4) if precision == "fp32" or device.type == "cpu" else dict(rtol=1e-2, atol=1e-3)
     for b in batches:
-        e, g = train_step(eager, [b], tc, CUDA), train_step(graphed, [b], tc, CUDA)
-        assert torch.allclose(g.loss, e.loss, **close) and torch.allclose(g.grad_norm, e.grad_norm, **close)
-        assert g.tokens == e.tokens == b.ntokens and not bool(g.skipped)
-    assert graphed.update_graphs.count == 2  # each shape recorded after its eager uses
-    assert all(n > EAGER_USES for n in graphed.update_graphs.uses.values())
-    for p, q in zip(eager.model.parameters(), graphed.model.parameters(), strict=True):
+        e, r = train_step(eager, [b], tc, device), train_step(recorded, [b], tc, device)
+        assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
+        assert r.tokens == e.tokens == b.ntokens and not bool(r.skipped)
+    assert recorded.update_graphs.count == 2  # each shape recorded after its eager uses
+    assert all(n == EAGER_USES + 1 for n in recorded.update_graphs.uses.values())
+    return recorded, eager, batches, close
+
+
+@pytest.mark.parametrize("device", [pytest.param(torch.device("cpu"), id="cpu"),
+                                    pytest.param(CUDA, id="cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_the_device(precision, device):
+    recorded, eager, batches, close = _recorded_and_eager(precision, device)
+    for p, q in zip(eager.model.parameters(), recorded.model.parameters(), strict=True):
         assert torch.allclose(q, p, **close)
-    assert graphed.scheduler.lr == eager.scheduler.lr
-    assert [float(g["lr"]) for g in graphed.optimizer.param_groups] == pytest.approx([graphed.scheduler.lr] * 2)
+    assert recorded.scheduler.lr == eager.scheduler.lr
+    assert [float(g["lr"]) for g in recorded.optimizer.param_groups] == pytest.approx([recorded.scheduler.lr] * 2)
 
     # a NaN in the decoder's feed-forward block makes every loss non-finite: the replayed update is skipped on
-    # the device
-    before = [p.detach().clone() for p in graphed.model.parameters()]
-    moments = [s["exp_avg"].clone() for s in graphed.optimizer.state.values()]
+    # the device, weights and moments left as they were
+    before = [p.detach().clone() for p in recorded.model.parameters()]
+    moments = [s["exp_avg"].clone() for s in recorded.optimizer.state.values()]
     with torch.no_grad():
-        graphed.model.get_parameter("decoder.layers.0.feed_forward.down.bias")[0] = float("nan")
-    poisoned = [p.detach().clone() for p in graphed.model.parameters()]
-    if graphed.half is not None:
-        graphed.half.refresh()
-    r = train_step(graphed, [batches[-1]], tc, CUDA)
-    assert bool(r.skipped)
+        recorded.model.get_parameter("decoder.layers.0.feed_forward.down.bias")[0] = float("nan")
+    poisoned = [p.detach().clone() for p in recorded.model.parameters()]
+    if recorded.half is not None:
+        recorded.half.refresh()
+    r = train_step(recorded, [batches[-1]], replace(eager.scheduler.cfg, cuda_graphs=True), device)
+    assert bool(r.skipped) and recorded.update_graphs.count == 2  # a replay, not an eager update
     assert all(torch.equal(p.nan_to_num(), q.nan_to_num())  # NaN is not equal to itself
-               for p, q in zip(graphed.model.parameters(), poisoned, strict=True))
-    assert all(torch.equal(s["exp_avg"], m) for s, m in zip(graphed.optimizer.state.values(), moments, strict=True))
+               for p, q in zip(recorded.model.parameters(), poisoned, strict=True))
+    assert all(torch.equal(s["exp_avg"], m) for s, m in zip(recorded.optimizer.state.values(), moments, strict=True))
     assert sum(not torch.equal(p, b) for p, b in zip(poisoned, before, strict=True)) == 1
+
+
+def _replayed_grad_norm(recorded_with, replayed_on, *, tokens_on_device: bool) -> float:
+    """The gradient norm of an update recorded on one batch (`TracedUpdates`), replayed on another."""
+    tc, cpu = TrainConfig(warmup_steps=3, lr=0.01), torch.device("cpu")
+    t = _trainable(0, tc, cpu)
+    inputs = recorded_with.clone()
+    replay, results = TracedUpdates(t, tc, cpu).record(
+        t, lambda: _results(update(t, [inputs], tc, cpu, tokens_on_device=tokens_on_device)))
+    inputs.copy_(replayed_on)
+    replay()
+    return float(results[2])
+
+
+def test_a_recording_keeps_what_the_host_passed_it_so_the_token_count_must_come_from_the_device():
+    """Why `update(tokens_on_device=True)`: recorded with the host's count, every replay would divide the
+    loss by the token count of the batch it was recorded with."""
+    cpu = torch.device("cpu")
+    first, second = _filled(0, 5, 16, cpu), _filled(2, 8, 16, cpu)
+    assert first.ntokens != second.ntokens
+    eager = float(update(_trainable(0, TrainConfig(warmup_steps=3, lr=0.01), cpu), [second],
+                         TrainConfig(warmup_steps=3, lr=0.01), cpu).grad_norm)
+    assert _replayed_grad_norm(first, second, tokens_on_device=True) == pytest.approx(eager, rel=1e-6)
+    assert _replayed_grad_norm(first, second, tokens_on_device=False) == pytest.approx(
+        eager * second.ntokens / first.ntokens, rel=1e-5)
 
 
 @pytest.mark.gpu
 def test_a_recorded_update_draws_new_dropout_masks_at_every_replay():
     tc = TrainConfig(cuda_graphs=True, warmup_steps=1, lr=1e-12, batch_shapes="static", max_tokens=12 * 16)
-    t = _trainable(0, tc, CUDA, transformer=dict(max_positions=64, dropout=0.3))
+    t = _trainable(0, tc, CUDA, dropout=0.3)
     prepare_step(t, tc, CUDA, Dist(), shapes=1)
-    b = _filled(0, 6, 16)
+    b = _filled(0, 6, 16, CUDA)
     losses = [float(train_step(t, [b], tc, CUDA).loss) for _ in range(EAGER_USES + 3)]
     assert t.update_graphs.count == 1
     replays = losses[EAGER_USES:]
