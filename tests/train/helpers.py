@@ -71,3 +71,20 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 120.0, poll: fl
             _, err = proc.communicate()
             raise AssertionError(f"timed out after {timeout:g}s waiting; the process's stderr:\n{err[-3000:]}")
         time.sleep(poll)
+
+
+def without_key_biases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict with the attention projections' biases of the keys cut out.
+
+    A key bias adds the same amount to every score of a query, which softmax ignores: its true gradient
+    is 0, and Adam turns the rounding noise in it into steps of about the learning rate, either way.
+    """
+    out = {}
+    for name, t in state.items():
+        if name.endswith("qkv_proj.bias"):  # queries, keys, values
+            q, _, v = t.chunk(3)
+            t = torch.cat([q, v])
+        elif name.endswith("kv_proj.bias"):  # keys, values
+            t = t.chunk(2)[1]
+        out[name] = t
+    return out

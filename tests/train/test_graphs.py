@@ -3,13 +3,15 @@ graphs, and on a CPU with the updates recorded by `make_fx` (`TracedUpdates`), w
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from nmt.config import TrainConfig
+from nmt.checkpoint import load_checkpoint
+from nmt.config import TrainConfig, config_from_dict
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
@@ -22,12 +24,13 @@ from nmt.train.graphs import (
     _results,
     check_update_graphs,
 )
+from nmt.train.loop import train_run
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
-from nmt.train.setup import prepare_step
+from nmt.train.setup import build_run, prepare_step
 from nmt.train.step import Trainable, train_step, update
 from tests.models.tiny import tiny_model
-from tests.train.helpers import random_rows
+from tests.train.helpers import random_rows, tiny_raw, weights, without_key_biases
 
 CUDA = torch.device("cuda")
 
@@ -237,3 +240,36 @@ def test_a_recorded_update_draws_new_dropout_masks_at_every_replay():
     assert t.update_graphs.count == 1
     replays = losses[EAGER_USES:]
     assert len(set(replays)) == len(replays)  # a frozen random state would give one loss, again and again
+
+
+def _train(corpus, run_dir, *, recorded: bool, max_steps: int) -> int:
+    """`nmt.train.loop.train` of the tiny config with static batch shapes (two), updates recorded by
+    `TracedUpdates` or eager; the number of updates recorded."""
+    raw = tiny_raw(corpus, run_dir, max_steps=max_steps, valid_every=10, log_every=5, pad_to_multiple=32,
+                   batch_shapes="static", eps=1e-6)
+    raw["model"]["transformer"]["dropout"] = 0.0
+    cfg = config_from_dict(raw)
+    run = build_run(cfg)
+    if recorded:  # what prepare_step does on CUDA, with the CPU's stand-in for the graphs
+        run.trainable.update_graphs = TracedUpdates(run.trainable, replace(cfg.train, cuda_graphs=True), run.device)
+    try:
+        train_run(run)
+        return run.trainable.update_graphs.count if recorded else 0
+    finally:
+        run.close()
+
+
+def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path):
+    assert _train(small_corpus, tmp_path / "False", recorded=False, max_steps=30) == 0
+    assert _train(small_corpus, tmp_path / "True", recorded=True, max_steps=30) == 2  # both shapes, replayed
+    eager, recorded = (tmp_path / name for name in ("False", "True"))
+    saved = load_checkpoint(recorded / "ckpt_30.pt")
+    assert all(type(g["lr"]) is float for g in saved["optimizer"]["param_groups"])  # not the live tensors
+    logged = [json.loads(line) for line in (recorded / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in logged if r["event"] == "train"] == [
+        r["lr"] for r in map(json.loads, (eager / "metrics.jsonl").read_text().splitlines()) if r["event"] == "train"]
+    _train(small_corpus, eager, recorded=False, max_steps=40)
+    assert _train(small_corpus, recorded, recorded=True, max_steps=40) >= 1  # resumed, it records again
+    a, b = (without_key_biases(weights(run / "ckpt_40.pt")) for run in (eager, recorded))
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a), \
+        max((float((a[k] - b[k]).abs().max()), k) for k in a)

@@ -15,7 +15,7 @@ from nmt.errors import UserError
 from nmt.runtime import compile_model
 from nmt.train.faults import TrainingDiverged, check_free_space
 from nmt.train.loop import train
-from tests.train.helpers import same_weights, tiny_cfg, tiny_raw, weights
+from tests.train.helpers import same_weights, tiny_cfg, tiny_raw, weights, without_key_biases
 
 
 def records(run_dir, event: str) -> list[dict]:
@@ -89,23 +89,6 @@ def test_static_shapes_train_the_same_model_as_free_shapes(small_corpus, tmp_pat
     a, b = (without_key_biases(weights(tmp_path / run / f"ckpt_{last}.pt")) for run in ("free", "static"))
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a), \
         max((float((a[k] - b[k]).abs().max()), k) for k in a)
-
-
-def without_key_biases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state dict with the attention projections' biases of the keys cut out.
-
-    A key bias adds the same amount to every score of a query, which softmax ignores: its true gradient
-    is 0, and Adam turns the rounding noise in it into steps of about the learning rate, either way.
-    """
-    out = {}
-    for name, t in state.items():
-        if name.endswith("qkv_proj.bias"):  # queries, keys, values
-            q, _, v = t.chunk(3)
-            t = torch.cat([q, v])
-        elif name.endswith("kv_proj.bias"):  # keys, values
-            t = t.chunk(2)[1]
-        out[name] = t
-    return out
 
 
 def test_non_finite_loss_skips_updates_then_stops_with_a_clear_error(small_corpus, tmp_path, caplog):
