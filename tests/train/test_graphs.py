@@ -148,13 +148,15 @@ def _filled(seed: int, n: int, length: int, device: torch.device) -> object:
     return collate(rows, padding=Padding(multiple=length, fill_tokens=12 * length)).to(device)
 
 
-def _recorded_and_eager(precision: str, device: torch.device) -> tuple[Trainable, Trainable, list, dict]:
+def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool = False,
+                        ) -> tuple[Trainable, Trainable, list, dict]:
     """Two equal models trained on the same twelve batches of two shapes, one by recorded updates (a CUDA
-    graph each on a GPU, `TracedUpdates` on a CPU), one eagerly; each result compared on the way."""
+    graph each on a GPU, `TracedUpdates` on a CPU), one eagerly (both compiled, with `compile`); each
+    result compared on the way."""
     # Adam's eps well above rounding noise: the key projection's bias has a gradient of zero but for rounding,
     # which Adam with a tiny eps scales up to steps of the full rate, differently for two orders of operations
     tc = TrainConfig(precision=precision, warmup_steps=3, lr=0.01, eps=1e-6, batch_shapes="static",
-                     max_tokens=12 * 16, cuda_graphs=True, device=device.type)
+                     max_tokens=12 * 16, cuda_graphs=True, device=device.type, compile=compile)
     batches = [_filled(seed, 5 + seed % 4, 16 if seed % 2 else 32, device) for seed in range(12)]  # 6 per shape
     assert len({(*b.src.shape, *b.tgt_in.shape) for b in batches}) == 2
     assert len({b.ntokens for b in batches}) > 2  # same shapes, other token counts
@@ -215,6 +217,15 @@ def _replayed_grad_norm(recorded_with, replayed_on, *, tokens_on_device: bool) -
     inputs.copy_(replayed_on)
     replay()
     return float(results[2])
+
+
+@pytest.mark.gpu
+def test_updates_of_a_compiled_model_are_recorded_and_train_as_its_eager_updates():
+    torch._dynamo.reset()  # each shape compiled here, in the eager uses, before its recording
+    recorded, eager, _, close = _recorded_and_eager("bf16", CUDA, compile=True)
+    assert recorded.objective is not recorded.model  # compiled (default mode: kernels, no graphs of its own)
+    for p, q in zip(eager.model.parameters(), recorded.model.parameters(), strict=True):
+        assert torch.allclose(q, p, **close)
 
 
 def test_a_recording_keeps_what_the_host_passed_it_so_the_token_count_must_come_from_the_device():
