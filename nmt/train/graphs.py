@@ -73,8 +73,10 @@ class UpdateGraphs:
         self.tc, self.device = tc, device
         self.uses: Counter[tuple[int, ...]] = Counter()
         self.recorded: dict[tuple[int, ...], _Recorded] = {}
-        for group in t.optimizer.param_groups:  # recorded updates read the rate the schedule writes in place
-            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+        # recorded updates read the rate where the schedule writes it, one tensor for the groups (one rate)
+        rate = torch.tensor(float(t.scheduler.lr), dtype=torch.float32, device=device)
+        for group in t.optimizer.param_groups:
+            group["lr"] = rate
             group["capturable"] = True  # the fused kernels are; torch asks for the flag to let them be recorded
         t.optimizer.register_state_dict_post_hook(_rates_as_floats)
         self._pool: Any = None  # the graphs' memory pool, and the stream of the eager updates (on first use)

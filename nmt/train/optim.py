@@ -188,11 +188,14 @@ class Schedule:
 
     def _apply(self) -> None:
         self.lr = self.cfg.lr * lr_factor(self.steps, self.cfg) * self.scale
+        filled = set()
         for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], Tensor):  # read where it lies by a recorded update (`nmt.train.graphs`)
-                group["lr"].fill_(self.lr)
-            else:
+            rate = group["lr"]
+            if not isinstance(rate, Tensor):
                 group["lr"] = self.lr
+            elif id(rate) not in filled:  # read where it lies by recorded updates (`nmt.train.graphs`)
+                rate.fill_(self.lr)
+                filled.add(id(rate))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Schedule:
