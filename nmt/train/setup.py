@@ -39,7 +39,7 @@ from nmt.runtime import (
 )
 from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
-from nmt.train.graphs import UpdateGraphs, check_update_graphs
+from nmt.train.graphs import EAGER_USES, UpdateGraphs, check_update_graphs
 from nmt.train.half import HalfCopy
 from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
@@ -231,6 +231,9 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             if shapes:
                 log.info("static batch shapes: %d, one per length bucket (lengths padded to a multiple of %d)",
                          shapes, batch_padding(tc, device).multiple)
+            if tc.cuda_graphs:
+                log.info("train.cuda_graphs: each batch shape's update runs eagerly %d times, then is recorded as "
+                         "a CUDA graph and replayed", EAGER_USES)
         return run
     except BaseException:
         try:
