@@ -160,5 +160,5 @@ def check_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, model:
                         f"{ctx.world_size}; set train.cuda_graphs: false under torchrun")
     if model is not None and not getattr(model, "graph_safe", False):
         raise UserError(f"train.cuda_graphs: true needs a model whose training step never waits for the GPU, and "
-                        f"the {getattr(model, 'name', type(model).__name__)} model reads its source lengths on the "
-                        f"host; set train.cuda_graphs: false (or train a transformer)")
+                        f"the {getattr(model, 'name', type(model).__name__)} model's does (the RNNs read their "
+                        f"source lengths on the host); set train.cuda_graphs: false, or train a transformer")
