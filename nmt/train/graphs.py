@@ -78,7 +78,7 @@ class UpdateGraphs:
         for group in t.optimizer.param_groups:
             group["lr"] = rate
             group["capturable"] = True  # the fused kernels are; torch asks for the flag to let them be recorded
-        t.optimizer.register_state_dict_post_hook(_rates_as_floats)
+        t.optimizer.register_state_dict_post_hook(_as_without_graphs)
         self._pool: Any = None  # the graphs' memory pool, and the stream of the eager updates (on first use)
         self._side: torch.cuda.Stream | None = None
 
@@ -136,12 +136,14 @@ def _results(r: StepResult) -> Tensor:
     return torch.stack([r.loss.float(), r.nll.float(), r.grad_norm.float(), r.skipped.float()])
 
 
-def _rates_as_floats(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
-    """Checkpoints keep each group's rate a float, as an optimizer without graphs has it (reading it waits
-    for the device, as saving a checkpoint does anyway)."""
+def _as_without_graphs(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """Checkpoints hold the optimizer's groups as they are without graphs: the rate a float (reading it waits
+    for the device, as saving a checkpoint does anyway), `capturable` off (which a run resumed from them
+    on a device without the fused kernels would otherwise have to honour)."""
     for group in state["param_groups"]:
         if isinstance(group["lr"], Tensor):
             group["lr"] = group["lr"].item()
+        group["capturable"] = False
     return state
 
 

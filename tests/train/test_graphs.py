@@ -20,7 +20,7 @@ from nmt.train.data import batch_padding
 from nmt.train.graphs import (
     EAGER_USES,
     UpdateGraphs,
-    _rates_as_floats,
+    _as_without_graphs,
     _results,
     check_update_graphs,
 )
@@ -90,15 +90,15 @@ def test_an_update_that_counts_its_tokens_on_the_device_is_the_same_update():
         assert torch.allclose(p, q, rtol=1e-6, atol=1e-7)
 
 
-def test_a_schedule_writes_a_tensor_rate_in_place_and_checkpoints_keep_it_a_float():
+def test_a_schedule_writes_a_tensor_rate_in_place_and_checkpoints_keep_it_a_float_and_not_capturable():
     tc = TrainConfig(warmup_steps=4, lr=0.1)
     model = torch.nn.Linear(3, 2)
     optimizer = build_optimizer(model, tc, torch.device("cpu"))
     schedule = build_scheduler(optimizer, tc)
     rates = [torch.tensor(float(g["lr"])) for g in optimizer.param_groups]
     for group, rate in zip(optimizer.param_groups, rates, strict=True):
-        group["lr"] = rate
-    optimizer.register_state_dict_post_hook(_rates_as_floats)
+        group["lr"], group["capturable"] = rate, True  # as `UpdateGraphs` leaves them
+    optimizer.register_state_dict_post_hook(_as_without_graphs)
     for step in range(1, 4):
         schedule.step()
         assert schedule.lr == pytest.approx(0.1 * (step + 1) / 4)
@@ -107,7 +107,8 @@ def test_a_schedule_writes_a_tensor_rate_in_place_and_checkpoints_keep_it_a_floa
     saved = optimizer.state_dict()
     assert [g["lr"] for g in saved["param_groups"]] == pytest.approx([schedule.lr] * 2)
     assert all(type(g["lr"]) is float for g in saved["param_groups"])
-    assert all(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups)  # the live ones stay tensors
+    assert not any(g["capturable"] for g in saved["param_groups"])
+    assert all(isinstance(g["lr"], torch.Tensor) and g["capturable"] for g in optimizer.param_groups)  # live ones
 
 
 class TracedUpdates(UpdateGraphs):
@@ -276,7 +277,8 @@ def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_
     assert _train(small_corpus, tmp_path / "True", recorded=True, max_steps=30) == 2  # both shapes, replayed
     eager, recorded = (tmp_path / name for name in ("False", "True"))
     saved = load_checkpoint(recorded / "ckpt_30.pt")
-    assert all(type(g["lr"]) is float for g in saved["optimizer"]["param_groups"])  # not the live tensors
+    assert all(type(g["lr"]) is float and not g["capturable"]  # as without graphs, not the live tensors
+               for g in saved["optimizer"]["param_groups"])
     logged = [json.loads(line) for line in (recorded / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in logged if r["event"] == "train"] == [
         r["lr"] for r in map(json.loads, (eager / "metrics.jsonl").read_text().splitlines()) if r["event"] == "train"]
