@@ -56,6 +56,7 @@ import json
 import math
 import sys
 import time
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -67,6 +68,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import load_config
 from nmt.data.tokenizer import PAD_ID
+from nmt.errors import UserError
 from nmt.models import count_parameters
 from nmt.runtime import Dist, enable_fast_math, pick_device, seed_everything
 from nmt.train.data import (
@@ -367,6 +369,8 @@ def main(argv: list[str] | None = None) -> None:
                                 reference=reference, peak=peak, profile=args.profile, trace=trace)
                     except Exception as err:  # one failing row (e.g. out of memory) must not lose the others
                         row.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+                        if not isinstance(err, UserError):  # a fault, whole to stderr: a GPU run's log is all
+                            traceback.print_exc()  # there is to debug it with
                     rows.append(row)
                     print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
                     if args.json:  # after every row: a later row that kills the process loses none before it
