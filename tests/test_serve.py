@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -132,6 +133,44 @@ def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):
     port = server.server_address[1]
     with pytest.raises(UserError, match=rf"127.0.0.1:{port}: cannot listen there"):
         make_server(checkpoint, port=port, device="cpu")
+
+
+def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint):
+    """A handler thread still translating when the interpreter exits can abort the process, so closing
+    waits for it (`TranslationServer.server_close`), up to `drain_seconds`."""
+    srv = make_server(checkpoint, host="127.0.0.1", port=0, device="cpu")
+    serving = threading.Thread(target=srv.serve_forever, daemon=True)
+    serving.start()
+    replies = []
+    srv.lock.acquire()  # the next translation waits here, as behind a long one
+    client = threading.Thread(target=lambda: replies.append(post(srv, {"text": ["the dog"]})), daemon=True)
+    client.start()
+    while not list(srv._handlers):  # the request has reached its handler thread
+        time.sleep(0.01)
+    (handler,) = list(srv._handlers)
+    srv.shutdown()
+    threading.Timer(0.5, srv.lock.release).start()
+    start = time.monotonic()
+    srv.server_close()
+    assert not handler.is_alive() and time.monotonic() - start >= 0.4  # it waited for the translation
+    client.join(timeout=10)
+    assert replies and replies[0][0] == 200
+
+    srv = make_server(checkpoint, host="127.0.0.1", port=0, device="cpu")
+    srv.drain_seconds = 0.3
+    serving = threading.Thread(target=srv.serve_forever, daemon=True)
+    serving.start()
+    srv.lock.acquire()  # never released: the handler outlives the wait
+    threading.Thread(target=lambda: post(srv, {"text": ["the dog"]}), daemon=True).start()
+    while not list(srv._handlers):
+        time.sleep(0.01)
+    srv.shutdown()
+    start = time.monotonic()
+    srv.server_close()
+    assert 0.25 <= time.monotonic() - start < 5 and any(t.is_alive() for t in srv._handlers)
+    srv.lock.release()  # let it finish, so that no thread of this test outlives it
+    for thread in list(srv._handlers):
+        thread.join(timeout=10)
 
 
 def test_cli_serves_until_interrupted(checkpoint):
