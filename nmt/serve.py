@@ -73,7 +73,8 @@ class TranslationServer(ThreadingHTTPServer):
 
         A handler thread that is still running when the interpreter exits is stopped inside whatever
         it runs, and where that is torch's C++ code the process aborts ("terminate called without an
-        active exception"): seen as 2 aborted exits in 30 under a loaded CPU, before this wait.
+        active exception"): 7 aborted exits in 130 under a loaded 2-core CPU before this wait, none in 110
+        after it.
         """
         super().server_close()
         deadline = time.monotonic() + self.drain_seconds

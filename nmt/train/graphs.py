@@ -93,12 +93,14 @@ class UpdateGraphs:
         shape = (*batch.src.shape, *batch.tgt_in.shape)
         recorded = self.recorded.get(shape)
         if recorded is None:
+            def update_on(b: Batch) -> StepResult:
+                return update(t, [b], self.tc, self.device, tokens_on_device=True)
+
             self.uses[shape] += 1
             if self.uses[shape] <= EAGER_USES:
-                return self.run_eagerly(lambda: update(t, [batch], self.tc, self.device, tokens_on_device=True))
+                return self.run_eagerly(lambda: update_on(batch))
             inputs = batch.clone()  # the shape's inputs for good, which later batches are copied into
-            replay, results = self.record(t, lambda: _results(update(t, [inputs], self.tc, self.device,
-                                                                     tokens_on_device=True)))
+            replay, results = self.record(t, lambda: _results(update_on(inputs)))
             recorded = self.recorded[shape] = _Recorded(replay=replay, batch=inputs, results=results)
         else:
             recorded.batch.copy_(batch)
