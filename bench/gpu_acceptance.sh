@@ -24,9 +24,9 @@
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
 #   updates    train.cuda_graphs (each batch shape's whole update recorded as one CUDA graph): its tests on
 #              the GPU first (the stage stops if they fail), then the Multi30k shape eager with and
-#              without it and compiled (default mode) with it, in fp32 and bf16, with profiles; then
-#              Transformer-base in bf16 compiled with it; then a toy training with it, resumed
-#                                                                                       (about 6 min)
+#              without it (relative length buckets), with it over lengths a multiple of 8, and compiled
+#              (default mode) with it, in fp32 and bf16, with profiles; then Transformer-base in bf16
+#              with it, eager and compiled; then a toy training with it, resumed       (about 8 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -113,9 +113,17 @@ case $stage in
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
+    # the same update graphs over the coarser buckets a compiled model keeps (lengths a multiple of 8): what the
+    # relative ones (train.length_buckets auto, above) gain by padding less (bench/batch_shapes.py)
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile off --update-graphs on --steps $steps --set train.length_buckets=multiple \
+      --json "$out/updates_multiple.json" ${TRAIN_ARGS:-}
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile default --update-graphs on --steps $steps --profile 10 --json "$out/updates_compiled.json" \
       ${TRAIN_ARGS:-}
+    # Transformer-base: uncompiled (relative buckets), then compiled (a compilation per shape: multiples of 8)
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --json "$out/updates_base_eager.json" ${TRAIN_ARGS:-}
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
       --compile default --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
     for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes

@@ -21,7 +21,9 @@ FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
 torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
 on a bf16 copy of the weights (`train.half_weights`), `bf16-autocast` under autocast.
 
-`shapes` is the number of distinct batch shapes among the timed updates. `ops/update` counts
+`shapes` is the number of distinct batch shapes among the timed updates, `real %` the share of their
+target positions that hold a real token rather than padding (the rest is computed for nothing: static
+shapes pad each batch to its length bucket, see `train.pad_to_multiple`). `ops/update` counts
 the aten operations one eager update dispatches (views and allocations, which launch nothing,
 left out): on a GPU nearly each is a kernel launch, and a small model whose step is bound by
 launches is as fast as this count is low. `syncs` (CUDA only) counts the times one update makes
@@ -142,6 +144,8 @@ class Row:
     ops: int | None = None
     syncs: int | None = None  # host waits for the GPU in one update (CUDA only)
     shapes: int = 0
+    real: float = 0.0  # the share of the timed batches' target positions that hold a real token, not padding
+    lengths: str = ""  # how the row's batches round their lengths (`Rounding`)
     error: str = ""
 
     @property
@@ -185,11 +189,14 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     row.params = count_parameters(parts.model)
     padding = batch_padding(tc, device)
     sampler = build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed,
-                            length_multiple=padding.sampler_multiple)
+                            rounding=padding.sampler_rounding)
     prepare_step(parts, tc, device, Dist(), shapes=batch_shape_count(sampler, tc, device))
     lists = sampler.batch_list(0)[: steps + warmup]
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
     row.shapes = len({_shape(b) for b in batches[warmup:]})
+    row.real = sum(b.ntokens for b in batches[warmup:]) / sum(b.tgt_out.numel() for b in batches[warmup:])
+    row.lengths = str(padding.rounding) + (", static shapes" if padding.fill_tokens else "")
+    print(f"  {row.precision} {row.how}: {row.lengths}", file=sys.stderr, flush=True)
     src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
     counted = cfg.model.type == "transformer"  # an RNN's FLOPs are not counted: its rows show no TFLOP/s nor MFU
     # tgt_len is the target ids plus one: what the decoder reads (BOS first) and predicts (EOS last).
@@ -269,7 +276,7 @@ class _OpCount(TorchDispatchMode):
 def format_table(rows: list[Row]) -> str:
     head = (f"{'shape':6s} {'model':20s} {'prec':13s} {'compile':15s} {'tokens':>6s} {'params':>7s} "
             f"{'tgt tok/s':>10s} {'s/step':>7s} {'TFLOP/s':>8s} {'MFU %':>6s} {'peak MiB':>9s} {'warm-up s':>9s} "
-            f"{'shapes':>6s} {'ops/update':>10s} {'syncs':>5s}")
+            f"{'shapes':>6s} {'real %':>6s} {'ops/update':>10s} {'syncs':>5s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         what = f"{r.shape:6s} {r.model:20s} {r.precision:13s} {r.how:15s}"
@@ -282,7 +289,7 @@ def format_table(rows: list[Row]) -> str:
         syncs = f"{r.syncs:5d}" if r.syncs is not None else f"{'-':>5s}"
         tflops = f"{r.tflops:8.1f}" if r.tflops is not None else f"{'-':>8s}"
         lines.append(f"{what} {r.max_tokens:6d} {r.params / 1e6:6.1f}M {r.tokens_per_s:10.0f} {r.seconds_per_step:7.4f} "
-                     f"{tflops} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {ops} {syncs}")
+                     f"{tflops} {mfu} {mem} {r.warmup_s:9.1f} {r.shapes:6d} {100 * r.real:6.1f} {ops} {syncs}")
     return "\n".join(lines)
 
 
@@ -335,8 +342,9 @@ def main(argv: list[str] | None = None) -> None:
     peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
     padding = batch_padding(cfg.train, device)
     print(f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"{args.steps} timed steps after {args.warmup} warm-up, batch lengths padded to a multiple of "
-          f"{padding.multiple}" + (f", attention kernels {args.attention}" if device.type == "cuda" else ""), flush=True)
+          f"{args.steps} timed steps after {args.warmup} warm-up, batch {padding.rounding} (the config's; rows "
+          f"with update graphs may differ)" + (f", attention kernels {args.attention}" if device.type == "cuda" else ""),
+          flush=True)
 
     rows: list[Row] = []
     for shape in args.shapes.split(","):

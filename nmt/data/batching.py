@@ -103,6 +103,56 @@ def _on_storage(t: Tensor, storage: torch.UntypedStorage) -> Tensor:
 
 
 @dataclass(frozen=True)
+class Rounding:
+    """How batch lengths are rounded up, so that batches meet a few shapes again and again.
+
+    Plain: up to a multiple of `multiple`. Relative: up to a multiple of a step that grows with the
+    length, the largest power of two not above n / 8, at least 1 and at most `multiple` (the largest
+    power of two not above it): lengths below 16 stay as they are, then steps of 2, 4 and 8
+    (16, 18, ..., 32, 36, ..., 64, 72, ...). Rounding then adds under an eighth to any length, where
+    a plain multiple of 8 nearly doubles a length of 9, and the lengths up to L fall in about 8 x
+    log2(L / 8) buckets, where a plain multiple m makes L / m. Either way rounding never lowers a
+    length and rounds a rounded length to itself.
+    """
+
+    multiple: int = 1
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.multiple < 1:
+            raise ValueError(f"multiple ({self.multiple}) must be at least 1")
+
+    @property
+    def largest_step(self) -> int:
+        """The relative steps' largest: the largest power of two not above `multiple`."""
+        return 1 << (self.multiple.bit_length() - 1)
+
+    def __str__(self) -> str:
+        if self.multiple == 1:
+            return "lengths as they are"
+        if self.relative:
+            return f"lengths rounded up in steps of at most {self.largest_step}, an eighth of the length"
+        return f"lengths padded to a multiple of {self.multiple}"
+
+    @overload
+    def __call__(self, n: int) -> int: ...
+
+    @overload
+    def __call__(self, n: np.ndarray) -> np.ndarray: ...
+
+    def __call__(self, n: int | np.ndarray) -> int | np.ndarray:
+        """Length n (or an array of lengths) rounded up."""
+        if self.multiple == 1:
+            return n
+        step = self.multiple
+        if self.relative:  # the largest power of two not above n / 8 (exact: float64 holds each such n and 2^k)
+            eighth = np.maximum(np.asarray(n) >> 3, 1)
+            step = np.minimum(np.left_shift(1, np.floor(np.log2(eighth)).astype(np.int64)), self.largest_step)
+        rounded = -(-n // step) * step
+        return int(rounded) if isinstance(n, int) else rounded.astype(np.asarray(n).dtype, copy=False)
+
+
+@dataclass(frozen=True)
 class Padding:
     """How `collate` shapes a batch.
 
@@ -110,17 +160,19 @@ class Padding:
         multiple: round S and T up to a multiple of this, so that GPU kernels meet
             a few shapes again and again instead of a new one at almost every step
             (tensor cores want multiples of 8).
+        relative: round to steps that grow with the length, at most `multiple` (`Rounding`).
         fill_tokens: 0 leaves the shape to the batch. Above 0, every batch whose
             longer side rounds up to L is given exactly the shape (fill_tokens // L,
             L, L): both sides padded to L, and empty pairs (a source of EOS alone,
             no target token, so no loss) appended up to that many rows. A token-budget
-            sampler with the same budget and `length_multiple` never cuts a batch
+            sampler with the same budget and rounding never cuts a batch
             larger than that, so the step sees one shape per length bucket: what
             CUDA graphs need, which are recorded once per shape and replayed.
     """
 
     multiple: int = 1
     fill_tokens: int = 0
+    relative: bool = False
 
     def __post_init__(self) -> None:
         if self.multiple < 1 or self.fill_tokens < 0:
@@ -128,18 +180,23 @@ class Padding:
                              f"({self.fill_tokens}) at least 0")
 
     @property
-    def sampler_multiple(self) -> int:
-        """What a token-budget sampler must round lengths up to for these batches
-        (`TokenBatchSampler(length_multiple=...)`): `multiple` when filling, so that
-        every batch of a bucket takes the same rows; otherwise 1, the budget counting
-        lengths as they are, so that rounding short sentences up does not shrink their
-        batches (Multi30k at 4,096 tokens and a multiple of 8: 119 batches an epoch
+    def rounding(self) -> Rounding:
+        """How these batches round their lengths up."""
+        return Rounding(self.multiple, self.relative)
+
+    @property
+    def sampler_rounding(self) -> Rounding:
+        """How a token-budget sampler must round lengths up for these batches
+        (`TokenBatchSampler(rounding=...)`): as the batches do when filling, so that
+        every batch of a bucket takes the same rows; otherwise not at all, the budget
+        counting lengths as they are, so that rounding short sentences up does not shrink
+        their batches (Multi30k at 4,096 tokens and a multiple of 8: 119 batches an epoch
         instead of 143, each carrying more real tokens for the same launches)."""
-        return self.multiple if self.fill_tokens else 1
+        return self.rounding if self.fill_tokens else Rounding()
 
     def shape(self, rows: int, src_len: int, tgt_len: int) -> tuple[int, int, int]:
         """(B, S, T) of a batch of `rows` pairs whose longest source and target are `src_len`, `tgt_len`."""
-        src_len, tgt_len = _round_up(src_len, self.multiple), _round_up(tgt_len, self.multiple)
+        src_len, tgt_len = self.rounding(src_len), self.rounding(tgt_len)
         if not self.fill_tokens:
             return rows, src_len, tgt_len
         longest = max(src_len, tgt_len)
@@ -235,10 +292,6 @@ def _fill(out: np.ndarray, values: np.ndarray, lens: np.ndarray, first: int = 0)
     out[rows, ranges(np.full(len(lens), first), lens)] = values
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple if multiple > 1 else n
-
-
 class EpochBatches(Sequence[list[int]]):
     """One epoch's batches as slices of a single row order, so an epoch of millions of
     pairs costs one int32 array, not millions of Python ints.
@@ -286,10 +339,10 @@ class TokenBatchSampler(Sampler[list[int]]):
     differently each epoch), stable-sort them by length, longest first, cut the
     sorted list greedily into batches of at most `max_tokens` tokens counted as
     `len(batch) * max(src_len, tgt_len)` (a sentence longer than the budget is a
-    batch of its own), then shuffle the order of the batches. With `length_multiple`
-    above 1, lengths count as rounded up to it, as `collate` pads them, so that every
-    batch starting in one length bucket takes the same number of rows (what batches
-    of static shapes need: `Padding.sampler_multiple`).
+    batch of its own), then shuffle the order of the batches. With a `rounding`, lengths
+    count as rounded up by it, as `collate` pads them, so that every batch starting in
+    one length bucket takes the same number of rows (what batches of static shapes
+    need: `Padding.sampler_rounding`).
 
     Every step is a NumPy operation over all rows (or a loop over batches or
     distinct lengths, never over rows), and an epoch is held as one int32 row
@@ -316,7 +369,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: base seed; with the epoch it fixes the batches.
         rank, world_size: this process's shard.
         parts: (rows, weight) of each corpus, in row order; the rows must add up to N.
-        length_multiple: count each length as rounded up to a multiple of this.
+        rounding: count each length as rounded up by this.
 
     Raises:
         ValueError: lengths that are not 1-D arrays of the same length, max_tokens < 1, a bad
@@ -334,7 +387,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         world_size: int = 1,
         parts: Sequence[tuple[int, float]] | None = None,
-        length_multiple: int = 1,
+        rounding: Rounding = Rounding(),
     ) -> None:
         src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
         if src.ndim != 1 or src.shape != tgt.shape:
@@ -343,8 +396,6 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError(f"max_tokens ({max_tokens}) must be at least 1")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank ({rank}) must be in [0, world_size) with world_size ({world_size}) >= 1")
-        if length_multiple < 1:
-            raise ValueError(f"length_multiple ({length_multiple}) must be at least 1")
         if parts is not None:
             if sum(rows for rows, _ in parts) != len(src) or any(rows < 0 for rows, _ in parts):
                 raise ValueError(f"parts {list(parts)} must be row counts adding up to the {len(src)} rows")
@@ -352,7 +403,7 @@ class TokenBatchSampler(Sampler[list[int]]):
                 raise ValueError(f"parts {list(parts)}: every weight must be a finite number above 0")
         self.parts = None if parts is None or all(w == 1 for _, w in parts) else [(int(r), float(w)) for r, w in parts]
         longer = np.maximum(src, tgt).astype(np.int32, copy=False)  # (N,)
-        self.lengths = longer if length_multiple == 1 else -(-longer // length_multiple) * length_multiple
+        self.lengths = rounding(longer)
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0

@@ -165,7 +165,7 @@ def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dis
     """This rank's shuffled token-budget batches of the training split, cut as `device`'s batch padding needs."""
     return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
                          world_size=ctx.world_size, parts=data.train_parts,
-                         length_multiple=batch_padding(tc, device).sampler_multiple)
+                         rounding=batch_padding(tc, device).sampler_rounding)
 
 
 def _prepare_first(cfg: ExperimentConfig, run_dir: Path, restart: bool, tokenizer: Tokenizer | None) -> RunData:
@@ -229,8 +229,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                      "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
             warn_if_slow_precision(device, tc.precision, "train.precision:")
             if shapes:
-                log.info("static batch shapes: %d, one per length bucket (lengths padded to a multiple of %d)",
-                         shapes, batch_padding(tc, device).multiple)
+                log.info("static batch shapes: %d, one per length bucket (%s)", shapes,
+                         batch_padding(tc, device).rounding)
             if tc.cuda_graphs:
                 log.info("train.cuda_graphs: each batch shape's update runs eagerly %d times, then is recorded as "
                          "a CUDA graph and replayed", EAGER_USES)

@@ -7,7 +7,14 @@ import pytest
 import torch
 from datasets import Dataset, Features, Value
 
-from nmt.data.batching import Batch, Padding, TokenBatchSampler, collate, inference_batches
+from nmt.data.batching import (
+    Batch,
+    Padding,
+    Rounding,
+    TokenBatchSampler,
+    collate,
+    inference_batches,
+)
 from nmt.data.dataset import length_arrays
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -158,16 +165,18 @@ def test_a_lazy_dataset_column_is_refused_with_the_way_out() -> None:
         TokenBatchSampler(src_lens=ds["src_len"], tgt_lens=ds["tgt_len"], max_tokens=10)
 
 
+@pytest.mark.parametrize("rounding", [Rounding(8), Rounding(8, relative=True)], ids=["multiple", "relative"])
 @pytest.mark.parametrize("world_size", [1, 3])
-def test_lengths_rounded_to_a_multiple_keep_the_padded_budget_and_fill_one_shape_per_bucket(lengths, world_size) -> None:
-    padding = Padding(multiple=8, fill_tokens=MAX_TOKENS)
-    shards = [sampler(lengths, length_multiple=8, rank=r, world_size=world_size).batch_list(1)
+def test_rounded_lengths_keep_the_padded_budget_and_fill_one_shape_per_bucket(lengths, world_size, rounding) -> None:
+    padding = Padding(multiple=8, fill_tokens=MAX_TOKENS, relative=rounding.relative)
+    assert padding.sampler_rounding == rounding
+    shards = [sampler(lengths, rounding=rounding, rank=r, world_size=world_size).batch_list(1)
               for r in range(world_size)]
     assert sorted(i for shard in shards for b in shard for i in b) == list(range(len(lengths[0])))
     src, tgt = lengths
     shapes = set()
     for batch in (b for shard in shards for b in shard):
-        padded = -(-max(int(src[batch].max()), int(tgt[batch].max())) // 8) * 8
+        padded = rounding(max(int(src[batch].max()), int(tgt[batch].max())))
         assert len(batch) * padded <= MAX_TOKENS or len(batch) == 1  # the budget holds for padded tensors
         rows = [{"src_ids": [5] * int(src[i]), "tgt_ids": [6] * (int(tgt[i]) - 1)} for i in batch]
         b = collate(rows, batch, padding=padding)
@@ -175,8 +184,31 @@ def test_lengths_rounded_to_a_multiple_keep_the_padded_budget_and_fill_one_shape
         assert b.size == max(len(batch), MAX_TOKENS // padded)
         assert b.indices.tolist() == batch + [-1] * (b.size - len(batch))
         shapes.add(tuple(b.src.shape))
-    buckets = {-(-int(n) // 8) * 8 for n in np.maximum(src, tgt)}
-    assert len(shapes) == len(buckets)  # one shape per length bucket, however many batches
+    # one shape per length bucket, however many batches (a bucket of a few short pairs may have none of its own:
+    # they end the batch of a longer bucket)
+    assert len(shapes) == len({length for _, length in shapes})
+    assert {length for _, length in shapes} <= {rounding(int(n)) for n in np.maximum(src, tgt)}
+
+
+def test_relative_rounding_adds_under_an_eighth_in_steps_of_powers_of_two_up_to_the_multiple() -> None:
+    n = np.arange(1, 2000)
+    for multiple in (1, 2, 8, 12, 16):
+        rounded = Rounding(multiple, relative=True)(n)
+        assert [Rounding(multiple, relative=True)(int(k)) for k in n] == rounded.tolist()  # ints as arrays
+        assert (rounded >= n).all() and (np.diff(rounded) >= 0).all()  # never lower, never out of order
+        assert (Rounding(multiple, relative=True)(rounded) == rounded).all()  # a rounded length stays
+        step = 1 << (multiple.bit_length() - 1)  # 12 rounds in steps of at most 8
+        assert (rounded - n < step).all() and (rounded % np.minimum(step, 2 ** np.floor(np.log2(np.maximum(n // 8, 1)))) == 0).all()
+        assert ((rounded - n) * 8 < n).all()  # under an eighth of the length
+    relative = Rounding(8, relative=True)
+    assert [relative(k) for k in (9, 15, 16, 17, 31, 33, 63, 65, 100)] == [9, 15, 16, 18, 32, 36, 64, 72, 104]
+    assert len(np.unique(relative(n[:256]))) == 16 + 8 + 8 + 24  # 1 to 16, 8 buckets an octave to 64, then steps of 8
+    plain = Rounding(8)
+    assert [plain(k) for k in (1, 8, 9, 17)] == [8, 8, 16, 24] and (plain(n) == -(-n // 8) * 8).all()
+    assert Rounding(1)(n) is n and Rounding(1, relative=True)(7) == 7
+    assert str(relative) == "lengths rounded up in steps of at most 8, an eighth of the length"
+    with pytest.raises(ValueError, match="multiple"):
+        Rounding(0)
 
 
 def test_filled_pairs_are_eos_alone_with_nothing_to_predict() -> None:
@@ -188,7 +220,7 @@ def test_filled_pairs_are_eos_alone_with_nothing_to_predict() -> None:
     assert b.indices.tolist() == [4, -1, -1] and b.ntokens == 2
     with pytest.raises(ValueError, match="multiple"):
         Padding(multiple=0)
-    assert Padding(multiple=8).sampler_multiple == 1 and Padding(multiple=8, fill_tokens=64).sampler_multiple == 8
+    assert Padding(multiple=8).sampler_rounding == Rounding() and Padding(multiple=8, fill_tokens=64).sampler_rounding == Rounding(8)
 
 
 # --------------------------------------------------------------------------- collate

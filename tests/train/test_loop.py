@@ -76,7 +76,7 @@ def test_static_shapes_train_the_same_model_as_free_shapes(small_corpus, tmp_pat
     runs = {}
     for shapes in ("free", "static"):
         raw = tiny_raw(small_corpus, tmp_path / shapes, max_steps=0, max_epochs=1, pad_to_multiple=1,
-                       batch_shapes=shapes)  # a multiple of 1: both cut the same batches (Padding.sampler_multiple)
+                       batch_shapes=shapes)  # a multiple of 1: both cut the same batches (Padding.sampler_rounding)
         raw["model"]["transformer"]["dropout"] = 0.0
         with caplog.at_level(logging.INFO, logger="nmt"):
             train(config_from_dict(raw))

@@ -248,7 +248,7 @@ def test_a_batch_filled_to_a_static_shape_gives_the_same_loss_and_gradients(kind
         assert torch.allclose(g, grad_b[name], rtol=1e-4, atol=1e-6), (name, (g - grad_b[name]).abs().max())
 
 
-def test_batch_padding_resolves_auto_by_device_and_compile_mode():
+def test_batch_padding_resolves_auto_by_device_compile_mode_and_update_graphs():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert batch_padding(TrainConfig(), cpu) == Padding(multiple=1)
     assert batch_padding(TrainConfig(), cuda) == Padding(multiple=8)
@@ -258,6 +258,15 @@ def test_batch_padding_resolves_auto_by_device_and_compile_mode():
     assert batch_padding(graphs, cpu).fill_tokens == 0  # no CUDA graphs on a CPU
     assert batch_padding(TrainConfig(batch_shapes="static", max_tokens=999), cpu) == Padding(fill_tokens=999)
     assert batch_padding(replace(graphs, batch_shapes="free"), cuda).fill_tokens == 0
+    # static shapes of an uncompiled model: relative steps (finer buckets), unless compiling or told otherwise
+    updates = TrainConfig(cuda_graphs=True, max_tokens=2048)
+    assert batch_padding(updates, cuda) == Padding(multiple=8, fill_tokens=2048, relative=True)
+    assert batch_padding(TrainConfig(batch_shapes="static", max_tokens=2048), cuda).relative
+    assert batch_padding(replace(updates, pad_to_multiple=16), cuda) == Padding(16, fill_tokens=2048, relative=True)
+    assert batch_padding(replace(updates, compile=True), cuda) == Padding(multiple=8, fill_tokens=2048)
+    assert batch_padding(replace(updates, length_buckets="multiple"), cuda) == Padding(multiple=8, fill_tokens=2048)
+    assert batch_padding(TrainConfig(length_buckets="relative", pad_to_multiple=4), cpu) == Padding(4, relative=True)
+    assert batch_padding(TrainConfig(length_buckets="relative"), cpu) == Padding(multiple=1)  # nothing to round
 
 
 @pytest.mark.parametrize("fused", [True, False])

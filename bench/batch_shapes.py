@@ -1,0 +1,98 @@
+"""How much of each training batch is real tokens, and how many batch shapes, for each way of padding lengths.
+
+    python bench/batch_shapes.py configs/multi30k_transformer.yaml [--max-tokens 4096,32768]
+        [--run-dir DIR] [--set key=value ...] [--json out.json]
+
+For each token budget, it cuts an epoch of the config's training data as `nmt train` does
+(`TokenBatchSampler`, lengths counted as the padding rounds them) and shapes every batch as
+`collate` would (`Padding.shape`), for these paddings:
+
+    free 1          each batch as long as its longest pair (the CPU's default)
+    free 8          lengths padded to a multiple of 8 (CUDA's default without CUDA graphs)
+    static 8        one shape per length bucket, lengths rounded to a multiple of 8, short batches
+                    filled with empty pairs (CUDA graphs of a compiled model: each shape compiles)
+    static 4, 2     the same with finer buckets
+    static rel 8    buckets in relative steps of at most 8 (`Rounding(8, relative=True)`: CUDA graphs
+                    of an uncompiled model, `train.cuda_graphs`)
+
+and prints the batches in the epoch, the distinct batch shapes (what static shapes record a CUDA
+graph, and a compiled model a compilation, for), the target tokens per batch, and the share of
+the computed source and target positions that hold a real token. The rest is padding, computed
+for nothing: on a GPU whose step is bound by its kernels, throughput in real tokens is about that
+share of what the kernels could do. Nothing is trained; only the lengths are read.
+
+At scale: point `--run-dir` at `bench/data_scale.py`'s run directory (`WORK/run-N`) and
+`--set data.train=...` at its corpus; the tokenizer and tokenized cache are reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from nmt.config import load_config
+from nmt.data.batching import Padding
+from nmt.train.data import build_sampler, length_arrays, prepare_run
+
+PADDINGS = {  # name: (multiple, static, relative)
+    "free 1": (1, False, False),
+    "free 8": (8, False, False),
+    "static 8": (8, True, False),
+    "static 4": (4, True, False),
+    "static 2": (2, True, False),
+    "static rel 8": (8, True, True),
+}
+
+
+def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, ds, padding: Padding, max_tokens: int, seed: int) -> dict:
+    """Batches, shapes and real shares of one epoch of `ds` cut and shaped as `padding` says."""
+    sampler = build_sampler(ds, max_tokens=max_tokens, shuffle=True, seed=seed, rounding=padding.sampler_rounding)
+    batches = sampler.batch_list(0)
+    shapes, computed_src, computed_tgt = set(), 0, 0
+    for rows in batches:
+        B, S, T = padding.shape(len(rows), int(src_lens[rows].max()), int(tgt_lens[rows].max()))
+        shapes.add((B, S, T))
+        computed_src, computed_tgt = computed_src + B * S, computed_tgt + B * T
+    # tgt_len counts the target ids plus one: the positions the decoder reads and predicts
+    real_src, real_tgt = int(src_lens.sum()), int(tgt_lens.sum())
+    return {"batches": len(batches), "shapes": len(shapes), "tgt_tokens_per_batch": real_tgt / max(len(batches), 1),
+            "real_src": real_src / max(computed_src, 1), "real_tgt": real_tgt / max(computed_tgt, 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--max-tokens", default="4096,32768", help="Comma-separated token budgets.")
+    ap.add_argument("--run-dir", default=None, help="Where the tokenizer and tokenized cache live "
+                                                     "(default: results/bench/batch_shapes/CONFIG).")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Config override.")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    run_dir = Path(args.run_dir or Path("results/bench/batch_shapes") / Path(args.config).stem)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ds = prepare_run(cfg, run_dir).train
+    src_lens, tgt_lens = (a.astype(np.int64) for a in length_arrays(ds))
+    print(f"{len(ds)} training pairs; mean length {src_lens.mean():.1f} source, {tgt_lens.mean():.1f} target "
+          f"(ids + 1), longest {src_lens.max()} / {tgt_lens.max()}")
+    head = (f"{'max_tokens':>10s} {'padding':13s} {'batches':>7s} {'shapes':>6s} {'tgt tok/batch':>13s} "
+            f"{'real src %':>10s} {'real tgt %':>10s}")
+    print(head + "\n" + "-" * len(head))
+    results = []
+    for max_tokens in (int(x) for x in args.max_tokens.split(",")):
+        for name, (multiple, static, relative) in PADDINGS.items():
+            padding = Padding(multiple=multiple, fill_tokens=max_tokens if static else 0, relative=relative)
+            r = {"max_tokens": max_tokens, "padding": name, **measure(src_lens, tgt_lens, ds, padding, max_tokens,
+                                                                       cfg.train.seed)}
+            results.append(r)
+            print(f"{max_tokens:10d} {name:13s} {r['batches']:7d} {r['shapes']:6d} {r['tgt_tokens_per_batch']:13.0f} "
+                  f"{100 * r['real_src']:10.1f} {100 * r['real_tgt']:10.1f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
