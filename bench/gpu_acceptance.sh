@@ -8,7 +8,7 @@
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
 # auto now chooses). Run updates next, then experiments (TRAIN_SECONDS=240 where they share a session),
-# graphs, speed, multi30k (again, with CUDA graphs), tests and compiled. Stages:
+# updates-compiled, graphs, speed, multi30k (again, with CUDA graphs), tests and compiled. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
@@ -24,9 +24,11 @@
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
 #   updates    train.cuda_graphs (each batch shape's whole update recorded as one CUDA graph): its tests on
 #              the GPU first (the stage stops if they fail), then the Multi30k shape eager with and
-#              without it (relative length buckets), with it over lengths a multiple of 8, and compiled
-#              (default mode) with it, in fp32 and bf16, with profiles; then Transformer-base in bf16
-#              with it, eager and compiled; then a toy training with it, resumed       (about 8 min)
+#              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
+#              bf16, with profiles; Transformer-base in bf16 with it, then with attention left to plain
+#              matrix products (--attention math); then a toy training with it, resumed (about 6 min)
+#   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
+#              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16  (about 6 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -48,7 +50,7 @@
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
 set -uo pipefail
-stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|updates|multi30k|experiments|tests [OUT]}
+stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|updates|updates-compiled|multi30k|experiments|tests [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 data=${NMT_DATA:-../shared/data/multi30k}
@@ -118,19 +120,28 @@ case $stage in
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs on --steps $steps --set train.length_buckets=multiple \
       --json "$out/updates_multiple.json" ${TRAIN_ARGS:-}
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
-      --compile default --update-graphs on --steps $steps --profile 10 --json "$out/updates_compiled.json" \
-      ${TRAIN_ARGS:-}
-    # Transformer-base: uncompiled (relative buckets), then compiled (a compilation per shape: multiples of 8)
+    # Transformer-base with them, then with attention as plain matrix products and softmax: its flash and
+    # memory-efficient kernels took more GPU time than its largest matrix products on these short sentences
+    # (H200, 2026-11-26)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --json "$out/updates_base_eager.json" ${TRAIN_ARGS:-}
+      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile default --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+      --compile off --update-graphs on --attention math --steps $steps --profile 5 \
+      --json "$out/updates_base_math.json" ${TRAIN_ARGS:-}
     for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
       run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates --set train.device=$device \
         --set train.cuda_graphs=true --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
     done
     cp /tmp/gpu_updates/metrics.jsonl "$out/updates_metrics.jsonl" 2>/dev/null ;;
+  updates-compiled)
+    # update graphs of a compiled model (default mode: kernels fused, no graphs of its own), a compilation per
+    # batch shape (so lengths a multiple of 8): the Multi30k shape in fp32 and bf16, then Transformer-base
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile default --update-graphs on --steps $steps --profile 10 --json "$out/updates_compiled.json" \
+      ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile default --update-graphs on --steps $steps --profile 5 --json "$out/updates_compiled_base.json" \
+      ${TRAIN_ARGS:-} ;;
   multi30k)
     run_dir=/tmp/gpu_multi30k_transformer
     run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \
@@ -182,6 +193,6 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \
       --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100 ;;
   *)
-    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, multi30k, experiments or tests" >&2
+    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, updates-compiled, multi30k, experiments or tests" >&2
     exit 2 ;;
 esac

@@ -259,7 +259,7 @@ def _train(corpus, run_dir, *, recorded: bool, max_steps: int) -> int:
     """`nmt.train.loop.train` of the tiny config with static batch shapes (two), updates recorded by
     `TracedUpdates` or eager; the number of updates recorded."""
     raw = tiny_raw(corpus, run_dir, max_steps=max_steps, valid_every=10, log_every=5, pad_to_multiple=32,
-                   batch_shapes="static", eps=1e-6)
+                   length_buckets="multiple", batch_shapes="static", eps=1e-6)
     raw["model"]["transformer"]["dropout"] = 0.0
     cfg = config_from_dict(raw)
     run = build_run(cfg)
