@@ -334,7 +334,7 @@ class TrainConfig:
     compile_dynamic: Literal["auto", True, False] = "auto"
     """With `compile: true`: true, one graph with symbolic sizes serves every batch shape; false, a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` and compiles once per length bucket in the first steps; `auto`: false exactly where batch shapes are static (`batch_shapes: static`, or `auto` in `reduce-overhead` mode on CUDA). On an H200, CUDA graphs over the graph with symbolic sizes killed training with a segmentation fault in the compiled backward pass; a graph per static shape trained."""
     cuda_graphs: bool = False
-    """Record each batch shape's whole update (forward, backward, clipping, the optimizer, the bf16 copy's bookkeeping) as one CUDA graph after two eager uses of that shape, then replay it with one launch, so that a small model's step is no longer bound by the host's kernel launches (`compile_mode: reduce-overhead` records the forward and backward passes only). Needs CUDA, one process, `accumulate: 1`, fp32 or bf16 on the bf16 copy, batch shapes that are not `free` (`auto` makes them static), a Transformer (the RNNs read source lengths on the host), and no compile mode with graphs of its own (`default` and `max-autotune-no-cudagraphs` go with it). Not yet timed on a GPU (`bench/train_speed.py --update-graphs`)."""
+    """Record each batch shape's whole update (forward, backward, clipping, the optimizer, the bf16 copy's bookkeeping) as one CUDA graph after two eager uses of that shape, then replay it with one launch, so that a small model's step is no longer bound by the host's kernel launches (`compile_mode: reduce-overhead` records the forward and backward passes only). With `accumulate` above 1, each batch shape's forward and backward pass is recorded apart, and the update's end (clipping, the optimizer) once. Needs CUDA, one process, fp32 or bf16 on the bf16 copy, batch shapes that are not `free` (`auto` makes them static), a Transformer (the RNNs read source lengths on the host), and no compile mode with graphs of its own (`default` and `max-autotune-no-cudagraphs` go with it). Not yet timed on a GPU (`bench/train_speed.py --update-graphs`)."""
     pad_to_multiple: int = num(0, lo=0)
     """Pad batch lengths (source and target) to a multiple of this (with `length_buckets: relative`, in steps of at most this), so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
     length_buckets: Literal["auto", "multiple", "relative"] = "auto"
@@ -416,8 +416,6 @@ class TrainConfig:
         """What `cuda_graphs: true` needs of the other settings (the device and the model are checked when
         training starts: `nmt.train.graphs.check_update_graphs`)."""
         needs = []
-        if self.accumulate != 1:
-            needs.append(f"accumulate: 1 (now {self.accumulate})")
         if self.precision == "fp16" or (self.precision == "bf16" and not self.half_weights):
             needs.append(f"precision fp32, or bf16 with half_weights: true (now {self.precision}"
                          f"{'' if self.precision == 'fp16' else ' under autocast'})")

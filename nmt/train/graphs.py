@@ -23,9 +23,22 @@ the learning rate is a tensor on the device that the schedule writes into
 optimizer (`step_unless`). The graphs of all shapes share one memory pool; what an
 update returns is copied out of the pool before the next replay can overwrite it.
 
-Where it applies (`check_update_graphs`): CUDA, one process, one batch per update,
-fp32 or bf16 on the bf16 copy, static batch shapes, and a model whose training step
-never waits for the GPU (its `graph_safe` attribute, `contract.Seq2Seq`).
+With `train.accumulate` above 1 an update is several batches, of shapes in any order, so
+it is recorded in parts, each with its own uses and recording as above:
+
+    each batch shape's forward and backward pass  ->  its loss, weighted by a tensor the host fills
+                                                      with 1 / the update's target tokens before the
+                                                      update's batches, adds its gradients to the fp32
+                                                      `.grad`s and its loss to the update's sums
+    the rest of the update, once for all shapes   ->  clipping and the optimizer's step on those
+                                                      gradients, then the gradients and sums zeroed
+
+The gradients and sums outlive the graphs (every parameter keeps its `.grad`, zero where an
+update begins): a graph's own memory is only its own until the next one runs.
+
+Where it applies (`check_update_graphs`): CUDA, one process, fp32 or bf16 on the bf16 copy,
+static batch shapes, and a model whose training step never waits for the GPU (its
+`graph_safe` attribute, `contract.Seq2Seq`).
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from nmt.config import TrainConfig
 from nmt.data.batching import Batch
 from nmt.errors import UserError
 from nmt.runtime import Dist
-from nmt.train.step import StepResult, Trainable, update
+from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update
 
 # Eager updates of a batch shape before its graph is recorded: the first sets up the optimizer's state and
 # the kernel libraries' choices, the second runs with all of it in place, as the recording will.
@@ -51,11 +64,12 @@ EAGER_USES = 2
 
 @dataclass
 class _Recorded:
-    """One batch shape's recorded update: how to replay it, the batch it reads, the tensor it leaves results in."""
+    """One recorded graph: how to replay it, the batch it reads (None: it reads none), the tensor it leaves its
+    results in."""
 
     replay: Callable[[], object]
-    batch: Batch  # the inputs, for this shape
-    results: Tensor  # (4,) fp32: summed loss, summed NLL, gradient norm, skipped (0 or 1)
+    batch: Batch | None  # the inputs, for this shape
+    results: Tensor  # an update's: (4,) fp32, summed loss, summed NLL, gradient norm, skipped (0 or 1)
 
 
 class UpdateGraphs:
@@ -71,8 +85,14 @@ class UpdateGraphs:
 
     def __init__(self, t: Trainable, tc: TrainConfig, device: torch.device) -> None:
         self.tc, self.device = tc, device
-        self.uses: Counter[tuple[int, ...]] = Counter()
-        self.recorded: dict[tuple[int, ...], _Recorded] = {}
+        self.uses: Counter[tuple[object, ...]] = Counter()  # by what is recorded: an update or a part, its shape
+        self.recorded: dict[tuple[object, ...], _Recorded] = {}
+        self.in_parts = tc.accumulate > 1
+        if self.in_parts:  # what outlives the parts' graphs: the gradients, the weight and sums of the update
+            for p in t.model.parameters():
+                p.grad = torch.zeros_like(p)
+            self.weight = torch.zeros((), device=device)  # 1 / the update's target tokens
+            self.sums = torch.zeros(2, device=device)  # the update's summed loss and NLL so far
         # recorded updates read the rate where the schedule writes it, one tensor for the groups (one rate)
         rate = torch.tensor(float(t.scheduler.lr), dtype=torch.float32, device=device)
         for group in t.optimizer.param_groups:
@@ -84,33 +104,64 @@ class UpdateGraphs:
 
     @property
     def count(self) -> int:
-        """Updates recorded so far (one per batch shape met `EAGER_USES` times before)."""
+        """Graphs recorded so far: one per batch shape met `EAGER_USES` times before (and with `accumulate`
+        above 1, one more for the update's end)."""
         return len(self.recorded)
 
     def step(self, t: Trainable, group: list[Batch]) -> StepResult:
-        """The update of `t` over `group` (one batch): eager for a shape's first uses, then its recording's replay."""
-        (batch,) = group
-        shape = (*batch.src.shape, *batch.tgt_in.shape)
-        recorded = self.recorded.get(shape)
-        if recorded is None:
-            def update_on(b: Batch) -> StepResult:
-                return update(t, [b], self.tc, self.device, tokens_on_device=True)
-
-            self.uses[shape] += 1
-            if self.uses[shape] <= EAGER_USES:
-                return self.run_eagerly(lambda: update_on(batch))
-            inputs = batch.clone()  # the shape's inputs for good, which later batches are copied into
-            replay, results = self.record(t, lambda: _results(update_on(inputs)))
-            recorded = self.recorded[shape] = _Recorded(replay=replay, batch=inputs, results=results)
+        """The update of `t` over `group`: each part eager for its first uses, then its recording's replay."""
+        tokens = sum(b.ntokens for b in group)
+        if not self.in_parts:
+            (batch,) = group
+            results = self._use(t, ("update", *_shape(batch)), batch, lambda b: _results(
+                update(t, [b], self.tc, self.device, tokens_on_device=True)))
         else:
-            recorded.batch.copy_(batch)
-        recorded.replay()
-        results = recorded.results.clone()  # the next replay (of any shape: one pool) writes over the recorded ones
-        return StepResult(loss=results[0], nll=results[1], tokens=batch.ntokens, update_tokens=batch.ntokens,
+            self.weight.fill_(1 / max(tokens, 1))
+            for b in group:
+                self._use(t, ("batch", *_shape(b)), b, lambda b: self._add_batch(t, b))
+            results = self._use(t, ("end",), None, lambda _: self._end(t))
+        results = results.clone()  # the next replay (of any shape: one pool) writes over the recorded ones
+        return StepResult(loss=results[0], nll=results[1], tokens=tokens, update_tokens=tokens,
                           grad_norm=results[2], skipped=results[3].bool())
 
-    def run_eagerly(self, update_: Callable[[], StepResult]) -> StepResult:
-        """An update as it is, on a side stream (as torch asks of what runs before a recording)."""
+    def _use(self, t: Trainable, key: tuple[object, ...], batch: Batch | None,
+             run: Callable[[Batch | None], Tensor]) -> Tensor:
+        """`run(batch)`: eager for the first `EAGER_USES` uses of `key`, then recorded, and replayed ever after."""
+        recorded = self.recorded.get(key)
+        if recorded is None:
+            self.uses[key] += 1
+            if self.uses[key] <= EAGER_USES:
+                return self.run_eagerly(lambda: run(batch))
+            inputs = batch.clone() if batch is not None else None  # the shape's inputs for good: later batches
+            replay, results = self.record(t, lambda: run(inputs))  # are copied into them
+            recorded = self.recorded[key] = _Recorded(replay=replay, batch=inputs, results=results)
+        elif batch is not None:
+            assert recorded.batch is not None
+            recorded.batch.copy_(batch)
+        recorded.replay()
+        return recorded.results
+
+    def _add_batch(self, t: Trainable, b: Batch) -> Tensor:
+        """A batch of an update of several: its gradients added to the fp32 `.grad`s, its loss to the sums."""
+        loss, nll = forward_backward(t, b, self.device, "fp32", self.weight)  # fp32, or the bf16 copy
+        if t.half is not None:
+            t.half.add_grads_to_master()
+        self.sums.add_(torch.stack([loss, nll]))
+        return self.sums
+
+    def _end(self, t: Trainable) -> Tensor:
+        """An update of several batches, after its batches: the optimizer's step, then the sums and gradients
+        zeroed for the next update; the update's results."""
+        grad_norm, skipped = apply_gradients(t, self.tc)
+        if t.half is not None:
+            t.half.refresh()
+        results = torch.cat([self.sums, grad_norm.float().reshape(1), skipped.float().reshape(1)])
+        self.sums.zero_()
+        torch._foreach_zero_([p.grad for p in t.model.parameters()])
+        return results
+
+    def run_eagerly(self, update_: Callable[[], Tensor]) -> Tensor:
+        """An update (or part) as it is, on a side stream (as torch asks of what runs before a recording)."""
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         main = torch.cuda.current_stream(self.device)
@@ -121,8 +172,8 @@ class UpdateGraphs:
         return result
 
     def record(self, t: Trainable, update_: Callable[[], Tensor]) -> tuple[Callable[[], object], Tensor]:
-        """`update_` recorded as a CUDA graph (recording runs nothing: the caller replays it), and the tensor the
-        graph leaves the update's results in."""
+        """`update_` (an update or part) recorded as a CUDA graph (recording runs nothing: the caller replays it),
+        and the tensor the graph leaves its results in."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -131,6 +182,10 @@ class UpdateGraphs:
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             results = update_()
         return graph.replay, results
+
+
+def _shape(b: Batch) -> tuple[int, ...]:
+    return (*b.src.shape, *b.tgt_in.shape)
 
 
 def _results(r: StepResult) -> Tensor:

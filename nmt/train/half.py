@@ -79,17 +79,33 @@ class HalfCopy:
             if masters:
                 torch._foreach_copy_(masters, sources)
             return
-        fresh = [(p, g) for p, g in zip(self.masters, grads, strict=True) if g is not None and p.grad is None]
-        more = [(p, g) for p, g in zip(self.masters, grads, strict=True) if g is not None and p.grad is not None]
-        for p, g in fresh:
-            p.grad = g.to(p.dtype)
-        if more:  # a bf16 list added to an fp32 one takes one launch per tensor on CUDA; two fp32 lists, one launch
-            widened = [torch.empty_like(p) for p, _ in more]
-            torch._foreach_copy_(widened, [g for _, g in more])
-            torch._foreach_add_([p.grad for p, _ in more], widened)
+        more = [(p.grad, g) for p, g in zip(self.masters, grads, strict=True) if g is not None and p.grad is not None]
+        for p, g in zip(self.masters, grads, strict=True):
+            if g is not None and p.grad is None:
+                p.grad = g.to(p.dtype)
+        _add(more)
+
+    def add_grads_to_master(self) -> None:
+        """Add the copy's gradients to the fp32 parameters' `.grad`s, which every parameter keeps (zeroed where
+        an update begins), and clear the copy's: what each micro-batch of an update recorded as CUDA graphs
+        does (`nmt.train.graphs`), since each batch shape's graph must serve any place in an update."""
+        grads = [h.grad for h in self.halves]
+        for h in self.halves:
+            h.grad = None
+        _add([(p.grad, g) for p, g in zip(self.masters, grads, strict=True) if g is not None])
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the fp32 weights into the bf16 copy (after every optimizer update, applied or skipped)."""
         torch._foreach_copy_(self.halves, self.masters)
         self._first = True  # the next gradients begin a new update
+
+
+def _add(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """fp32 += bf16 for each (fp32, bf16) pair, in a few multi-tensor launches: a bf16 list added to an fp32 one
+    takes one launch per tensor on CUDA, two fp32 lists one launch, so the bf16 ones are widened first."""
+    if not pairs:
+        return
+    widened = [torch.empty_like(total) for total, _ in pairs]
+    torch._foreach_copy_(widened, [g for _, g in pairs])
+    torch._foreach_add_([total for total, _ in pairs], widened)

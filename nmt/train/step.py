@@ -110,7 +110,7 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     this update (`nmt.train.graphs`) would otherwise keep the count of the batch it was
     recorded with for every batch it replays.
     """
-    objective, optimizer, scaler, half = t.objective, t.optimizer, t.scaler, t.half
+    objective, optimizer, half = t.objective, t.optimizer, t.half
     precision = "fp32" if half is not None else tc.precision  # the copy is bf16 already: no autocast
     tokens = sum(b.ntokens for b in group)
     if tokens_on_device:  # one process (graphs record no collective)
@@ -127,28 +127,47 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     for i, b in enumerate(group):  # the phases are labelled for torch.profiler (bench/train_speed.py --profile)
         synced = not ctx.enabled or i == len(group) - 1  # DDP all-reduces the last backward only
         with record_function("nmt.forward_backward"), contextlib.nullcontext() if synced else objective.no_sync():
-            with autocast(device, precision):
-                loss, nll = objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
-            scaler.scale(loss * weight).backward()
+            loss, nll = forward_backward(t, b, device, precision, weight)
         if half is not None and synced:
             half.grads_to_master()
-        loss_sum = loss_sum + loss.detach().float()
-        nll_sum = nll_sum + nll.detach().float()
+        loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
     with record_function("nmt.optimizer"):
-        scaler.unscale_(optimizer)
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_norm if tc.clip_norm > 0 else math.inf)
-        skipped = ~torch.isfinite(grad_norm)
-        if scaler.is_enabled():
-            scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
-        else:
-            step_unless(optimizer, skipped)
-        scaler.update()
+        grad_norm, skipped = apply_gradients(t, tc)
         if half is not None:  # the next update's gradients overwrite these (`HalfCopy.grads_to_master`)
             half.refresh()
         else:
             optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm.detach(), skipped)
+    return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm, skipped)
+
+
+def forward_backward(t: Trainable, b: Batch, device: torch.device, precision: str,
+                     weight: float | Tensor) -> tuple[Tensor, Tensor]:
+    """The forward and backward passes of one batch, its loss weighted by `weight`; its summed loss and NLL (fp32).
+
+    Gradients add to those already there: the model's `.grad`s, or the bf16 copy's (`t.half`), which the
+    caller moves to the fp32 weights.
+    """
+    with autocast(device, precision):
+        loss, nll = t.objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
+    t.scaler.scale(loss * weight).backward()
+    return loss.detach().float(), nll.detach().float()
+
+
+def apply_gradients(t: Trainable, tc: TrainConfig) -> tuple[Tensor, Tensor]:
+    """The optimizer's step on the gradients summed in the fp32 `.grad`s, skipped on the device where they
+    are not finite: unscaled (fp16), clipped to `train.clip_norm`. The gradient norm (before clipping) and
+    whether the step was skipped, both on the device; the gradients are left as they are."""
+    optimizer, scaler = t.optimizer, t.scaler
+    scaler.unscale_(optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_norm if tc.clip_norm > 0 else math.inf)
+    skipped = ~torch.isfinite(grad_norm)
+    if scaler.is_enabled():
+        scaler.step(optimizer)  # skips on non-finite gradients, on the device for fused optimizers
+    else:
+        step_unless(optimizer, skipped)
+    scaler.update()
+    return grad_norm.detach(), skipped
 
 
 def step_unless(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:

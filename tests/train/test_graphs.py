@@ -36,7 +36,6 @@ CUDA = torch.device("cuda")
 
 
 @pytest.mark.parametrize(("settings", "needs"), [
-    (dict(accumulate=2), "accumulate: 1 (now 2)"),
     (dict(precision="fp16"), "precision fp32, or bf16 with half_weights: true (now fp16)"),
     (dict(precision="bf16", half_weights=False), "(now bf16 under autocast)"),
     (dict(batch_shapes="free"), "batch_shapes auto or static (now free)"),
@@ -47,6 +46,7 @@ def test_the_config_refuses_update_graphs_with_what_they_cannot_record(settings,
         TrainConfig(cuda_graphs=True, **settings)
     assert needs in str(err.value)
     TrainConfig(cuda_graphs=True, precision="bf16", compile=True, compile_mode="max-autotune-no-cudagraphs")
+    TrainConfig(cuda_graphs=True, accumulate=4)  # recorded in parts: a graph per batch shape, one for the end
 
 
 def test_update_graphs_are_refused_off_cuda_under_torchrun_and_for_a_model_that_waits_for_the_gpu():
@@ -114,11 +114,12 @@ def test_a_schedule_writes_a_tensor_rate_in_place_and_checkpoints_keep_it_a_floa
 class TracedUpdates(UpdateGraphs):
     """`UpdateGraphs` with its two CUDA parts replaced by their likeness on a CPU, for the tests.
 
-    `record` traces the update with `make_fx`: every aten operation it runs is kept, the tensors it reads
-    and writes (parameters, optimizer state, the batch's buffer, the rates) by reference and every other
-    number as it was, which is what a CUDA graph keeps. A replay runs those operations again, no Python of
-    the update in between, so a number the host fixed at recording time (a token count, a float rate) stays
-    fixed here too. Tracing runs the update once, so what it changed is put back; eager updates just run.
+    `record` traces the update (or part) with `make_fx`: every aten operation it runs is kept, the tensors it
+    reads and writes (parameters, gradients, optimizer state, the batch's buffer, the rates, the loss weight)
+    by reference and every other number as it was, which is what a CUDA graph keeps. A replay runs those
+    operations again, no Python of the update in between, so a number the host fixed at recording time (a
+    token count, a float rate) stays fixed here too. Tracing runs the update once, so what it changed is put
+    back; eager updates just run.
     """
 
     def run_eagerly(self, update_):
@@ -127,14 +128,16 @@ class TracedUpdates(UpdateGraphs):
     def record(self, t, update_):
         state = [*t.model.parameters(), *(t.half.copy.parameters() if t.half is not None else ()),
                  *(p.grad for p in t.model.parameters() if p.grad is not None),
-                 *(v for s in t.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
+                 *(v for s in t.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
+                 *((self.sums,) if self.in_parts else ())]
         saved, rng = [x.detach().clone() for x in state], torch.get_rng_state()
-        traced = make_fx(update_)()
+        shapes = []
+        traced = make_fx(lambda: _noting_shape(update_(), shapes))()
         with torch.no_grad():
             for x, value in zip(state, saved, strict=True):
                 x.copy_(value)
         torch.set_rng_state(rng)
-        results = torch.empty(4)
+        results = torch.empty(shapes[0])
 
         def replay() -> None:
             with torch.no_grad():  # the recorded operations hold the backward pass already
@@ -143,24 +146,32 @@ class TracedUpdates(UpdateGraphs):
         return replay, results
 
 
+def _noting_shape(x: torch.Tensor, shapes: list) -> torch.Tensor:
+    shapes.append(x.shape)
+    return x
+
+
 def _filled(seed: int, n: int, length: int, device: torch.device) -> object:
     """A batch filled to the static shape of its length bucket (one shape per `length`)."""
     rows = random_rows(seed, n)
     return collate(rows, padding=Padding(multiple=length, fill_tokens=12 * length)).to(device)
 
 
-def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool = False,
+def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool = False, accumulate: int = 1,
                         ) -> tuple[Trainable, Trainable, list, dict]:
     """Two equal models trained on the same twelve batches of two shapes, one by recorded updates (a CUDA
     graph each on a GPU, `TracedUpdates` on a CPU), one eagerly (both compiled, with `compile`); each
-    result compared on the way."""
+    result compared on the way. With `accumulate` 2, six updates of two batches each, the shapes in every
+    order; the groups of batches are returned."""
     # Adam's eps well above rounding noise: the key projection's bias has a gradient of zero but for rounding,
     # which Adam with a tiny eps scales up to steps of the full rate, differently for two orders of operations
     tc = TrainConfig(precision=precision, warmup_steps=3, lr=0.01, eps=1e-6, batch_shapes="static",
-                     max_tokens=12 * 16, cuda_graphs=True, device=device.type, compile=compile)
+                     max_tokens=12 * 16, cuda_graphs=True, device=device.type, compile=compile, accumulate=accumulate)
     batches = [_filled(seed, 5 + seed % 4, 16 if seed % 2 else 32, device) for seed in range(12)]  # 6 per shape
     assert len({(*b.src.shape, *b.tgt_in.shape) for b in batches}) == 2
     assert len({b.ntokens for b in batches}) > 2  # same shapes, other token counts
+    order = {1: [[i] for i in range(12)], 2: [[0, 1], [3, 2], [4, 6], [5, 7], [8, 9], [11, 10]]}[accumulate]
+    groups = [[batches[i] for i in group] for group in order]
     # attention written out (matrix products), whose backward adds no atomics: on a GPU, eager and recorded
     # updates then differ only where bf16 rounds a product of another cuBLAS algorithm differently
     eager, recorded = _trainable(0, tc, device, attention_impl="manual"), _trainable(0, tc, device, attention_impl="manual")
@@ -172,20 +183,24 @@ def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool =
         recorded.update_graphs = TracedUpdates(recorded, tc, device)
     # a bug that a recording keeps (a rate, a token count) moves weights by about the rate (0.01) per update
     close = dict(rtol=1e-4, atol=1e-4) if precision == "fp32" or device.type == "cpu" else dict(rtol=1e-2, atol=1e-3)
-    for b in batches:
-        e, r = train_step(eager, [b], tc, device), train_step(recorded, [b], tc, device)
+    for group in groups:
+        e, r = train_step(eager, group, tc, device), train_step(recorded, group, tc, device)
         assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
-        assert r.tokens == e.tokens == b.ntokens and not bool(r.skipped)
-    assert recorded.update_graphs.count == 2  # each shape recorded after its eager uses
+        assert r.tokens == e.tokens == sum(b.ntokens for b in group) and not bool(r.skipped)
+    # each shape recorded after its eager uses; with accumulate, the update's end too
+    assert recorded.update_graphs.count == (2 if accumulate == 1 else 3)
     assert all(n == EAGER_USES + 1 for n in recorded.update_graphs.uses.values())
-    return recorded, eager, batches, close
+    return recorded, eager, groups, close
 
 
 @pytest.mark.parametrize("device", [pytest.param(torch.device("cpu"), id="cpu"),
                                     pytest.param(CUDA, id="cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_the_device(precision, device):
-    recorded, eager, batches, close = _recorded_and_eager(precision, device)
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_the_device(precision, device,
+                                                                                        accumulate):
+    recorded, eager, groups, close = _recorded_and_eager(precision, device, accumulate=accumulate)
+    count = recorded.update_graphs.count
     for p, q in zip(eager.model.parameters(), recorded.model.parameters(), strict=True):
         assert torch.allclose(q, p, **close)
     assert recorded.scheduler.lr == eager.scheduler.lr
@@ -201,8 +216,8 @@ def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_th
     poisoned = [p.detach().clone() for p in recorded.model.parameters()]
     if recorded.half is not None:
         recorded.half.refresh()
-    r = train_step(recorded, [batches[-1]], replace(eager.scheduler.cfg, cuda_graphs=True), device)
-    assert bool(r.skipped) and recorded.update_graphs.count == 2  # a replay, not an eager update
+    r = train_step(recorded, groups[-1], replace(eager.scheduler.cfg, cuda_graphs=True), device)
+    assert bool(r.skipped) and recorded.update_graphs.count == count  # replays, not eager updates
     assert all(torch.equal(p.nan_to_num(), q.nan_to_num())  # NaN is not equal to itself
                for p, q in zip(recorded.model.parameters(), poisoned, strict=True))
     assert all(torch.equal(s["exp_avg"], m) for s, m in zip(recorded.optimizer.state.values(), moments, strict=True))
@@ -255,11 +270,11 @@ def test_a_recorded_update_draws_new_dropout_masks_at_every_replay():
     assert len(set(replays)) == len(replays)  # a frozen random state would give one loss, again and again
 
 
-def _train(corpus, run_dir, *, recorded: bool, max_steps: int) -> int:
+def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int = 1) -> int:
     """`nmt.train.loop.train` of the tiny config with static batch shapes (two), updates recorded by
     `TracedUpdates` or eager; the number of updates recorded."""
     raw = tiny_raw(corpus, run_dir, max_steps=max_steps, valid_every=10, log_every=5, pad_to_multiple=32,
-                   length_buckets="multiple", batch_shapes="static", eps=1e-6)
+                   length_buckets="multiple", batch_shapes="static", eps=1e-6, accumulate=accumulate)
     raw["model"]["transformer"]["dropout"] = 0.0
     cfg = config_from_dict(raw)
     run = build_run(cfg)
@@ -272,9 +287,13 @@ def _train(corpus, run_dir, *, recorded: bool, max_steps: int) -> int:
         run.close()
 
 
-def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path):
-    assert _train(small_corpus, tmp_path / "False", recorded=False, max_steps=30) == 0
-    assert _train(small_corpus, tmp_path / "True", recorded=True, max_steps=30) == 2  # both shapes, replayed
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path,
+                                                                                   accumulate):
+    assert _train(small_corpus, tmp_path / "False", recorded=False, max_steps=30, accumulate=accumulate) == 0
+    # both shapes recorded and replayed (with accumulate, the update's end too)
+    assert _train(small_corpus, tmp_path / "True", recorded=True, max_steps=30,
+                  accumulate=accumulate) == (2 if accumulate == 1 else 3)
     eager, recorded = (tmp_path / name for name in ("False", "True"))
     saved = load_checkpoint(recorded / "ckpt_30.pt")
     assert all(type(g["lr"]) is float and not g["capturable"]  # as without graphs, not the live tensors
@@ -282,8 +301,8 @@ def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_
     logged = [json.loads(line) for line in (recorded / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in logged if r["event"] == "train"] == [
         r["lr"] for r in map(json.loads, (eager / "metrics.jsonl").read_text().splitlines()) if r["event"] == "train"]
-    _train(small_corpus, eager, recorded=False, max_steps=40)
-    assert _train(small_corpus, recorded, recorded=True, max_steps=40) >= 1  # resumed, it records again
+    _train(small_corpus, eager, recorded=False, max_steps=40, accumulate=accumulate)
+    assert _train(small_corpus, recorded, recorded=True, max_steps=40, accumulate=accumulate) >= 1  # resumed: records
     a, b = (without_key_biases(weights(run / "ckpt_40.pt")) for run in (eager, recorded))
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a), \
         max((float((a[k] - b[k]).abs().max()), k) for k in a)
