@@ -32,6 +32,8 @@ def test_the_train_speed_bench_reports_each_precision_and_its_operations(tmp_pat
     assert copy <= fp32 + 10  # two multi-tensor copies and the loss's casts
     assert autocast > 1.4 * fp32  # a cast per weight use, forward and backward
     assert "ops/update" in proc.stdout and "bf16-autocast" in proc.stdout
+    assert all(0.5 < r["real"] <= 1 and r["lengths"] == "lengths as they are" for r in rows.values())  # CPU: free
+    assert "real %" in proc.stdout
     assert all(r["syncs"] is None for r in rows.values()) and "syncs" in proc.stdout  # counted on CUDA only
     assert proc.stderr.count("profile of 1 updates, sorted by self CPU time") == 3
     assert proc.stderr.count(" ms per update (wall, profiled)") == 3

@@ -1,0 +1,39 @@
+"""bench/batch_shapes.py on the toy corpus: every padding's epoch is measured, and the shares it prints agree with
+batches cut and collated as training builds them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nmt.config import load_config
+from nmt.data.batching import Padding
+from nmt.train.data import build_sampler, collated_batches, length_arrays, prepare_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path: Path) -> None:
+    out, run_dir = tmp_path / "rows.json", tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml",
+                           "--max-tokens", "400,2000", "--run-dir", str(run_dir), "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {(r["max_tokens"], r["padding"]): r for r in json.loads(out.read_text())}
+    assert len(rows) == 2 * 6 and "real tgt %" in proc.stdout
+    for budget in (400, 2000):
+        free, static, relative = (rows[budget, name] for name in ("free 1", "static 8", "static rel 8"))
+        assert free["real_tgt"] > relative["real_tgt"] > static["real_tgt"]  # finer buckets pad less
+        assert relative["shapes"] > static["shapes"]  # for more shapes
+    # the static relative row again, from batches collated as training collates them
+    cfg = load_config(ROOT / "configs/toy_transformer.yaml")
+    ds = prepare_run(cfg, run_dir).train  # the bench's tokenizer and cache
+    padding = Padding(multiple=8, fill_tokens=400, relative=True)
+    sampler = build_sampler(ds, max_tokens=400, shuffle=True, seed=cfg.train.seed, rounding=padding.sampler_rounding)
+    batches = list(collated_batches(ds, sampler.batch_list(0), padding=padding))
+    real = sum(b.ntokens for b in batches) / sum(b.tgt_out.numel() for b in batches)
+    assert real == rows[400, "static rel 8"]["real_tgt"]
+    assert len({tuple(b.src.shape) for b in batches}) == rows[400, "static rel 8"]["shapes"]
+    assert int(length_arrays(ds)[1].sum()) == sum(b.ntokens for b in batches)  # every pair once
