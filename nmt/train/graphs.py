@@ -69,7 +69,9 @@ class _Recorded:
 
     replay: Callable[[], object]
     batch: Batch | None  # the inputs, for this shape
-    results: Tensor  # an update's: (4,) fp32, summed loss, summed NLL, gradient norm, skipped (0 or 1)
+    # an update's or its end's: (4,) fp32, summed loss, summed NLL, gradient norm, skipped (0 or 1); a batch's
+    # part of an update leaves the update's sums so far, (2,)
+    results: Tensor
 
 
 class UpdateGraphs:
