@@ -1,7 +1,7 @@
 """How much of each training batch is real tokens, and how many batch shapes, for each way of padding lengths.
 
     python bench/batch_shapes.py configs/multi30k_transformer.yaml [--max-tokens 4096,32768]
-        [--run-dir DIR] [--set key=value ...] [--json out.json]
+        [--join 1,2,2,4] [--run-dir DIR] [--set key=value ...] [--json out.json]
 
 For each token budget, it cuts an epoch of the config's training data as `nmt train` does
 (`TokenBatchSampler`, lengths counted as the padding rounds them) and shapes every batch as
@@ -21,6 +21,11 @@ the computed source and target positions that hold a real token. The rest is pad
 for nothing: on a GPU whose step is bound by its kernels, throughput in real tokens is about that
 share of what the kernels could do. Nothing is trained; only the lengths are read.
 
+Longer sentences: `--join 1,2,2,4` measures instead a corpus made of the training pairs in a shuffled
+order, joined 1, 2, 2, 4, 1, 2, ... at a time into one pair (written to the run directory, which gets
+its own tokenizer): Multi30k's mean length doubles, about that of WMT's news sentences. Lines joined
+may need a larger `data.max_len` (`--set data.max_len=250`).
+
 At scale: point `--run-dir` at `bench/data_scale.py`'s run directory (`WORK/run-N`) and
 `--set data.train=...` at its corpus; the tokenizer and tokenized cache are reused.
 """
@@ -35,6 +40,7 @@ import numpy as np
 
 from nmt.config import load_config
 from nmt.data.batching import Padding
+from nmt.data.corpus import load_pairs
 from nmt.train.data import build_sampler, length_arrays, prepare_run
 
 PADDINGS = {  # name: (multiple, static, relative)
@@ -62,18 +68,42 @@ def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, ds, padding: Padding, ma
             "real_src": real_src / max(computed_src, 1), "real_tgt": real_tgt / max(computed_tgt, 1)}
 
 
+def write_joined(cfg, counts: list[int], folder: Path) -> str:
+    """The config's (first) training corpus in a shuffled order, `counts[i % len(counts)]` pairs joined into the
+    i-th pair, written as folder/joined.SRC and folder/joined.TGT; the prefix to read it by."""
+    data = cfg.data
+    pairs = load_pairs(data.train_corpora[0], src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=folder / "cache")
+    order = np.random.default_rng(cfg.train.seed).permutation(len(pairs))
+    src, tgt = pairs["src"], pairs["tgt"]
+    joined, start = [], 0
+    while start < len(order):
+        rows = order[start : start + counts[len(joined) % len(counts)]]
+        joined.append((" ".join(src[i] for i in rows), " ".join(tgt[i] for i in rows)))
+        start += len(rows)
+    prefix = folder / "joined"
+    for k, lang in enumerate((data.src_lang, data.tgt_lang)):
+        Path(f"{prefix}.{lang}").write_text("".join(pair[k] + "\n" for pair in joined), encoding="utf-8")
+    return str(prefix)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--max-tokens", default="4096,32768", help="Comma-separated token budgets.")
     ap.add_argument("--run-dir", default=None, help="Where the tokenizer and tokenized cache live "
                                                      "(default: results/bench/batch_shapes/CONFIG).")
+    ap.add_argument("--join", default=None, help="Comma-separated counts of pairs joined into one, in turn "
+                                                  "(e.g. 1,2,2,4): measure longer sentences made of the corpus's.")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Config override.")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, args.set)
-    run_dir = Path(args.run_dir or Path("results/bench/batch_shapes") / Path(args.config).stem)
+    joined = f"-joined-{args.join.replace(',', '-')}" if args.join else ""
+    run_dir = Path(args.run_dir or Path("results/bench/batch_shapes") / (Path(args.config).stem + joined))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if args.join:
+        prefix = write_joined(cfg, [int(k) for k in args.join.split(",")], run_dir)
+        cfg = load_config(args.config, [*args.set, f"data.train={{kind: text, path: {prefix}}}"])
     ds = prepare_run(cfg, run_dir).train
     src_lens, tgt_lens = (a.astype(np.int64) for a in length_arrays(ds))
     print(f"{len(ds)} training pairs; mean length {src_lens.mean():.1f} source, {tgt_lens.mean():.1f} target "

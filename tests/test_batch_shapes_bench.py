@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nmt.config import load_config
 from nmt.data.batching import Padding
 from nmt.train.data import build_sampler, collated_batches, length_arrays, prepare_run
@@ -37,3 +39,21 @@ def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path
     assert real == rows[400, "static rel 8"]["real_tgt"]
     assert len({tuple(b.src.shape) for b in batches}) == rows[400, "static rel 8"]["shapes"]
     assert int(length_arrays(ds)[1].sum()) == sum(b.ntokens for b in batches)  # every pair once
+
+
+@pytest.mark.slow  # two tokenizers trained and two corpora tokenized (25-35 s here); CI runs it with make test-slow
+def test_joined_pairs_make_longer_sentences_of_the_same_text(tmp_path: Path) -> None:
+    runs = []
+    for join in ([], ["--join", "1,3"]):
+        out = tmp_path / f"rows{len(join)}.json"
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml",
+                               "--max-tokens", "2000", "--run-dir", str(tmp_path / f"run{len(join)}"), "--json", str(out),
+                               "--set", "data.max_len=400", *join], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(proc.stdout.splitlines()[0])  # "N training pairs; mean length S source, T target ..."
+    (plain, joined) = ([float(w) for w in line.replace(",", "").split() if w.replace(".", "").isdigit()] for line in runs)
+    n = int(plain[0])
+    assert joined[0] == 2 * (n // 4) + min(n % 4, 1) + (n % 4 >= 2)  # 1 pair, then 3 pairs, and so on
+    assert joined[1] > 1.8 * plain[1]  # mean source length about doubled
+    text = (tmp_path / "run2" / "joined.en").read_text(encoding="utf-8").splitlines()
+    assert len(text) == joined[0]
