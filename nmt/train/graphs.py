@@ -124,7 +124,8 @@ class UpdateGraphs:
             results = self._use(t, ("end",), None, lambda _: self._end(t))
         results = results.clone()  # the next replay (of any shape: one pool) writes over the recorded ones
         return StepResult(loss=results[0], nll=results[1], tokens=tokens, update_tokens=tokens,
-                          grad_norm=results[2], skipped=results[3].bool())
+                          grad_norm=results[2], skipped=results[3].bool(),
+                          positions=sum(b.tgt_out.numel() for b in group))
 
     def _use(self, t: Trainable, key: tuple[object, ...], batch: Batch | None,
              run: Callable[[Batch | None], Tensor]) -> Tensor:

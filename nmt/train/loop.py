@@ -70,10 +70,12 @@ class _Window:
     update_tokens: Any = 0  # an int, or a tensor on the device under DDP
     grad_norm: Any = 0.0
     steps: int = 0
+    positions: int = 0  # target positions computed, padding included
     t0: float = field(default_factory=time.perf_counter)
 
     def add(self, r: StepResult) -> None:
         self.loss, self.nll, self.tokens = self.loss + r.loss, self.nll + r.nll, self.tokens + r.tokens
+        self.positions += r.positions
         self.update_tokens += r.update_tokens
         self.grad_norm += r.grad_norm
         self.steps += 1
@@ -325,6 +327,8 @@ class _Loop:
             "lr": lr, "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
             "tokens_per_s": round(float(w.update_tokens) / seconds, 1),
             "tokens_per_update": round(float(w.update_tokens) / max(w.steps, 1), 1),
+            # the share of the target positions computed that held a real token (the rest: padding, `bench/batch_shapes.py`)
+            "real_tokens": round(w.tokens / max(w.positions, 1), 4),
             **peak_memory_mb(self.device),
         }
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")

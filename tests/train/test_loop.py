@@ -83,6 +83,9 @@ def test_static_shapes_train_the_same_model_as_free_shapes(small_corpus, tmp_pat
         runs[shapes] = records(tmp_path / shapes, "train")
     assert "static batch shapes:" in caplog.text
     assert [r["tokens_per_update"] for r in runs["static"]] == [r["tokens_per_update"] for r in runs["free"]]
+    # the same real tokens in more positions: the empty pairs that fill static shapes
+    assert all(0 < s["real_tokens"] <= f["real_tokens"] <= 1 for s, f in zip(runs["static"], runs["free"], strict=True))
+    assert sum(s["real_tokens"] < f["real_tokens"] for s, f in zip(runs["static"], runs["free"], strict=True)) >= 1
     for free, static in zip(runs["free"], runs["static"], strict=True):
         assert math.isclose(static["loss"], free["loss"], rel_tol=1e-4), (free, static)
     last = runs["static"][-1]["step"]
