@@ -12,8 +12,8 @@
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
-#              and bf16 with lengths not rounded up; the host time of the bf16 copy's bookkeeping per
-#              update (bench/half_copy_speed.py)                                        (about 6 min)
+#              and bf16 with lengths not rounded up, then in relative steps; the host time of the bf16
+#              copy's bookkeeping per update (bench/half_copy_speed.py)                 (about 7 min)
 #   compiled   fp32 and bf16 rows with train.compile on, default mode (warm-up includes compilation);
 #              then the Bahdanau RNN eager and compiled (its decoder step)              (about 8 min)
 #   graphs     rows compiled in reduce-overhead mode: CUDA graphs over static batch shapes (train.batch_shapes
@@ -26,7 +26,8 @@
 #              the GPU first (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
 #              bf16, with profiles; Transformer-base in bf16 with it, then with attention left to plain
-#              matrix products (--attention math); then a toy training with it, resumed (about 6 min)
+#              matrix products (--attention math); then a toy training with it, resumed, and one
+#              with train.accumulate 2                                                  (about 7 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16  (about 6 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
@@ -81,9 +82,12 @@ case $stage in
   speed)
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base \
       --precisions fp32,bf16,bf16-autocast --compile off --steps $steps --profile 10 --json "$out/speed.json" ${TRAIN_ARGS:-}
-    # lengths not rounded up to 8: whether padding still helps the small model once every shape has been seen
+    # lengths not rounded up to 8: whether padding still helps the small model once every shape has been seen;
+    # then in relative steps (train.length_buckets: relative), fewer shapes than unrounded, less padding than 8
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --precisions fp32,bf16 --compile off \
       --steps $steps --set train.pad_to_multiple=1 --json "$out/speed_multiple1.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --precisions fp32,bf16 --compile off \
+      --steps $steps --set train.length_buckets=relative --json "$out/speed_relative.json" ${TRAIN_ARGS:-}
     # the host's time in the bf16 copy's bookkeeping, which every bf16 update adds
     run "$py" bench/half_copy_speed.py configs/multi30k_transformer.yaml --device "$device" ;;
   compiled)
@@ -132,7 +136,12 @@ case $stage in
       run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates --set train.device=$device \
         --set train.cuda_graphs=true --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
     done
-    cp /tmp/gpu_updates/metrics.jsonl "$out/updates_metrics.jsonl" 2>/dev/null ;;
+    cp /tmp/gpu_updates/metrics.jsonl "$out/updates_metrics.jsonl" 2>/dev/null
+    # two batches an update: each batch shape's part recorded apart, the update's end once
+    run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates_accumulate \
+      --set train.device=$device --set train.cuda_graphs=true --set train.accumulate=2 --set train.max_steps=100 \
+      --set train.valid_every=50 --restart ${TRAIN_ARGS:-}
+    cp /tmp/gpu_updates_accumulate/metrics.jsonl "$out/updates_accumulate_metrics.jsonl" 2>/dev/null ;;
   updates-compiled)
     # update graphs of a compiled model (default mode: kernels fused, no graphs of its own), a compilation per
     # batch shape (so lengths a multiple of 8): the Multi30k shape in fp32 and bf16, then Transformer-base
