@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from nmt.config import load_config
-from nmt.data.batching import Padding
+from nmt.data.batching import Padding, TokenBatchSampler
 from nmt.data.corpus import load_pairs
-from nmt.train.data import build_sampler, length_arrays, prepare_run
+from nmt.train.data import length_arrays, prepare_run
 
 PADDINGS = {  # name: (multiple, static, relative)
     "free 1": (1, False, False),
@@ -53,9 +53,10 @@ PADDINGS = {  # name: (multiple, static, relative)
 }
 
 
-def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, ds, padding: Padding, max_tokens: int, seed: int) -> dict:
-    """Batches, shapes and real shares of one epoch of `ds` cut and shaped as `padding` says."""
-    sampler = build_sampler(ds, max_tokens=max_tokens, shuffle=True, seed=seed, rounding=padding.sampler_rounding)
+def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, padding: Padding, max_tokens: int, seed: int) -> dict:
+    """Batches, shapes and real shares of one epoch of pairs of these lengths, cut and shaped as `padding` says."""
+    sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=True, seed=seed,
+                                rounding=padding.sampler_rounding)  # as `build_sampler` cuts training's
     batches = sampler.batch_list(0)
     shapes, computed_src, computed_tgt = set(), 0, 0
     for rows in batches:
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     for max_tokens in (int(x) for x in args.max_tokens.split(",")):
         for name, (multiple, static, relative) in PADDINGS.items():
             padding = Padding(multiple=multiple, fill_tokens=max_tokens if static else 0, relative=relative)
-            r = {"max_tokens": max_tokens, "padding": name, **measure(src_lens, tgt_lens, ds, padding, max_tokens,
+            r = {"max_tokens": max_tokens, "padding": name, **measure(src_lens, tgt_lens, padding, max_tokens,
                                                                        cfg.train.seed)}
             results.append(r)
             print(f"{max_tokens:10d} {name:13s} {r['batches']:7d} {r['shapes']:6d} {r['tgt_tokens_per_batch']:13.0f} "

@@ -158,10 +158,6 @@ class Row:
         return self.compile + ("+update" if self.cuda_graphs else "")
 
 
-def _shape(b) -> tuple[int, ...]:
-    return (*b.src.shape, b.tgt_in.shape[1])
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -193,7 +189,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     prepare_step(parts, tc, device, Dist(), shapes=batch_shape_count(sampler, tc, device))
     lists = sampler.batch_list(0)[: steps + warmup]
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
-    row.shapes = len({_shape(b) for b in batches[warmup:]})
+    row.shapes = len({b.shape for b in batches[warmup:]})
     row.real = sum(b.ntokens for b in batches[warmup:]) / sum(b.tgt_out.numel() for b in batches[warmup:])
     row.lengths = str(padding.rounding) + (", static shapes" if padding.fill_tokens else "")
     print(f"  {row.precision} {row.how}: {row.lengths}", file=sys.stderr, flush=True)
@@ -223,12 +219,12 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     # few dozen timed updates, nor favour the rows that pad to fewer shapes. Compiled rows run each shape three
     # times: compiled, then (CUDA graphs) recorded, then replayed once; rows with update graphs run it eagerly
     # as often as training does before recording it, then record it and replay it once.
-    first_of_shape = {_shape(b): i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
+    first_of_shape = {b.shape: i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
     uses = EAGER_USES + 2 if row.cuda_graphs else 3 if row.compiled else 1
     for k, i in enumerate(sorted(first_of_shape.values()), 1):
         if row.compiled or row.cuda_graphs:
             print(f"  {row.precision} {row.how}: warming up shape {k}/{len(first_of_shape)} "
-                  f"{'x'.join(map(str, _shape(batches[i])))} at {time.perf_counter() - start:.0f} s",
+                  f"{'x'.join(map(str, batches[i].shape))} at {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)
         for _ in range(uses):
             run(i, 1)

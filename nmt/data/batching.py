@@ -57,6 +57,11 @@ class Batch:
         """Sentences in the batch (B)."""
         return self.src.shape[0]
 
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(B, S, T): sentences, source and target positions."""
+        return (*self.src.shape, self.tgt_in.shape[1])
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch with every tensor on `device`."""
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -196,7 +201,8 @@ class Padding:
 
     def shape(self, rows: int, src_len: int, tgt_len: int) -> tuple[int, int, int]:
         """(B, S, T) of a batch of `rows` pairs whose longest source and target are `src_len`, `tgt_len`."""
-        src_len, tgt_len = self.rounding(src_len), self.rounding(tgt_len)
+        rounding = self.rounding
+        src_len, tgt_len = rounding(src_len), rounding(tgt_len)
         if not self.fill_tokens:
             return rows, src_len, tgt_len
         longest = max(src_len, tgt_len)

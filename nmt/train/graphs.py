@@ -115,17 +115,16 @@ class UpdateGraphs:
         tokens = sum(b.ntokens for b in group)
         if not self.in_parts:
             (batch,) = group
-            results = self._use(t, ("update", *_shape(batch)), batch, lambda b: _results(
+            results = self._use(t, ("update", *batch.shape), batch, lambda b: _results(
                 update(t, [b], self.tc, self.device, tokens_on_device=True)))
         else:
             self.weight.fill_(1 / max(tokens, 1))
             for b in group:
-                self._use(t, ("batch", *_shape(b)), b, lambda b: self._add_batch(t, b))
+                self._use(t, ("batch", *b.shape), b, lambda b: self._add_batch(t, b))
             results = self._use(t, ("end",), None, lambda _: self._end(t))
         results = results.clone()  # the next replay (of any shape: one pool) writes over the recorded ones
         return StepResult(loss=results[0], nll=results[1], tokens=tokens, update_tokens=tokens,
-                          grad_norm=results[2], skipped=results[3].bool(),
-                          positions=sum(b.tgt_out.numel() for b in group))
+                          grad_norm=results[2], skipped=results[3].bool())
 
     def _use(self, t: Trainable, key: tuple[object, ...], batch: Batch | None,
              run: Callable[[Batch | None], Tensor]) -> Tensor:
@@ -185,10 +184,6 @@ class UpdateGraphs:
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             results = update_()
         return graph.replay, results
-
-
-def _shape(b: Batch) -> tuple[int, ...]:
-    return (*b.src.shape, *b.tgt_in.shape)
 
 
 def _results(r: StepResult) -> Tensor:

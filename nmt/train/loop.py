@@ -58,6 +58,7 @@ class _Launched:
 
     result: StepResult
     host: HostCopy  # skipped, then under torchrun the ranks' agreed wishes to stop (signal, out of time)
+    positions: int  # target positions the update's batches computed, padding included
 
 
 @dataclass
@@ -73,9 +74,9 @@ class _Window:
     positions: int = 0  # target positions computed, padding included
     t0: float = field(default_factory=time.perf_counter)
 
-    def add(self, r: StepResult) -> None:
+    def add(self, r: StepResult, positions: int) -> None:
         self.loss, self.nll, self.tokens = self.loss + r.loss, self.nll + r.nll, self.tokens + r.tokens
-        self.positions += r.positions
+        self.positions += positions
         self.update_tokens += r.update_tokens
         self.grad_norm += r.grad_norm
         self.steps += 1
@@ -227,14 +228,15 @@ class _Loop:
         when it settles that update: every rank then stops after the same update.
         """
         result = self._update(group)
+        positions = sum(b.tgt_out.numel() for b in group)
         self.p.train_seconds = time.perf_counter() - self.session_start
         wish = (signals.signum, self._out_of_time())  # read once, after the update: a signal during it counts
         if not self.ctx.enabled:
             if any(wish):
                 self.stop = wish
-            return _Launched(result, HostCopy([result.skipped]))
+            return _Launched(result, HostCopy([result.skipped]), positions)
         wishes = reduce_on_device(wish, self.device, self.ctx, op="max")  # read when the update settles
-        return _Launched(result, HostCopy([result.skipped, wishes]))
+        return _Launched(result, HostCopy([result.skipped, wishes]), positions)
 
     def _out_of_time(self) -> bool:
         return bool(self.tc.max_time and self.p.train_seconds >= self.tc.max_time)
@@ -255,7 +257,7 @@ class _Loop:
         if not skipped:
             self.bad_steps = 0
             self.p.step += 1
-            self.window.add(result)
+            self.window.add(result, launched.positions)
             bar.update(1)
             self._after_update(bar)
         else:
@@ -267,7 +269,7 @@ class _Loop:
             return train_step(self.trainable, group, self.tc, self.device, ctx=self.ctx)
         except torch.cuda.OutOfMemoryError as err:
             b = max(group, key=lambda b: b.src.numel() + b.tgt_in.numel())
-            shapes = f"{b.size} sentences x {b.src.shape[1]} source / {b.tgt_in.shape[1]} target tokens"
+            shapes = "{} sentences x {} source / {} target tokens".format(*b.shape)
             raise out_of_memory(err, max_tokens=self.tc.max_tokens, accumulate=self.tc.accumulate, shapes=shapes) from err
 
     def _after_update(self, bar: tqdm) -> None:

@@ -68,7 +68,6 @@ class StepResult:
     update_tokens: int | Tensor  # target tokens of the whole update, over all ranks (on the device under DDP)
     grad_norm: Tensor  # before clipping
     skipped: Tensor  # bool
-    positions: int = 0  # target positions computed for this rank's batches, padding included
 
     @property
     def updated(self) -> bool:
@@ -138,8 +137,7 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
             half.refresh()
         else:
             optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm, skipped,
-                      positions=sum(b.tgt_out.numel() for b in group))
+    return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm, skipped)
 
 
 def forward_backward(t: Trainable, b: Batch, device: torch.device, precision: str,

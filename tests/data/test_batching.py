@@ -217,7 +217,7 @@ def test_filled_pairs_are_eos_alone_with_nothing_to_predict() -> None:
     assert b.src_pad_mask.tolist() == [[False, False, True, True]] + [[False, True, True, True]] * 2
     assert b.tgt_in.tolist() == [[BOS_ID, 20, PAD_ID, PAD_ID]] + [[BOS_ID, PAD_ID, PAD_ID, PAD_ID]] * 2
     assert b.tgt_out.tolist() == [[20, EOS_ID, PAD_ID, PAD_ID]] + [[PAD_ID] * 4] * 2
-    assert b.indices.tolist() == [4, -1, -1] and b.ntokens == 2
+    assert b.indices.tolist() == [4, -1, -1] and b.ntokens == 2 and b.shape == (3, 4, 4)
     with pytest.raises(ValueError, match="multiple"):
         Padding(multiple=0)
     assert Padding(multiple=8).sampler_rounding == Rounding() and Padding(multiple=8, fill_tokens=64).sampler_rounding == Rounding(8)
