@@ -103,9 +103,15 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
     def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        """(B, L, n * D), n projections side by side -> n tensors (B, H, L, Dh), views of x."""
+        """(B, L, n * D), n projections side by side -> n tensors (B, H, L, Dh), views of x.
+
+        Unbound along the projections' own axis of (B, L, n, H, Dh), each then transposed: the
+        backward stacks the n gradients straight into x's layout. Unbound after a permute to
+        (n, B, H, L, Dh), the stacked gradient would need a copy more to get back to (B, L, n * D),
+        a kernel per projection and update over its whole output.
+        """
         B, L, _ = x.shape
-        return x.view(B, L, n, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return tuple(part.transpose(1, 2) for part in x.view(B, L, n, self.heads, self.head_dim).unbind(2))
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's queries, keys and values of x (B, L, D), each (B, H, L, Dh)."""

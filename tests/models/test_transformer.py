@@ -1,6 +1,9 @@
+import collections
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.models.contract import Memory, Seq2Seq
 from nmt.models.masks import causal_mask, pad_mask_from_tokens
@@ -70,6 +73,45 @@ def test_self_attention_projects_like_torch_multihead_attention_with_one_matrix(
     out, _ = ours(q, k, v, causal_mask(5), causal=True)
     ref, _ = theirs(x, x, x, attn_mask=causal_mask(5), need_weights=False)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+class _OpNames(TorchDispatchMode):
+    """The aten operations run under it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_joint_projections_split_into_heads_and_back_without_copies(self_attention):
+    """The heads of one joint projection (queries, keys and values, or keys and values) are views of its
+    output, and their gradients come back through one stack into its layout, no copy more; the same
+    gradients as projections split with `chunk`."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=16, heads=4, impl="sdpa", self_attention=self_attention)
+    x = torch.randn(2, 5, 16)
+    proj = attn.qkv_proj if self_attention else attn.kv_proj
+    n = 3 if self_attention else 2
+    out = proj(x).detach().requires_grad_()
+    heads = attn._heads(out, n)
+    assert all(h.shape == (2, 4, 5, 4) and h._base is out for h in heads)
+    q = heads[0] if self_attention else torch.randn(2, 4, 3, 4)
+    k, v = heads[-2:]
+    grad = torch.randn(q.shape)
+    context = F.scaled_dot_product_attention(q, k, v)
+    with _OpNames() as ops:
+        (context * grad).sum().backward()
+    assert ops.counts["stack"] == 1 and not ops.counts["clone"] and not ops.counts["copy_"], ops.counts
+    reference = out.detach().requires_grad_()
+    parts = [attn.split_heads(part) for part in reference.chunk(n, dim=-1)]
+    q_ref = parts[0] if self_attention else q
+    (F.scaled_dot_product_attention(q_ref, *parts[-2:]) * grad).sum().backward()
+    torch.testing.assert_close(out.grad, reference.grad)
 
 
 def test_per_head_weights_average_to_the_mean_weights():
