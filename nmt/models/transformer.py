@@ -152,9 +152,10 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the attention weights (computed by the
                 manual path, whatever `impl` is).
             average_heads: weights averaged over heads (B, Tq, Tk), else (B, H, Tq, Tk).
-            causal: `mask` is exactly the causal mask of Tq == Tk positions; the
-                fused path then passes `is_causal` instead of the mask, which lets
-                torch use flash attention (it takes no explicit mask).
+            causal: each of Tq == Tk positions sees itself and those before it, and
+                `mask` is that causal mask or None; the fused path passes `is_causal`
+                instead of a mask, which lets torch use flash attention (it takes no
+                explicit mask), the manual one builds the mask where it is None.
             bias: `mask` as `masks.attention_bias`, built once by a caller whose layers
                 share the mask; the fused path takes it instead of converting `mask`.
 
@@ -165,6 +166,8 @@ class MultiHeadAttention(nn.Module):
         p = self.attention_dropout if self.training else 0.0
         weights = None
         if self.impl == "manual" or need_weights:
+            if causal and mask is None:
+                mask = causal_mask(Tq, device=q.device)
             context, weights = attention(q, k, v, mask, p)
         else:
             if mask is None or causal:
@@ -277,7 +280,8 @@ class DecoderLayer(nn.Module):
         Args:
             x: (B, T, D).
             self_mask: causal mask (T, t + T), True = future; None for a single new token
-                (T = 1), which sees every earlier position.
+                (T = 1), which sees every earlier position, and for a whole prefix (no `past`)
+                attended by the fused kernels, which take `is_causal` instead.
             past: cached self-attention keys and values of the t = `start` earlier
                 positions, or None (t = 0). Either exactly (B, H, t, Dh), grown by
                 concatenation, or preallocated buffers (B, H, L, Dh) with L >= t + T
@@ -379,8 +383,10 @@ class Decoder(nn.Module):
         T = tokens.size(1)
         x = self.dropout(self.embed(tokens) + self.positions(T, offset=start))  # (B, T, D)
         # One new token (a search step) sees every position before it: no mask, so the fused
-        # attention kernels take their unmasked path and no mask is built per step.
-        self_mask = None if T == 1 else causal_mask(start + T, device=tokens.device)[start:]  # (T, start + T)
+        # attention kernels take their unmasked path and no mask is built per step. A whole
+        # prefix (training, scoring) needs none either where the fused kernels mask it themselves.
+        fused_causal = past is None and self.layers[0].self_attn.impl == "sdpa"
+        self_mask = None if T == 1 or fused_causal else causal_mask(start + T, device=tokens.device)[start:]
         memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
         memory_bias = _shared_bias(memory_mask, x.dtype, self.layers[0].cross_attn)  # (B, 1, 1, S)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]

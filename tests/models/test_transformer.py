@@ -141,12 +141,25 @@ def test_manual_and_sdpa_models_agree(norm):
     torch.testing.assert_close(fused(src, src_mask, tgt), manual(src, src_mask, tgt), atol=1e-5, rtol=0)
 
 
+def test_causal_attention_without_a_mask_masks_the_future_on_both_paths():
+    torch.manual_seed(3)
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)  # (B, H, T, Dh) each
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for impl in ("manual", "sdpa"):
+        attn = MultiHeadAttention(d_model=8, heads=2, impl=impl).eval()
+        out, _ = attn(q, k, v, None, causal=True)
+        torch.testing.assert_close(out, attn.out_proj(ref.transpose(1, 2).reshape(2, 5, 8)), atol=1e-5, rtol=0)
+
+
 # --------------------------------------------------------------------------- masks
 
 
-def test_future_target_tokens_never_change_earlier_logits():
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_future_target_tokens_never_change_earlier_logits(impl):
+    """Causal self-attention, masked by the manual path and by the fused kernels' own `is_causal` (the
+    decoder builds no mask for them)."""
     src, src_mask, tgt = batch()
-    model = make_model()
+    model = make_model(attention_impl=impl)
     memory = model.encode(src, src_mask)
     logits = model.decode(tgt, memory)
     changed = tgt.clone()
