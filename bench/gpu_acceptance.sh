@@ -29,7 +29,8 @@
 #              matrix products (--attention math); then a toy training with it, resumed, and one
 #              with train.accumulate 2                                                  (about 7 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
-#              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16  (about 6 min)
+#              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
+#              attention as plain matrix products (--attention math)                     (about 8 min)
 #   multi30k   `nmt experiment configs/multi30k_transformer.yaml` in bf16 for 270 s of training (TRAIN_ARGS
 #              adds --set options, e.g. "--set train.compile=true --set train.compile_mode=reduce-overhead"), scored
 #              on both test sets; then bench/decode_speed.py on its checkpoint: beam 5 on test_2016_flickr,
@@ -150,7 +151,11 @@ case $stage in
       ${TRAIN_ARGS:-}
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
       --compile default --update-graphs on --steps $steps --profile 5 --json "$out/updates_compiled_base.json" \
-      ${TRAIN_ARGS:-} ;;
+      ${TRAIN_ARGS:-}
+    # attention as plain matrix products and a softmax the compiler fuses with its scaling and mask
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile default --update-graphs on --attention math --steps $steps \
+      --json "$out/updates_compiled_base_math.json" ${TRAIN_ARGS:-} ;;
   multi30k)
     run_dir=/tmp/gpu_multi30k_transformer
     run "$py" -m nmt experiment configs/multi30k_transformer.yaml --restart --results "$out" \
