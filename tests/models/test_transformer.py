@@ -1,14 +1,12 @@
-import collections
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.models.contract import Memory, Seq2Seq
 from nmt.models.masks import causal_mask, pad_mask_from_tokens
 from nmt.models.transformer import MultiHeadAttention, Transformer, TransformerState
 from tests.models.tiny import padded_batch
+from tests.op_counts import OpCounter
 
 PAD, BOS, V = 0, 1, 13
 
@@ -75,18 +73,6 @@ def test_self_attention_projects_like_torch_multihead_attention_with_one_matrix(
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
-class _OpNames(TorchDispatchMode):
-    """The aten operations run under it, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("self_attention", [True, False])
 def test_joint_projections_split_into_heads_and_back_without_copies(self_attention):
     """The heads of one joint projection (queries, keys and values, or keys and values) are views of its
@@ -104,7 +90,7 @@ def test_joint_projections_split_into_heads_and_back_without_copies(self_attenti
     k, v = heads[-2:]
     grad = torch.randn(q.shape)
     context = F.scaled_dot_product_attention(q, k, v)
-    with _OpNames() as ops:
+    with OpCounter() as ops:
         (context * grad).sum().backward()
     assert ops.counts["stack"] == 1 and not ops.counts["clone"] and not ops.counts["copy_"], ops.counts
     reference = out.detach().requires_grad_()

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import collections
 import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import TrainConfig
 from nmt.data.batching import collate
@@ -19,21 +17,10 @@ from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.setup import prepare_step
 from nmt.train.step import Trainable, train_step
 from tests.models.tiny import tiny_model
+from tests.op_counts import OpCounter
 from tests.train.helpers import random_rows
 
 CPU = torch.device("cpu")
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten operations run under it (backward included), by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _model(kind: str = "transformer", seed: int = 0, tie: str = "none") -> torch.nn.Module:

@@ -1,9 +1,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.train.loss import label_smoothed_loss, perplexity
+from tests.op_counts import OpCounter
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
@@ -68,30 +68,15 @@ def test_bf16_logits_are_scored_in_fp32_and_get_a_bf16_gradient():
     assert torch.allclose(logits.grad.float(), exact.grad, atol=1e-2)  # gradient rounded to bf16 once
 
 
-class _Kernels(TorchDispatchMode):
-    """Counts the aten operations run under it that compute something (views and allocations left out)."""
-
-    FREE = frozenset({"view", "slice", "select", "unsqueeze", "squeeze", "expand", "detach", "empty", "empty_like",
-                      "promote_types", "as_strided", "alias"})
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket.__name__ not in self.FREE
-        return func(*args, **(kwargs or {}))
-
-
 def _kernels_per_pass(chunks: int, dtype: torch.dtype, monkeypatch) -> tuple[int, int]:
     monkeypatch.setattr("nmt.train.loss._CHUNK_ELEMENTS", 4 * 40)  # 4 rows of 40 a chunk
     logits = torch.randn(4 * chunks, 40).to(dtype).requires_grad_()
     target = torch.randint(1, 40, (4 * chunks,))
-    with _Kernels() as forward:
+    with OpCounter() as forward:
         out = label_smoothed_loss(logits[None], target[None], pad_id=0, smoothing=0.1)
-    with _Kernels() as backward:
+    with OpCounter() as backward:
         out.loss.backward()
-    return forward.count, backward.count
+    return forward.computing, backward.computing
 
 
 @pytest.mark.parametrize("dtype, per_chunk", [(torch.float32, 3), (torch.bfloat16, 5)])
