@@ -64,13 +64,12 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed loss and NLL of logits (N, V) against targets (N,), chunk by chunk in fp32.
 
     Each kernel launch counts where a GPU's step is bound by launching them, so a chunk costs few:
-    forward, one log-softmax in fp32 straight from the logits' dtype, the gather of the targets'
+    forward, one log-softmax in fp32 (bf16 logits cast first), the gather of the targets'
     log-probabilities and their mean per row (both into (N,) columns); backward, the softmax, the
     targets' -(1 - eps) and the scaled write into the gradient. What is per row and not per
     (row, vocabulary entry) is computed once for all chunks: the sums (two dot products with the
-    mask of real tokens) and the rows' gradient weights. At about 20 operations a chunk before,
-    the loss of a Transformer-base batch of 32,768 tokens (18 chunks) dispatched as many operations
-    as the rest of its update.
+    mask of real tokens) and the rows' gradient weights. At about 20 operations a chunk before, the
+    loss made a third of the operations of a Transformer-base update of 32,768 tokens (16 chunks).
     """
 
     @staticmethod
