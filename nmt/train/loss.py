@@ -78,16 +78,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         rows = max(1, _CHUNK_ELEMENTS // V)
         dtype = _compute_dtype(logits)
         picked = torch.empty(N, dtype=dtype, device=logits.device)  # log p of each row's target
-        mean = torch.empty(N, dtype=dtype, device=logits.device)  # mean_v log p_v of each row
+        mean = torch.empty(N, dtype=dtype, device=logits.device) if smoothing else None  # mean_v log p_v per row
         for i in range(0, N, rows):
             logp = torch.log_softmax(logits[i : i + rows], dim=-1, dtype=dtype)  # (n, V), one pass
             torch.gather(logp, -1, target[i : i + rows, None], out=picked[i : i + rows, None])
-            if smoothing:
+            if mean is not None:
                 torch.mean(logp, dim=-1, out=mean[i : i + rows])
         minus_keep = keep.to(dtype).neg()  # (N,): -1 at real tokens, 0 at padding
         nll = torch.dot(picked, minus_keep)
         # (1 - eps) * NLL + eps * sum of mean_v(-log p_v); the NLL returned apart, not differentiable
-        loss = torch.lerp(nll, torch.dot(mean, minus_keep), smoothing) if smoothing else nll.clone()
+        loss = nll.clone() if mean is None else torch.lerp(nll, torch.dot(mean, minus_keep), smoothing)
         ctx.save_for_backward(logits, target, keep)
         ctx.smoothing = smoothing
         ctx.mark_non_differentiable(nll)
