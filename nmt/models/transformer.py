@@ -332,14 +332,15 @@ class Encoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
 
-    def forward(self, src: Tensor, pad_mask: Tensor) -> Tensor:
-        """src (B, S), pad_mask (B, S) -> states (B, S, D)."""
+    def forward(self, src: Tensor, pad_mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        """src (B, S), pad_mask (B, S) -> states (B, S, D), and the padding's `attention_bias` (B, 1, 1, S) the
+        layers attended with (None on the manual path), which the decoder's cross-attention reuses."""
         x = self.dropout(self.embed(src) + self.positions(src.size(1)))  # (B, S, D)
         mask = pad_mask[:, None, None, :]  # (B, 1, 1, S)
         bias = _shared_bias(mask, x.dtype, self.layers[0].self_attn)  # (B, 1, 1, S)
         for layer in self.layers:
             x = layer(x, mask, bias)
-        return self.norm(x)
+        return self.norm(x), bias
 
 
 class Decoder(nn.Module):
@@ -363,7 +364,7 @@ class Decoder(nn.Module):
 
     def forward(
         self, tokens: Tensor, memory_kv: list[KV], memory_pad_mask: Tensor, *, past: list[KV] | None = None,
-        start: int = 0, attn_layer: int | None = None,
+        start: int = 0, attn_layer: int | None = None, memory_bias: Tensor | None = None,
     ) -> tuple[Tensor, list[KV], Tensor | None]:
         """Decode tokens (B, T) at positions start .. start + T - 1.
 
@@ -375,6 +376,8 @@ class Decoder(nn.Module):
                 grown or preallocated, see `DecoderLayer.forward`.
             start: position of the first token.
             attn_layer: index of the layer whose cross-attention weights to return.
+            memory_bias: `memory_pad_mask` as the encoder's `attention_bias` (B, 1, 1, S); None: built here
+                where the fused kernels need it.
 
         Returns:
             States (B, T, D), per-layer caches (`DecoderLayer.forward`) holding start + T positions,
@@ -388,7 +391,8 @@ class Decoder(nn.Module):
         fused_causal = past is None and self.layers[0].self_attn.impl == "sdpa"
         self_mask = None if T == 1 or fused_causal else causal_mask(start + T, device=tokens.device)[start:]
         memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
-        memory_bias = _shared_bias(memory_mask, x.dtype, self.layers[0].cross_attn)  # (B, 1, 1, S)
+        if memory_bias is None:
+            memory_bias = _shared_bias(memory_mask, x.dtype, self.layers[0].cross_attn)  # (B, 1, 1, S)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
         present, attn = [], None
         for i, layer in enumerate(self.layers):
@@ -539,14 +543,17 @@ class Transformer(nn.Module):
         extra["cross_kv"] holds every decoder layer's cross-attention keys and values
         (B, H, S, Dh): they depend on the source alone, so they are computed once per
         sentence and travel with the memory, which search reorders only when sentences
-        finish, never when hypotheses of one sentence change places.
+        finish, never when hypotheses of one sentence change places. extra["bias"] is the
+        source padding as the encoder's layers attended with it (`attention_bias`, or None on
+        the manual path); the cross-attention of every decoder step reuses it.
         """
-        states = self.encoder(src, src_pad_mask)
-        return Memory(states=states, pad_mask=src_pad_mask, extra={"cross_kv": self.decoder.project_memory(states)})
+        states, bias = self.encoder(src, src_pad_mask)
+        return Memory(states=states, pad_mask=src_pad_mask,
+                      extra={"cross_kv": self.decoder.project_memory(states), "bias": bias})
 
     def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
         """Logits of a whole target prefix, causally masked, no cache: tgt_in (B, T) -> (B, T, V)."""
-        states, _, _ = self.decoder(tgt_in, memory.extra["cross_kv"], memory.pad_mask)
+        states, _, _ = self.decoder(tgt_in, memory.extra["cross_kv"], memory.pad_mask, memory_bias=memory.extra["bias"])
         return self.output(states)
 
     def init_state(self, memory: Memory, *, max_len: int | None = None) -> TransformerState:
@@ -589,7 +596,7 @@ class Transformer(nn.Module):
         attn_layer = self.attn_layer if need_attn else None
         states, self_kv, attn = self.decoder(  # states (B, 1, D)
             tokens[:, None], memory.extra["cross_kv"], memory.pad_mask, past=state.self_kv, start=state.step,
-            attn_layer=attn_layer,
+            attn_layer=attn_layer, memory_bias=memory.extra["bias"],
         )
         log_probs = self.output(states[:, -1]).float().log_softmax(dim=-1)  # (B, V)
         if attn is not None:

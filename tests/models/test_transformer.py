@@ -171,6 +171,19 @@ def test_extra_source_padding_changes_nothing_and_gets_zero_attention():
     torch.testing.assert_close(attn.sum(-1), torch.ones(3))
 
 
+def test_source_padding_bias_is_built_once_for_the_encoder_and_every_decoder_step():
+    src, src_mask, tgt = batch()
+    model = make_model(attention_impl="sdpa")
+    with OpCounter() as ops:
+        model(src, src_mask, tgt)
+    assert ops.counts["masked_fill_"] == 1, ops.counts  # the encoder's, which cross-attention reuses
+    memory = model.encode(src, src_mask)
+    state = model.init_state(memory, max_len=6)
+    with OpCounter() as ops:
+        model.decode_step(tgt[:, 0], memory, state)
+    assert not ops.counts["masked_fill_"] and not ops.counts["zeros"], ops.counts
+
+
 # --------------------------------------------------------------------------- incremental decoding
 
 
