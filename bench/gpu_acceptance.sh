@@ -22,12 +22,13 @@
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
-#   updates    train.cuda_graphs (each batch shape's whole update recorded as one CUDA graph): its tests on
-#              the GPU first (the stage stops if they fail), then the Multi30k shape eager with and
+#   updates    attention's kernels alone at the batches of Transformer-base and the Multi30k shape
+#              (bench/attention_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
+#              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
 #              bf16, with profiles; Transformer-base in bf16 with it, then with attention left to plain
 #              matrix products (--attention math); then a toy training with it, resumed, and one
-#              with train.accumulate 2                                                  (about 7 min)
+#              with train.accumulate 2                                                  (about 8 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
 #              attention as plain matrix products (--attention math)                     (about 8 min)
@@ -117,6 +118,11 @@ case $stage in
       --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \
       ${TRAIN_ARGS:-} ;;
   updates)
+    # attention alone, each kernel, at Transformer-base's and the Multi30k shape's batches (about 30 s): which
+    # kernel short sentences want (Transformer-base's took more GPU time than its largest matrix products)
+    run "$py" bench/attention_speed.py --device "$device" --json "$out/attention_base.json"
+    run "$py" bench/attention_speed.py --device "$device" --tokens 4096 --heads 4 --layers 3,3 \
+      --json "$out/attention_multi30k.json"
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}

@@ -1,0 +1,218 @@
+"""Attention's forward and backward time for each kernel, at the shapes of a token-budget batch.
+
+    python bench/attention_speed.py [--device cuda] [--dtype bf16] [--tokens 32768] [--heads 8] [--head-dim 64]
+        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,cudnn] [--dropout 0.0]
+        [--layers 6,6] [--steps 20] [--json FILE]
+
+A batch of `tokens` positions in sentences of L positions holds B = tokens // L sentences, and each
+attention call of a Transformer sees (B, H, L, Dh) queries, keys and values. A call computes
+4 B H L^2 Dh FLOPs forward (Q K^T, then the weights times V; half of it under a causal mask) and twice
+that backward: over Multi30k's short sentences little work per tile of a fused kernel, which tiles 64
+or 128 query positions. Transformer-base's attention kernels took more GPU time than its largest
+matrix products on such batches (H200 profile, README). This times, for every L, the two kinds of
+call a training update makes:
+
+    padded   keys with padding (each sentence 70% to 100% of L long), masked by the additive bias that
+             nmt's layers build once and pass on: the encoder's self-attention and the cross-attention
+    causal   the decoder's self-attention (`is_causal`, no padding mask: targets are right-padded)
+
+with each kernel alone: torch's `scaled_dot_product_attention` restricted to one backend (flash,
+efficient, cudnn, math), and `manual`, nmt's own `attention` (the model's `attention_impl: manual`).
+A kernel that refuses a case (flash takes no padding bias; off CUDA only flash and math exist) is
+reported with torch's reason. `max diff` is the largest difference of a kernel's output and input
+gradients from the manual path's, in units of the largest manual value: a kernel that computes
+something else shows here. `update ms` sums, per kernel, what one training update of a Transformer of
+`--layers` E,D (encoder, decoder) spends: E + D padded calls and D causal ones, forward and backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.models.masks import attention_bias
+from nmt.models.transformer import attention
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KERNELS = ("flash", "efficient", "math", "manual", "cudnn")  # cuDNN last: a crash there loses no other row
+
+
+@dataclass
+class Row:
+    length: int
+    kind: str  # padded, causal
+    kernel: str
+    sentences: int
+    ms: float | None = None  # forward and backward, one call
+    tflops: float | None = None
+    max_diff: float | None = None  # against the manual path, relative to its largest value
+    peak_mib: float | None = None
+    refused: str | None = None  # why the kernel did not run
+
+
+def _backend(kernel: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[kernel]
+
+
+def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, pad: Tensor, bias: Tensor,
+          dropout: float) -> Callable[[], Tensor]:
+    """One attention call of `kind` by `kernel`, as a function of nothing (the inputs are fixed)."""
+    causal = kind == "causal"
+    if kernel == "manual":
+        mask = torch.ones(q.size(2), q.size(2), dtype=torch.bool, device=q.device).triu(1) if causal else pad
+        return lambda: attention(q, k, v, mask, dropout)[0]
+    from torch.nn.attention import sdpa_kernel
+
+    backend = _backend(kernel)
+
+    def run() -> Tensor:
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else bias, dropout_p=dropout,
+                                                  is_causal=causal)
+    return run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: int, head_dim: int,
+            dtype: torch.dtype, dropout: float, steps: int, device: torch.device, seed: int = 0) -> list[Row]:
+    """Every kernel's row for sentences of `length` positions, calls of `kind`."""
+    B = max(1, tokens // length)
+    g = torch.Generator().manual_seed(seed)
+    shape = (B, heads, length, head_dim)
+    q, k, v = (torch.randn(shape, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(shape, generator=g).to(device, dtype)
+    lengths = torch.randint(max(1, (7 * length + 9) // 10), length + 1, (B,), generator=g)
+    lengths[0] = length  # the longest sentence fills the bucket
+    pad = (torch.arange(length)[None, :] >= lengths[:, None]).to(device)[:, None, None, :]  # (B, 1, 1, L)
+    bias = attention_bias(pad, dtype)
+    flops = 12 * B * heads * length * length * head_dim * (0.5 if kind == "causal" else 1.0)
+
+    def outputs(fn: Callable[[], Tensor]) -> list[Tensor]:
+        for t in (q, k, v):
+            t.grad = None
+        out = fn()
+        out.backward(grad)
+        return [x.detach().float() for x in (out, q.grad, k.grad, v.grad)]
+
+    # the reference: the manual path in fp32 without dropout, on the same inputs
+    with torch.no_grad():
+        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    mask = torch.ones(length, length, dtype=torch.bool, device=device).triu(1) if kind == "causal" else pad
+    ref_out = attention(q32, k32, v32, mask)[0]
+    ref_out.backward(grad.float())
+    reference = [ref_out.detach(), q32.grad, k32.grad, v32.grad]
+
+    rows = []
+    for kernel in kernels:
+        row = Row(length=length, kind=kind, kernel=kernel, sentences=B)
+        fn = _call(kernel, kind, q, k, v, pad, bias, dropout)
+        try:
+            with warnings.catch_warnings(record=True) as why:  # torch warns why a backend cannot take a case
+                warnings.simplefilter("always")
+                first = outputs(fn)
+            if dropout == 0.0:
+                row.max_diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                                   for a, b in zip(first, reference, strict=True))
+            for _ in range(2):
+                outputs(fn)
+        except RuntimeError as e:  # no kernel of this backend takes the case
+            reasons = [str(w.message) for w in why] or [str(e)]
+            row.refused = " ".join(" / ".join(reasons).split())[:200]
+            rows.append(row)
+            continue
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = fn()
+            out.backward(grad)
+        _sync(device)
+        row.ms = 1e3 * (time.perf_counter() - start) / steps
+        row.tflops = flops / (row.ms / 1e3) / 1e12
+        if device.type == "cuda":
+            row.peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
+        rows.append(row)
+    return rows
+
+
+def update_ms(rows: list[Row], length: int, kernel: str, encoder: int, decoder: int) -> float | None:
+    """One update's attention time with `kernel` for sentences of `length`: E + D padded calls, D causal."""
+    ms = {r.kind: r.ms for r in rows if r.length == length and r.kernel == kernel}
+    if ms.get("padded") is None or ms.get("causal") is None:
+        return None
+    return (encoder + decoder) * ms["padded"] + decoder * ms["causal"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--tokens", type=int, default=32768, help="Positions per batch (Transformer-base's budget).")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--lengths", default="16,24,32,48,64,128", help="Sentence lengths L, comma-separated.")
+    ap.add_argument("--kernels", default=",".join(KERNELS), help=f"Comma-separated choice of {', '.join(KERNELS)}.")
+    ap.add_argument("--dropout", type=float, default=0.0, help="Dropout on the attention weights (no max diff then).")
+    ap.add_argument("--layers", default="6,6", help="Encoder and decoder layers for the update column.")
+    ap.add_argument("--steps", type=int, default=20, help="Timed calls per row, after three untimed.")
+    ap.add_argument("--json", help="Also write the rows to this file.")
+    args = ap.parse_args(argv)
+    kernels = args.kernels.split(",")
+    if not set(kernels) <= set(KERNELS):
+        ap.error(f"--kernels {args.kernels!r}: use a comma-separated choice of {', '.join(KERNELS)}")
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        encoder, decoder = (int(x) for x in args.layers.split(","))
+    except ValueError:
+        ap.error(f"--lengths {args.lengths!r} and --layers {args.layers!r} take comma-separated integers")
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {device} ({name}), torch {torch.__version__}, {args.dtype}, {args.tokens} positions per batch, "
+          f"{args.heads} heads of {args.head_dim}, dropout {args.dropout}, {args.steps} timed calls per row",
+          flush=True)
+    rows: list[Row] = []
+    print(f"{'L':>4s} {'kind':6s} {'kernel':9s} {'sentences':>9s} {'ms':>8s} {'TFLOP/s':>8s} {'max diff':>9s} "
+          f"{'peak MiB':>9s}", flush=True)
+    for length in lengths:
+        for kind in ("padded", "causal"):
+            for r in measure(length, kind, kernels, tokens=args.tokens, heads=args.heads, head_dim=args.head_dim,
+                             dtype=DTYPES[args.dtype], dropout=args.dropout, steps=args.steps, device=device):
+                rows.append(r)
+                if r.refused:
+                    print(f"{r.length:4d} {r.kind:6s} {r.kernel:9s} {r.sentences:9d} refused: {r.refused}", flush=True)
+                    continue
+                diff = "-" if r.max_diff is None else f"{r.max_diff:.1e}"
+                peak = "-" if r.peak_mib is None else f"{r.peak_mib:.0f}"
+                print(f"{r.length:4d} {r.kind:6s} {r.kernel:9s} {r.sentences:9d} {r.ms:8.3f} {r.tflops:8.2f} "
+                      f"{diff:>9s} {peak:>9s}", flush=True)
+    print(f"\nupdate ms: one update's attention, forward and backward ({encoder + decoder} padded calls, {decoder} "
+          f"causal), per kernel")
+    print(f"{'L':>4s} " + " ".join(f"{k:>9s}" for k in kernels))
+    for length in lengths:
+        cells = [update_ms(rows, length, k, encoder, decoder) for k in kernels]
+        print(f"{length:4d} " + " ".join(f"{'-' if c is None else f'{c:.2f}':>9s}" for c in cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "dtype": args.dtype, "tokens": args.tokens, "rows": [asdict(r) for r in rows]},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

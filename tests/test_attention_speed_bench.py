@@ -1,0 +1,61 @@
+"""bench/attention_speed.py on the CPU: every kernel that runs here agrees with the manual path, the ones that do
+not are reported with a reason, and the update column adds up the calls of one update."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "attention_speed.py"
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import attention_speed
+
+    return attention_speed
+
+
+def test_each_kernel_is_timed_against_the_manual_path_or_refused_with_a_reason(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rows.json"
+    bench = _bench()
+    bench.main(["--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--heads", "2", "--head-dim", "8",
+                "--lengths", "8,12", "--kernels", "flash,efficient,math,manual", "--steps", "2", "--layers", "2,3",
+                "--json", str(out)])
+    printed = capsys.readouterr().out
+    written = json.loads(out.read_text())
+    assert written["device"] == "cpu" and written["dtype"] == "fp32"
+    rows = written["rows"]
+    assert {(r["length"], r["kind"], r["kernel"]) for r in rows} == {
+        (L, kind, k) for L in (8, 12) for kind in ("padded", "causal") for k in ("flash", "efficient", "math", "manual")}
+    assert {r["length"]: r["sentences"] for r in rows} == {8: 32, 12: 21}
+    ran = [r for r in rows if r["kernel"] != "efficient"]
+    assert all(r["refused"] is None and r["ms"] > 0 and r["tflops"] > 0 for r in ran)
+    assert all(r["max_diff"] < 1e-5 for r in ran)  # flash and math compute what the manual path does
+    assert all(r["max_diff"] == 0 for r in ran if r["kernel"] == "manual")
+    efficient = [r for r in rows if r["kernel"] == "efficient"]  # a CUDA kernel
+    assert all(r["ms"] is None and r["refused"] for r in efficient)
+    assert "refused: " in printed
+
+    ms = {(r["length"], r["kind"], r["kernel"]): r["ms"] for r in rows}
+    for L in (8, 12):
+        assert bench.update_ms([bench.Row(**r) for r in rows], L, "math", 2, 3) == pytest.approx(
+            5 * ms[L, "padded", "math"] + 3 * ms[L, "causal", "math"])
+        assert bench.update_ms([bench.Row(**r) for r in rows], L, "efficient", 2, 3) is None
+    table = printed.split("update ms:")[1].splitlines()
+    cells = next(line for line in table if line.startswith("   8 ")).split()[1:]  # flash, efficient, math, manual
+    assert cells[1] == "-" and float(cells[2]) == pytest.approx(5 * ms[8, "padded", "math"] + 3 * ms[8, "causal", "math"],
+                                                                abs=0.01)
+
+
+def test_a_bad_kernel_choice_is_one_line() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--kernels", "flash,triton"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, cudnn" in proc.stderr
+    assert "Traceback" not in proc.stderr
