@@ -123,6 +123,7 @@ case $stage in
     run "$py" bench/attention_speed.py --device "$device" --json "$out/attention_base.json"
     run "$py" bench/attention_speed.py --device "$device" --tokens 4096 --heads 4 --layers 3,3 \
       --json "$out/attention_multi30k.json"
+    run "$py" -m pytest -q -rs tests/train/test_loss.py  # bf16 logits read by the softmax kernels themselves
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
@@ -207,7 +208,7 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     exit $failed ;;
   tests)
     run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_translate.py \
-      tests/train/test_half.py tests/train/test_step.py tests/train/test_graphs.py
+      tests/train/test_half.py tests/train/test_step.py tests/train/test_graphs.py tests/train/test_loss.py
     run "$py" -m nmt train configs/toy_transformer.yaml --restart --set run_dir=/tmp/gpu_cuda0 \
       --set train.device=$device:0 --set train.max_steps=100 --set train.valid_every=100
     run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \

@@ -47,6 +47,28 @@ def _compute_dtype(logits: Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
+# Whether torch's CUDA softmax kernels read rows of this dtype (bf16) and write fp32 themselves (`half_to_float`):
+# `torch.softmax(x, dtype=torch.float32)` lets them do so for fp16 only, and casts bf16 to fp32 first, a pass
+# over the logits more each way. Unknown until tried (torch versions differ), then remembered.
+_READS_HALF: dict[torch.dtype, bool] = {}
+
+
+def _softmax_in(dtype: torch.dtype, x: Tensor, *, log: bool) -> Tensor:
+    """The softmax (log: log-softmax) of rows x (n, V) in `dtype`, reading bf16/fp16 rows as they are on CUDA."""
+    if x.dtype != dtype and x.is_cuda and dtype == torch.float32 and _READS_HALF.get(x.dtype, True):
+        try:
+            return (torch._log_softmax if log else torch._softmax)(x, -1, True)
+        except RuntimeError:  # "conversion is supported for Half type only"
+            _READS_HALF[x.dtype] = False
+    return (torch.log_softmax if log else torch.softmax)(x, dim=-1, dtype=dtype)
+
+
+def _writes_cast(device: torch.device) -> bool:
+    """Whether one kernel should write fp32 results into a bf16/fp16 tensor there: a GPU's elementwise kernels
+    convert as they write, at no cost; on a CPU such a kernel is many times slower than a copy after it."""
+    return device.type == "cuda"
+
+
 def _sums(x: Tensor, target: Tensor, keep: Tensor, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
     """Per-row lse (n,), summed NLL and summed smoothed loss of logits x (n, V) already in the compute dtype.
 
@@ -64,7 +86,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed loss and NLL of logits (N, V) against targets (N,), chunk by chunk in fp32.
 
     Each kernel launch counts where a GPU's step is bound by launching them, so a chunk costs few:
-    forward, one log-softmax in fp32 (bf16 logits cast first), the gather of the targets'
+    forward, one log-softmax in fp32 (on a CPU bf16 logits are cast first), the gather of the targets'
     log-probabilities and their mean per row (both into (N,) columns); backward, the softmax, the
     targets' -(1 - eps) and the scaled write into the gradient. What is per row and not per
     (row, vocabulary entry) is computed once for all chunks: the sums (two dot products with the
@@ -80,7 +102,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         picked = torch.empty(N, dtype=dtype, device=logits.device)  # log p of each row's target
         mean = torch.empty(N, dtype=dtype, device=logits.device) if smoothing else None  # mean_v log p_v per row
         for i in range(0, N, rows):
-            logp = torch.log_softmax(logits[i : i + rows], dim=-1, dtype=dtype)  # (n, V), one pass
+            logp = _softmax_in(dtype, logits[i : i + rows], log=True)  # (n, V), one pass
             torch.gather(logp, -1, target[i : i + rows, None], out=picked[i : i + rows, None])
             if mean is not None:
                 torch.mean(logp, dim=-1, out=mean[i : i + rows])
@@ -95,11 +117,12 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
-        # Per chunk, two passes over (n, V) values for fp32 logits: the softmax, then
-        # w * (softmax - eps / V) with w = keep * grad_loss (-(1 - eps) added at the targets in
-        # between) written into the gradient. bf16 logits take two more: torch casts them to fp32
-        # before the softmax, and the result is copied into the bf16 gradient. Spelled as
-        # exp(x - lse), cast and scaled step by step, it took six passes, and a seventh to cast.
+        # Per chunk, two passes over (n, V) values: the softmax, then w * (softmax - eps / V) with
+        # w = keep * grad_loss (-(1 - eps) added at the targets in between) written into the
+        # gradient. On a CPU, bf16 logits take two more: a cast to fp32 before the softmax, and a
+        # copy of the result into the bf16 gradient; on a GPU the kernels read and write bf16 as
+        # they go (where this torch's softmax reads bf16: `_softmax_in`). Spelled as exp(x - lse),
+        # cast and scaled step by step, it took six passes, and a seventh to cast.
         logits, target, keep = ctx.saved_tensors
         eps, (N, V) = ctx.smoothing, logits.shape
         dtype = _compute_dtype(logits)
@@ -108,12 +131,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         offset = w * (-eps / V)  # (N, 1)
         at_target = torch.full((min(rows, N), 1), -(1.0 - eps), dtype=dtype, device=logits.device)
         grad = torch.empty_like(logits)  # (N, V), the logits' dtype
+        direct = grad.dtype == dtype or _writes_cast(grad.device)
         for i in range(0, N, rows):
-            g = torch.softmax(logits[i : i + rows], dim=-1, dtype=dtype)  # (n, V)
+            g = _softmax_in(dtype, logits[i : i + rows], log=False)  # (n, V)
             g.scatter_add_(-1, target[i : i + rows, None], at_target[: g.size(0)])
-            if grad.dtype == dtype:
+            if direct:
                 torch.addcmul(offset[i : i + rows], g, w[i : i + rows], out=grad[i : i + rows])
-            else:  # a kernel that reads fp32 and writes bf16 is many times slower on a CPU than a copy
+            else:
                 grad[i : i + rows] = torch.addcmul(offset[i : i + rows], g, w[i : i + rows], out=g)
         return grad, None, None, None
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.train.loss import label_smoothed_loss, perplexity
+from nmt.train.loss import _READS_HALF, label_smoothed_loss, perplexity
 from tests.op_counts import OpCounter
 
 
@@ -89,3 +89,44 @@ def test_each_chunk_costs_a_few_operations(dtype, per_chunk, monkeypatch):
     six = _kernels_per_pass(6, dtype, monkeypatch)
     forward, backward = ((many - single) / 5 for many, single in zip(six, one))
     assert forward <= per_chunk and backward <= per_chunk, (one, six)
+
+
+def test_a_gpu_writes_the_bf16_gradient_in_the_scaling_kernel_with_the_same_values(monkeypatch):
+    """On CUDA the scaled write converts to bf16 itself (`_writes_cast`), one pass less than a copy after it;
+    run here on the CPU, that path must give the copy's gradient to the bit."""
+    monkeypatch.setattr("nmt.train.loss._CHUNK_ELEMENTS", 5 * 50)  # chunks of 5 rows, the last one short
+
+    def gradient(direct: bool) -> torch.Tensor:
+        monkeypatch.setattr("nmt.train.loss._writes_cast", lambda device: direct)
+        torch.manual_seed(3)
+        logits = torch.randn(3, 7, 50).to(torch.bfloat16).requires_grad_()
+        target = torch.randint(0, 50, (3, 7))
+        label_smoothed_loss(logits, target, pad_id=0, smoothing=0.1).loss.backward(torch.tensor(0.3))
+        return logits.grad
+
+    copied, direct = gradient(False), gradient(True)
+    assert direct.dtype == torch.bfloat16 and direct.abs().sum() > 0
+    assert torch.equal(direct, copied)
+
+
+@pytest.mark.gpu
+def test_bf16_logits_on_a_gpu_are_scored_as_on_the_cpu_in_fewer_passes():
+    """CUDA's softmax kernels read bf16 rows and write fp32 (where this torch's do: `_READS_HALF`), and the
+    scaled write converts to bf16 itself: a chunk of bf16 logits costs what an fp32 one does."""
+    torch.manual_seed(4)
+    logits = torch.randn(2, 300, 8000).to(torch.bfloat16)
+    target = torch.randint(0, 8000, (2, 300))
+    results = {}
+    for device in ("cpu", "cuda"):
+        x = logits.to(device).requires_grad_()
+        out = label_smoothed_loss(x, target.to(device), pad_id=0, smoothing=0.1)
+        with OpCounter() as backward:
+            out.loss.backward()
+        results[device] = (out.loss.cpu(), out.nll.cpu(), x.grad.float().cpu(), backward.counts)
+    (loss, nll, grad, _), (cuda_loss, cuda_nll, cuda_grad, counts) = results["cpu"], results["cuda"]
+    torch.testing.assert_close(cuda_loss, loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(cuda_nll, nll, rtol=1e-5, atol=0)
+    torch.testing.assert_close(cuda_grad, grad, rtol=1e-2, atol=1e-6)  # each rounded to bf16 once
+    assert not counts["copy_"], counts  # the scaled write converts as it goes
+    if _READS_HALF.get(torch.bfloat16, True):
+        assert not counts["_to_copy"], counts  # the softmax read bf16 itself
