@@ -32,7 +32,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -90,8 +90,8 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: int, head_dim: int,
-            dtype: torch.dtype, dropout: float, steps: int, device: torch.device, seed: int = 0) -> list[Row]:
-    """Every kernel's row for sentences of `length` positions, calls of `kind`."""
+            dtype: torch.dtype, dropout: float, steps: int, device: torch.device, seed: int = 0) -> Iterator[Row]:
+    """Every kernel's row for sentences of `length` positions, calls of `kind`, each as soon as it is measured."""
     B = max(1, tokens // length)
     g = torch.Generator().manual_seed(seed)
     shape = (B, heads, length, head_dim)
@@ -118,7 +118,6 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
     ref_out.backward(grad.float())
     reference = [ref_out.detach(), q32.grad, k32.grad, v32.grad]
 
-    rows = []
     for kernel in kernels:
         row = Row(length=length, kind=kind, kernel=kernel, sentences=B)
         fn = _call(kernel, kind, q, k, v, pad, bias, dropout)
@@ -134,7 +133,7 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
         except RuntimeError as e:  # no kernel of this backend takes the case
             reasons = [str(w.message) for w in why] or [str(e)]
             row.refused = " ".join(" / ".join(reasons).split())[:200]
-            rows.append(row)
+            yield row
             continue
         _sync(device)
         if device.type == "cuda":
@@ -148,8 +147,7 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
         row.tflops = flops / (row.ms / 1e3) / 1e12
         if device.type == "cuda":
             row.peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
-        rows.append(row)
-    return rows
+        yield row
 
 
 def update_ms(rows: list[Row], length: int, kernel: str, encoder: int, decoder: int) -> float | None:
@@ -188,6 +186,13 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.heads} heads of {args.head_dim}, dropout {args.dropout}, {args.steps} timed calls per row",
           flush=True)
     rows: list[Row] = []
+
+    def save() -> None:  # after every row: a process that dies in a kernel keeps the rows before
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": name, "dtype": args.dtype, "tokens": args.tokens,
+                           "rows": [asdict(r) for r in rows]}, f, indent=1)
+
     print(f"{'L':>4s} {'kind':6s} {'kernel':9s} {'sentences':>9s} {'ms':>8s} {'TFLOP/s':>8s} {'max diff':>9s} "
           f"{'peak MiB':>9s}", flush=True)
     for length in lengths:
@@ -195,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in measure(length, kind, kernels, tokens=args.tokens, heads=args.heads, head_dim=args.head_dim,
                              dtype=DTYPES[args.dtype], dropout=args.dropout, steps=args.steps, device=device):
                 rows.append(r)
+                save()
                 if r.refused:
                     print(f"{r.length:4d} {r.kind:6s} {r.kernel:9s} {r.sentences:9d} refused: {r.refused}", flush=True)
                     continue
@@ -208,10 +214,6 @@ def main(argv: list[str] | None = None) -> None:
     for length in lengths:
         cells = [update_ms(rows, length, k, encoder, decoder) for k in kernels]
         print(f"{length:4d} " + " ".join(f"{'-' if c is None else f'{c:.2f}':>9s}" for c in cells))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": name, "dtype": args.dtype, "tokens": args.tokens, "rows": [asdict(r) for r in rows]},
-                      f, indent=1)
 
 
 if __name__ == "__main__":
