@@ -204,10 +204,11 @@ def older_parameter_names(name: str) -> list[tuple[str, ...]]:
 
 
 def _shared_bias(mask: Tensor, dtype: torch.dtype, attn: MultiHeadAttention) -> Tensor | None:
-    """The additive form of a mask every layer of a stack uses, built once for the fused kernels.
+    """The additive form of the source padding, built once for the fused kernels of the encoder's layers and
+    of the decoder's cross-attention (which takes it from `Memory.extra["bias"]`).
 
     `F.scaled_dot_product_attention` would convert a boolean mask at each of the
-    layers' calls, three operations each; a search step repeats them per layer.
+    layers' calls, three operations each; a search step would repeat them per layer.
     The manual path masks with the boolean mask itself and needs none.
     """
     return attention_bias(mask, dtype) if attn.impl == "sdpa" else None
@@ -376,8 +377,8 @@ class Decoder(nn.Module):
                 grown or preallocated, see `DecoderLayer.forward`.
             start: position of the first token.
             attn_layer: index of the layer whose cross-attention weights to return.
-            memory_bias: `memory_pad_mask` as the encoder's `attention_bias` (B, 1, 1, S); None: built here
-                where the fused kernels need it.
+            memory_bias: `memory_pad_mask` as the encoder built its `attention_bias` (B, 1, 1, S), which the
+                fused kernels take instead of converting the mask at every layer; None on the manual path.
 
         Returns:
             States (B, T, D), per-layer caches (`DecoderLayer.forward`) holding start + T positions,
@@ -391,8 +392,6 @@ class Decoder(nn.Module):
         fused_causal = past is None and self.layers[0].self_attn.impl == "sdpa"
         self_mask = None if T == 1 or fused_causal else causal_mask(start + T, device=tokens.device)[start:]
         memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
-        if memory_bias is None:
-            memory_bias = _shared_bias(memory_mask, x.dtype, self.layers[0].cross_attn)  # (B, 1, 1, S)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
         present, attn = [], None
         for i, layer in enumerate(self.layers):
@@ -553,7 +552,8 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
         """Logits of a whole target prefix, causally masked, no cache: tgt_in (B, T) -> (B, T, V)."""
-        states, _, _ = self.decoder(tgt_in, memory.extra["cross_kv"], memory.pad_mask, memory_bias=memory.extra["bias"])
+        states, _, _ = self.decoder(tgt_in, memory.extra["cross_kv"], memory.pad_mask,
+                                    memory_bias=memory.extra["bias"])
         return self.output(states)
 
     def init_state(self, memory: Memory, *, max_len: int | None = None) -> TransformerState:
