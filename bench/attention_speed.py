@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.models.masks import attention_bias
+from nmt.models.masks import attention_bias, causal_mask, pad_mask_from_lengths
 from nmt.models.transformer import attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -66,12 +66,12 @@ def _backend(kernel: str):
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[kernel]
 
 
-def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, pad: Tensor, bias: Tensor,
+def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor,
           dropout: float) -> Callable[[], Tensor]:
-    """One attention call of `kind` by `kernel`, as a function of nothing (the inputs are fixed)."""
+    """One attention call of `kind` by `kernel`, as a function of nothing (the inputs are fixed): the manual
+    path takes the boolean `mask`, torch's kernels the padding `bias` or `is_causal`."""
     causal = kind == "causal"
     if kernel == "manual":
-        mask = torch.ones(q.size(2), q.size(2), dtype=torch.bool, device=q.device).triu(1) if causal else pad
         return lambda: attention(q, k, v, mask, dropout)[0]
     from torch.nn.attention import sdpa_kernel
 
@@ -99,8 +99,9 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
     grad = torch.randn(shape, generator=g).to(device, dtype)
     lengths = torch.randint(max(1, (7 * length + 9) // 10), length + 1, (B,), generator=g)
     lengths[0] = length  # the longest sentence fills the bucket
-    pad = (torch.arange(length)[None, :] >= lengths[:, None]).to(device)[:, None, None, :]  # (B, 1, 1, L)
+    pad = pad_mask_from_lengths(lengths, length).to(device)[:, None, None, :]  # (B, 1, 1, L)
     bias = attention_bias(pad, dtype)
+    mask = causal_mask(length, device=device) if kind == "causal" else pad
     flops = 12 * B * heads * length * length * head_dim * (0.5 if kind == "causal" else 1.0)
 
     def outputs(fn: Callable[[], Tensor]) -> list[Tensor]:
@@ -111,16 +112,14 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
         return [x.detach().float() for x in (out, q.grad, k.grad, v.grad)]
 
     # the reference: the manual path in fp32 without dropout, on the same inputs
-    with torch.no_grad():
-        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    mask = torch.ones(length, length, dtype=torch.bool, device=device).triu(1) if kind == "causal" else pad
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref_out = attention(q32, k32, v32, mask)[0]
     ref_out.backward(grad.float())
     reference = [ref_out.detach(), q32.grad, k32.grad, v32.grad]
 
     for kernel in kernels:
         row = Row(length=length, kind=kind, kernel=kernel, sentences=B)
-        fn = _call(kernel, kind, q, k, v, pad, bias, dropout)
+        fn = _call(kernel, kind, q, k, v, mask, bias, dropout)
         try:
             with warnings.catch_warnings(record=True) as why:  # torch warns why a backend cannot take a case
                 warnings.simplefilter("always")
