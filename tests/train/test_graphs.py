@@ -131,13 +131,13 @@ class TracedUpdates(UpdateGraphs):
                  *(v for s in t.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
                  *((self.sums,) if self.in_parts else ())]
         saved, rng = [x.detach().clone() for x in state], torch.get_rng_state()
-        shapes = []
-        traced = make_fx(lambda: _noting_shape(update_(), shapes))()
+        outputs = []
+        traced = make_fx(lambda: _noting_output(update_(), outputs))()
         with torch.no_grad():
             for x, value in zip(state, saved, strict=True):
                 x.copy_(value)
         torch.set_rng_state(rng)
-        results = torch.empty(shapes[0])
+        results = torch.empty_like(outputs[0])  # on the update's device, as a recording's results are
 
         def replay() -> None:
             with torch.no_grad():  # the recorded operations hold the backward pass already
@@ -146,8 +146,8 @@ class TracedUpdates(UpdateGraphs):
         return replay, results
 
 
-def _noting_shape(x: torch.Tensor, shapes: list) -> torch.Tensor:
-    shapes.append(x.shape)
+def _noting_output(x: torch.Tensor, outputs: list) -> torch.Tensor:
+    outputs.append(x)
     return x
 
 

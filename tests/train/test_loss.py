@@ -118,7 +118,9 @@ def test_bf16_logits_on_a_gpu_are_scored_as_on_the_cpu_in_fewer_passes():
     target = torch.randint(0, 8000, (2, 300))
     results = {}
     for device in ("cpu", "cuda"):
-        x = logits.to(device).requires_grad_()
+        # a leaf of its own on each device: without the copy, `to("cpu")` returns `logits` itself, whose
+        # `requires_grad_` would make the CUDA copy a non-leaf, with no `.grad`
+        x = logits.to(device, copy=True).requires_grad_()
         out = label_smoothed_loss(x, target.to(device), pad_id=0, smoothing=0.1)
         with OpCounter() as backward:
             out.loss.backward()
