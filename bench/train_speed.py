@@ -2,7 +2,7 @@
 
     python bench/train_speed.py configs/multi30k_transformer.yaml \\
         [--shapes config,base] [--precisions fp32,bf16,bf16-autocast] [--compile off,on,reduce-overhead] \\
-        [--update-graphs off,on] [--steps 30] [--warmup 5] [--reference] [--attention flash,efficient,math] \\
+        [--update-graphs off,on] [--steps 30] [--warmup 5] [--reference] [--attention efficient,flash,math] \\
         [--json results.json] [--set k=v ...]
 
 Each row trains one model shape at one precision, eager or compiled, on the same
@@ -72,7 +72,14 @@ from nmt.config import load_config
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
 from nmt.models import count_parameters
-from nmt.runtime import Dist, enable_fast_math, pick_device, seed_everything
+from nmt.runtime import (
+    ATTENTION_KERNELS,
+    Dist,
+    enable_fast_math,
+    pick_device,
+    seed_everything,
+    set_attention_kernels,
+)
 from nmt.train.data import (
     batch_padding,
     build_sampler,
@@ -308,9 +315,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="After each row's timing, profile N more updates: top operators, kernels per update.")
     ap.add_argument("--trace", type=Path, default=None, help="With --profile: a Chrome trace per row in this folder.")
     ap.add_argument("--work", default="runs/bench", help="Where the tokenizer and data caches go (one folder per config).")
-    ap.add_argument("--attention", default="flash,efficient,math",
-                    help="On CUDA, the scaled_dot_product_attention kernels allowed, comma-separated: flash, "
-                         "efficient, math, cudnn (default: those training allows). `math` alone leaves attention "
+    ap.add_argument("--attention", default=",".join(ATTENTION_KERNELS),
+                    help="On CUDA, the scaled_dot_product_attention kernels allowed, comma-separated, in the order "
+                         "torch tries them: flash, efficient, math, cudnn (default: training's, "
+                         "nmt.runtime.ATTENTION_KERNELS). `math` alone leaves attention "
                          "to plain matrix products and softmax, which a compiled row fuses. `cudnn` (which torch "
                          "prefers where allowed) plans every new shape once, a cost that static batch shapes pay "
                          "only once per length bucket.")
@@ -324,13 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     enable_fast_math(device)
     if not set(args.update_graphs.split(",")) <= {"off", "on"}:
         ap.error(f"--update-graphs {args.update_graphs!r}: use off, on or off,on")
-    kernels = set(args.attention.split(","))
-    if not kernels <= {"flash", "efficient", "math", "cudnn"}:  # an empty choice is {""}
-        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math, cudnn")
-    torch.backends.cuda.enable_cudnn_sdp("cudnn" in kernels)
-    torch.backends.cuda.enable_flash_sdp("flash" in kernels)
-    torch.backends.cuda.enable_mem_efficient_sdp("efficient" in kernels)
-    torch.backends.cuda.enable_math_sdp("math" in kernels)
+    kernels = args.attention.split(",")
+    if not set(kernels) <= {"flash", "efficient", "math", "cudnn"} or len(set(kernels)) < len(kernels):
+        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math, cudnn, "
+                 "each once, in the order to try them")
+    set_attention_kernels(kernels)
     run_dir = Path(args.work) / Path(args.config).stem
     run_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_run(cfg, run_dir)

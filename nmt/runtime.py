@@ -66,8 +66,47 @@ def _local_gpu() -> torch.device:
     return torch.device("cuda", rank)
 
 
+ATTENTION_KERNELS = ("efficient", "flash", "math")
+"""The `scaled_dot_product_attention` kernels nmt allows on a GPU, in the order torch tries them (the first that
+accepts a call runs it); cuDNN's is left out.
+
+Flash attention accepts only calls without a mask: here the decoder's causal self-attention (the others carry a
+padding bias, which only the memory-efficient and plain kernels take). On translation's short sentences it was
+the slower of the two for those calls. On an H200 in bf16, one causal call's forward and backward at
+Transformer-base's batches of 32,768 positions took 1.91 ms with flash against 0.86 ms with the memory-efficient
+kernel at 16 positions a sentence, 1.09 / 0.58 ms at 32, 0.74 / 0.48 ms at 64 and 0.52 / 0.51 ms at 128
+(`bench/attention_speed.py`, 2026-11-27). In the profile of a recorded Multi30k update, flash's backward took 73 us
+a call and the memory-efficient kernel's, with its padding bias, 36 us. Flash stays second, for what the other
+refuses."""
+
+
+def _backends(names: Sequence[str]) -> list[Any]:
+    from torch.nn.attention import SDPBackend
+
+    members = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    return [members[name] for name in names]
+
+
+def _ordered() -> bool:
+    """Whether this torch lets the kernels' order be chosen (2.6 on); before it, flash comes first."""
+    return hasattr(torch._C, "_set_sdp_priority_order")
+
+
+def set_attention_kernels(names: Sequence[str] = ATTENTION_KERNELS) -> None:
+    """For the whole process: `scaled_dot_product_attention` may use the kernels `names` and no other, tried in
+    that order where this torch lets the order be chosen (`ATTENTION_KERNELS` by default)."""
+    torch.backends.cuda.enable_cudnn_sdp("cudnn" in names)
+    torch.backends.cuda.enable_flash_sdp("flash" in names)
+    torch.backends.cuda.enable_mem_efficient_sdp("efficient" in names)
+    torch.backends.cuda.enable_math_sdp("math" in names)
+    if _ordered():
+        first = [int(b) for b in _backends(names)]
+        torch._C._set_sdp_priority_order(first + [b for b in torch._C._get_sdp_priority_order() if b not in first])
+
+
 def enable_fast_math(device: torch.device) -> None:
-    """TF32 matrix products and `attention_kernels`' choice, for the whole process, on GPUs (a no-op elsewhere).
+    """TF32 matrix products and `ATTENTION_KERNELS`, for the whole process, on GPUs (a no-op elsewhere).
 
     Training sets this once; inference (`inference`) makes the same kernel choice for
     its block only, and keeps full fp32 matrix products, so that fp32 translations on
@@ -76,14 +115,11 @@ def enable_fast_math(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        torch.backends.cuda.enable_flash_sdp(True)
-        torch.backends.cuda.enable_mem_efficient_sdp(True)
-        torch.backends.cuda.enable_math_sdp(True)
+        set_attention_kernels()
 
 
 def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
-    """Within the block, `scaled_dot_product_attention` on a GPU uses flash, memory-efficient or plain kernels.
+    """Within the block, `scaled_dot_product_attention` on a GPU uses `ATTENTION_KERNELS`, in their order.
 
     Left to itself, torch may pick cuDNN's attention for bf16/fp16 on recent GPUs;
     cuDNN builds a new execution plan for every new (batch, length) shape, and both
@@ -95,9 +131,11 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     """
     if device.type != "cuda":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    if _ordered():
+        return sdpa_kernel(_backends(ATTENTION_KERNELS), set_priority=True)
+    return sdpa_kernel(_backends(ATTENTION_KERNELS))
 
 
 def warn_if_slow_precision(device: torch.device, precision: str, where: str) -> None:

@@ -21,6 +21,7 @@ from nmt.runtime import (
     pick_device,
     reduce_on_device,
 )
+from tests.op_counts import OpCounter
 
 
 @pytest.mark.parametrize(("local_rank", "local_world_size", "device_count"), [
@@ -151,6 +152,29 @@ def sdpa_flags() -> dict[str, bool]:
     return {name: enabled() for name, enabled in SDPA_FLAGS.items()}
 
 
+def kernel_order() -> list[str]:
+    """The kernels torch tries, in its order (torch 2.6 on; flash first before)."""
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend(b).name for b in torch._C._get_sdp_priority_order()]
+
+
+ordered = pytest.mark.skipif(not hasattr(torch._C, "_get_sdp_priority_order"),
+                             reason="this torch tries the attention kernels in a fixed order (before 2.6)")
+
+
+@pytest.fixture
+def restored_kernels():
+    """The process-wide attention flags, their order and TF32 as they were before the test."""
+    from torch.nn.attention import _cur_sdpa_kernel_backends as current
+    from torch.nn.attention import sdpa_kernel
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with sdpa_kernel(current(with_priority=True), set_priority=True):
+        yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
 def test_attention_kernels_leave_cudnn_out_on_a_gpu_for_the_block_only():
     # The flags are process-wide and settable without a GPU; the choice is what a GPU would run.
     before = sdpa_flags()
@@ -160,6 +184,37 @@ def test_attention_kernels_leave_cudnn_out_on_a_gpu_for_the_block_only():
     assert sdpa_flags() == before
     with runtime.attention_kernels(torch.device("cpu")):
         assert sdpa_flags() == before  # off CUDA nothing changes
+
+
+@ordered
+def test_a_gpu_tries_the_memory_efficient_kernel_before_flash_in_training_and_inference_blocks(restored_kernels):
+    before = kernel_order()
+    assert before.index("FLASH_ATTENTION") < before.index("EFFICIENT_ATTENTION"), "torch's default order changed"
+    with runtime.attention_kernels(torch.device("cuda", 0)):
+        assert kernel_order()[:3] == ["EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH"]
+    assert kernel_order() == before  # for the block only
+    runtime.enable_fast_math(torch.device("cpu"))
+    assert kernel_order() == before  # off CUDA nothing changes
+    runtime.enable_fast_math(torch.device("cuda", 0))  # training: for the whole process
+    assert kernel_order()[:3] == ["EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH"]
+    assert sdpa_flags() == {"cudnn": False, "flash": True, "efficient": True, "math": True}
+    runtime.set_attention_kernels(["cudnn", "flash"])  # what bench/train_speed.py --attention asks for
+    assert kernel_order()[:2] == ["CUDNN_ATTENTION", "FLASH_ATTENTION"] and sorted(kernel_order()) == sorted(before)
+    assert sdpa_flags() == {"cudnn": True, "flash": True, "efficient": False, "math": False}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_training_on_a_gpu_runs_short_attention_calls_with_the_memory_efficient_kernel(restored_kernels, causal):
+    """Causal calls without a mask, which flash would take first, and calls with a padding bias, which it refuses."""
+    runtime.enable_fast_math(torch.device("cuda"))
+    q, k, v = (torch.randn(64, 8, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    bias = None if causal else torch.zeros(64, 1, 1, 16, device="cuda", dtype=torch.bfloat16)
+    with OpCounter() as ops:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal).sum().backward()
+    assert ops.counts["_scaled_dot_product_efficient_attention"] == 1, ops.counts
+    assert ops.counts["_scaled_dot_product_efficient_attention_backward"] == 1, ops.counts
+    assert not any("flash" in name for name in ops.counts), ops.counts
 
 
 def test_inference_blocks_choose_the_attention_kernels_of_the_model_device():

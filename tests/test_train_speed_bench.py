@@ -67,7 +67,7 @@ def test_the_train_speed_bench_refuses_an_unknown_attention_kernel_in_one_line()
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == ("train_speed.py: error: --attention 'math,xformers': use a comma-separated "
-                                            "choice of flash, efficient, math, cudnn")
+                                            "choice of flash, efficient, math, cudnn, each once, in the order to try them")
 
 
 def test_the_host_phases_are_the_labelled_ranges_per_step_longest_first():
