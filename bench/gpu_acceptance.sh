@@ -7,8 +7,11 @@
 # (15 minutes, the machine's start included) holds one long stage and perhaps a short one. multi30k ran
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
-# auto now chooses). Run updates next, then experiments (TRAIN_SECONDS=240 where they share a session),
-# updates-compiled, graphs, speed, multi30k (again, with CUDA graphs), tests and compiled. Stages:
+# auto now chooses); updates (its speed rows, to the Transformer-base ones) and experiments (TRAIN_SECONDS=240)
+# on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, its GPU tests, the toy
+# trainings), then updates-compiled, graphs, speed, multi30k (again, with update graphs), tests and compiled.
+# Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
+# is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
 #
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
@@ -22,13 +25,13 @@
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
-#   updates    attention's kernels alone at the batches of Transformer-base and the Multi30k shape
-#              (bench/attention_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
+#   updates    flash and memory-efficient attention alone at Transformer-base's batches of 64 to 512
+#              positions (bench/attention_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
 #              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
-#              bf16, with profiles; Transformer-base in bf16 with it, then with attention left to plain
-#              matrix products (--attention math); then a toy training with it, resumed, and one
-#              with train.accumulate 2                                                  (about 8 min)
+#              bf16, with profiles; Transformer-base in bf16 with it; the bf16 rows again with flash
+#              attention tried first, torch's order (--attention flash,efficient,math); then a toy training
+#              with it, resumed, and one with train.accumulate 2                         (about 7 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
 #              attention as plain matrix products (--attention math)                     (about 8 min)
@@ -71,6 +74,14 @@ git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
 # stdout).
 export PYTHONFAULTHANDLER=1 PYTHONUNBUFFERED=1
 log() { echo "== $*" | tee -a "$out/$stage.log"; }
+# the device tool brings back at most 8 files: there, everything but the log goes into one archive at the end
+pack() {
+  [[ -n ${OUT:-} && $(realpath "$out") == $(realpath "$OUT") ]] || return 0
+  local files; mapfile -t files < <(cd "$out" && ls -A | grep -vx -e "$stage.log" -e "$stage-files.tar.gz")
+  ((${#files[@]})) && tar -C "$out" -czf "$out/$stage-files.tar.gz" "${files[@]}" && (cd "$out" && rm -rf -- "${files[@]}")
+  return 0
+}
+trap pack EXIT
 run() {
   log "$*"
   "$@" 2>&1 | tee -a "$out/$stage.log"
@@ -118,12 +129,12 @@ case $stage in
       --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \
       ${TRAIN_ARGS:-} ;;
   updates)
-    # attention alone, each kernel, at Transformer-base's and the Multi30k shape's batches (about 30 s): which
-    # kernel short sentences want (Transformer-base's took more GPU time than its largest matrix products)
-    run "$py" bench/attention_speed.py --device "$device" --json "$out/attention_base.json"
-    run "$py" bench/attention_speed.py --device "$device" --tokens 4096 --heads 4 --layers 3,3 \
-      --json "$out/attention_multi30k.json"
-    run "$py" -m pytest -q -rs tests/train/test_loss.py  # bf16 logits read by the softmax kernels themselves
+    # flash against the memory-efficient kernel at longer sentences than Multi30k's, at Transformer-base's batches:
+    # the latter, which training tries first, was faster from 16 to 64 positions and even at 128 (H200, 2026-11-27)
+    run "$py" bench/attention_speed.py --device "$device" --lengths 64,128,256,512 --kernels flash,efficient \
+      --json "$out/attention_long.json"
+    # bf16 logits read by the softmax kernels themselves; training's attention kernels in their order
+    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
@@ -132,14 +143,14 @@ case $stage in
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs on --steps $steps --set train.length_buckets=multiple \
       --json "$out/updates_multiple.json" ${TRAIN_ARGS:-}
-    # Transformer-base with them, then with attention as plain matrix products and softmax: its flash and
-    # memory-efficient kernels took more GPU time than its largest matrix products on these short sentences
-    # (H200, 2026-11-26)
+    # Transformer-base with them
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
       --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --attention math --steps $steps --profile 5 \
-      --json "$out/updates_base_math.json" ${TRAIN_ARGS:-}
+    # the bf16 rows with torch's order, flash before the memory-efficient kernel (training's is the other way
+    # round, nmt.runtime.ATTENTION_KERNELS): what the decoder's causal self-attention gains from it
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
+      --compile off --update-graphs on --attention flash,efficient,math --steps $steps \
+      --json "$out/updates_flash_first.json" ${TRAIN_ARGS:-}
     for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
       run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates --set train.device=$device \
         --set train.cuda_graphs=true --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
