@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,21 @@ def test_the_gpu_busy_time_counts_overlapping_kernels_once():
     assert covered([(5, 7), (0, 2)]) == 4  # apart, in any order
     assert covered([(0, 4), (1, 2), (3, 6)]) == 6  # one inside another, one overlapping its end
     assert covered([(0, 2), (2, 3)]) == 3  # touching
+
+
+@pytest.mark.gpu
+def test_the_gpu_busy_time_leaves_out_the_idle_gaps_inside_a_labelled_range():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from profiling import Profile
+
+    x = torch.randn(1 << 20, device="cuda")
+    with Profile(x.device) as prof, torch.profiler.record_function("nmt.forward_backward"):
+        x.mul_(2)
+        torch.cuda.synchronize()
+        time.sleep(0.2)  # the GPU idles here, inside the range
+        x.mul_(2)
+    assert prof.kernels() == 2
+    assert prof.kernel_seconds() < 0.05 < 0.2 < prof.seconds
 
 
 @pytest.mark.slow  # trains the toy tokenizer first (about 15 s here); CI runs it with make test-slow
