@@ -271,14 +271,17 @@ def test_a_recorded_update_draws_new_dropout_masks_at_every_replay():
 
 
 def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int = 1) -> int:
-    """`nmt.train.loop.train` of the tiny config with static batch shapes (two), updates recorded by
-    `TracedUpdates` or eager; the number of updates recorded."""
+    """`nmt.train.loop.train` of the tiny config with static batch shapes (two), eager or with recorded
+    updates: on a GPU CUDA graphs (`train.cuda_graphs`), on a CPU `TracedUpdates`; the number of updates
+    recorded."""
+    on_gpu = torch.cuda.is_available()
     raw = tiny_raw(corpus, run_dir, max_steps=max_steps, valid_every=10, log_every=5, pad_to_multiple=32,
-                   length_buckets="multiple", batch_shapes="static", eps=1e-6, accumulate=accumulate)
+                   length_buckets="multiple", batch_shapes="static", eps=1e-6, accumulate=accumulate,
+                   cuda_graphs=recorded and on_gpu)
     raw["model"]["transformer"]["dropout"] = 0.0
     cfg = config_from_dict(raw)
     run = build_run(cfg)
-    if recorded:  # what prepare_step does on CUDA, with the CPU's stand-in for the graphs
+    if recorded and not on_gpu:  # what prepare_step does on CUDA, with the CPU's stand-in for the graphs
         run.trainable.update_graphs = TracedUpdates(run.trainable, replace(cfg.train, cuda_graphs=True), run.device)
     try:
         train_run(run)
