@@ -26,7 +26,8 @@
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
 #   updates    flash and memory-efficient attention alone at Transformer-base's batches of 64 to 512
-#              positions (bench/attention_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
+#              positions (bench/attention_speed.py); the column sums of the gradients, each way
+#              (bench/reduction_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
 #              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
 #              bf16, with profiles; Transformer-base in bf16 with it; the bf16 rows again with flash
@@ -133,7 +134,13 @@ case $stage in
     # the latter, which training tries first, was faster from 16 to 64 positions and even at 128 (H200, 2026-11-27)
     run "$py" bench/attention_speed.py --device "$device" --lengths 64,128,256,512 --kernels flash,efficient \
       --json "$out/attention_long.json"
-    # bf16 logits read by the softmax kernels themselves; training's attention kernels in their order
+    # the gradients that are column sums (Linear biases, LayerNorm weights and biases), each way, at the
+    # Multi30k shape's and Transformer-base's widths: autograd's bias sums took 9% of a recorded bf16 update
+    run "$py" bench/reduction_speed.py --device "$device" --json "$out/reduction.json"
+    run "$py" bench/reduction_speed.py --device "$device" --shape base --json "$out/reduction_base.json"
+    # bf16 logits read by the softmax kernels themselves (where this torch's do); training's attention order
+    run "$py" -c "import torch, nmt.train.loss as l; x = torch.randn(4, 8, device='$device', dtype=torch.bfloat16)
+l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 themselves:', l._READS_HALF.get(torch.bfloat16, x.is_cuda))"
     run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
