@@ -41,6 +41,7 @@ from torch import Tensor
 
 from nmt.models.masks import attention_bias, causal_mask, pad_mask_from_lengths
 from nmt.models.transformer import attention
+from nmt.runtime import sdpa_backends
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KERNELS = ("flash", "efficient", "math", "manual", "cudnn")  # cuDNN last: a crash there loses no other row
@@ -59,13 +60,6 @@ class Row:
     refused: str | None = None  # why the kernel did not run
 
 
-def _backend(kernel: str):
-    from torch.nn.attention import SDPBackend
-
-    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[kernel]
-
-
 def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor,
           dropout: float) -> Callable[[], Tensor]:
     """One attention call of `kind` by `kernel`, as a function of nothing (the inputs are fixed): the manual
@@ -75,7 +69,7 @@ def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
         return lambda: attention(q, k, v, mask, dropout)[0]
     from torch.nn.attention import sdpa_kernel
 
-    backend = _backend(kernel)
+    (backend,) = sdpa_backends([kernel])
 
     def run() -> Tensor:
         with sdpa_kernel([backend]):

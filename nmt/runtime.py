@@ -80,7 +80,8 @@ a call and the memory-efficient kernel's, with its padding bias, 36 us. Flash st
 refuses."""
 
 
-def _backends(names: Sequence[str]) -> list[Any]:
+def sdpa_backends(names: Sequence[str]) -> list[Any]:
+    """torch's `SDPBackend` of each kernel name: flash, efficient, math, cudnn."""
     from torch.nn.attention import SDPBackend
 
     members = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -101,7 +102,7 @@ def set_attention_kernels(names: Sequence[str] = ATTENTION_KERNELS) -> None:
     torch.backends.cuda.enable_mem_efficient_sdp("efficient" in names)
     torch.backends.cuda.enable_math_sdp("math" in names)
     if _ordered():
-        first = [int(b) for b in _backends(names)]
+        first = [int(b) for b in sdpa_backends(names)]
         torch._C._set_sdp_priority_order(first + [b for b in torch._C._get_sdp_priority_order() if b not in first])
 
 
@@ -134,8 +135,8 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     from torch.nn.attention import sdpa_kernel
 
     if _ordered():
-        return sdpa_kernel(_backends(ATTENTION_KERNELS), set_priority=True)
-    return sdpa_kernel(_backends(ATTENTION_KERNELS))
+        return sdpa_kernel(sdpa_backends(ATTENTION_KERNELS), set_priority=True)
+    return sdpa_kernel(sdpa_backends(ATTENTION_KERNELS))
 
 
 def warn_if_slow_precision(device: torch.device, precision: str, where: str) -> None:
