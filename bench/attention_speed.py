@@ -1,7 +1,7 @@
 """Attention's forward and backward time for each kernel, at the shapes of a token-budget batch.
 
     python bench/attention_speed.py [--device cuda] [--dtype bf16] [--tokens 32768] [--heads 8] [--head-dim 64]
-        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,cudnn] [--dropout 0.0]
+        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,varlen,cudnn] [--dropout 0.0]
         [--layers 6,6] [--steps 20] [--json FILE]
 
 A batch of `tokens` positions in sentences of L positions holds B = tokens // L sentences, and each
@@ -17,17 +17,23 @@ call a training update makes:
     causal   the decoder's self-attention (`is_causal`, no padding mask: targets are right-padded)
 
 with each kernel alone: torch's `scaled_dot_product_attention` restricted to one backend (flash,
-efficient, cudnn, math), and `manual`, nmt's own `attention` (the model's `attention_impl: manual`).
-A kernel that refuses a case (flash takes no padding bias; off CUDA only flash and math exist) is
-reported with torch's reason. `max diff` is the largest difference of a kernel's output and input
-gradients from the manual path's, in units of the largest manual value: a kernel that computes
-something else shows here. `update ms` sums, per kernel, what one training update of a Transformer of
+efficient, cudnn, math), `manual`, nmt's own `attention` (the model's `attention_impl: manual`), and
+`varlen`, torch's variable-length flash attention (`torch.nn.attention.varlen`) over the batch packed
+without its padding, every sentence's real positions one after another, each attending within its own
+sentence: what attention would cost a model that kept its activations packed. Its row times the packing
+and unpacking too, which such a model would not pay. A kernel that refuses a case (flash takes no
+padding bias; off CUDA only flash and math exist) is reported with torch's reason. Outputs at padded
+query positions are no one's concern (a model's later layers mask them, and the loss never sees them),
+so their gradients are zero and they are not compared. `max diff` is the largest difference of a
+kernel's output and input gradients from the manual path's, in units of the largest manual value: a
+kernel that computes something else shows here. `update ms` sums, per kernel, what one training update of a Transformer of
 `--layers` E,D (encoder, decoder) spends: E + D padded calls and D causal ones, forward and backward.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -44,7 +50,7 @@ from nmt.models.transformer import attention
 from nmt.runtime import sdpa_backends
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KERNELS = ("flash", "efficient", "math", "manual", "cudnn")  # cuDNN last: a crash there loses no other row
+KERNELS = ("flash", "efficient", "math", "manual", "varlen", "cudnn")  # cuDNN last: a crash there loses no other row
 
 
 @dataclass
@@ -61,12 +67,15 @@ class Row:
 
 
 def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor,
-          dropout: float) -> Callable[[], Tensor]:
+          lengths: Tensor, dropout: float) -> Callable[[], Tensor]:
     """One attention call of `kind` by `kernel`, as a function of nothing (the inputs are fixed): the manual
-    path takes the boolean `mask`, torch's kernels the padding `bias` or `is_causal`."""
+    path takes the boolean `mask`, torch's kernels the padding `bias` or `is_causal`, varlen the sentences'
+    `lengths`."""
     causal = kind == "causal"
     if kernel == "manual":
         return lambda: attention(q, k, v, mask, dropout)[0]
+    if kernel == "varlen":
+        return _varlen(causal, q, k, v, lengths, dropout)
     from torch.nn.attention import sdpa_kernel
 
     (backend,) = sdpa_backends([kernel])
@@ -75,6 +84,32 @@ def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else bias, dropout_p=dropout,
                                                   is_causal=causal)
+    return run
+
+
+def _varlen(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, dropout: float) -> Callable[[], Tensor]:
+    """Variable-length attention over q, k, v (B, H, L, Dh) packed without the padding past each sentence's
+    length, its output unpacked to (B, H, L, Dh) with zeros at padded positions."""
+    if dropout:
+        raise RuntimeError("varlen attention takes no dropout")
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as e:
+        raise RuntimeError(f"this torch has no variable-length attention ({e})") from e
+    B, H, L, Dh = q.shape
+    rows = (~pad_mask_from_lengths(lengths, L)).flatten().nonzero().squeeze(1).to(q.device)  # packed -> padded
+    starts = F.pad(lengths.cumsum(0), (1, 0)).to(q.device, torch.int32)  # each sentence's first packed row
+    options = {}
+    if causal:  # older torch: is_causal; newer: a window of all the positions before and none after
+        options = ({"is_causal": True} if "is_causal" in inspect.signature(varlen_attn).parameters
+                   else {"window_size": (-1, 0)})
+
+    def pack(x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(B * L, H, Dh).index_select(0, rows)  # (real positions, H, Dh)
+
+    def run() -> Tensor:
+        out = varlen_attn(pack(q), pack(k), pack(v), starts, starts, L, L, **options)
+        return out.new_zeros(B * L, H, Dh).index_copy(0, rows, out).view(B, L, H, Dh).transpose(1, 2)
     return run
 
 
@@ -93,9 +128,13 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
     grad = torch.randn(shape, generator=g).to(device, dtype)
     lengths = torch.randint(max(1, (7 * length + 9) // 10), length + 1, (B,), generator=g)
     lengths[0] = length  # the longest sentence fills the bucket
+    if kind == "causal":  # targets are right-padded: the causal mask alone, every sentence full length
+        lengths.fill_(length)
     pad = pad_mask_from_lengths(lengths, length).to(device)[:, None, None, :]  # (B, 1, 1, L)
     bias = attention_bias(pad, dtype)
     mask = causal_mask(length, device=device) if kind == "causal" else pad
+    real = (~pad).transpose(2, 3)  # (B, 1, L, 1): the queries a model's loss depends on
+    grad = grad * real
     flops = 12 * B * heads * length * length * head_dim * (0.5 if kind == "causal" else 1.0)
 
     def outputs(fn: Callable[[], Tensor]) -> list[Tensor]:
@@ -103,17 +142,17 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
             t.grad = None
         out = fn()
         out.backward(grad)
-        return [x.detach().float() for x in (out, q.grad, k.grad, v.grad)]
+        return [x.detach().float() for x in (out * real, q.grad, k.grad, v.grad)]
 
     # the reference: the manual path in fp32 without dropout, on the same inputs
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref_out = attention(q32, k32, v32, mask)[0]
     ref_out.backward(grad.float())
-    reference = [ref_out.detach(), q32.grad, k32.grad, v32.grad]
+    reference = [ref_out.detach() * real, q32.grad, k32.grad, v32.grad]
 
     for kernel in kernels:
         row = Row(length=length, kind=kind, kernel=kernel, sentences=B)
-        fn = _call(kernel, kind, q, k, v, mask, bias, dropout)
+        fn = _call(kernel, kind, q, k, v, mask, bias, lengths, dropout)
         try:
             with warnings.catch_warnings(record=True) as why:  # torch warns why a backend cannot take a case
                 warnings.simplefilter("always")

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "attention_speed.py"
@@ -57,5 +59,35 @@ def test_a_bad_kernel_choice_is_one_line() -> None:
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--kernels", "flash,triton"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, cudnn" in proc.stderr
+    assert ("--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, varlen, cudnn"
+            in proc.stderr)
     assert "Traceback" not in proc.stderr
+
+
+def _sentence_by_sentence(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1)):
+    """torch's `varlen_attn` (CUDA only) as its documentation defines it, on a CPU: each sentence of the
+    packed rows attends within itself, causally for the window (-1, 0)."""
+    out = torch.empty_like(query)
+    for i in range(cu_seq_q.numel() - 1):
+        q0, q1, k0, k1 = int(cu_seq_q[i]), int(cu_seq_q[i + 1]), int(cu_seq_k[i]), int(cu_seq_k[i + 1])
+        q, k, v = (x.transpose(0, 1) for x in (query[q0:q1], key[k0:k1], value[k0:k1]))  # (H, n, Dh)
+        out[q0:q1] = F.scaled_dot_product_attention(q, k, v, is_causal=window_size == (-1, 0)).transpose(0, 1)
+    return out
+
+
+def test_the_varlen_rows_pack_each_sentence_without_its_padding(monkeypatch, tmp_path: Path) -> None:
+    """The packing, the sentences' starts and the causal window, checked against the manual path with a CPU
+    stand-in for the CUDA kernel; on a CPU the real kernel refuses, as a row with torch's reason."""
+    import torch.nn.attention.varlen as varlen
+
+    bench, out = _bench(), tmp_path / "rows.json"
+    args = ["--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--heads", "2", "--head-dim", "8",
+            "--lengths", "8,12", "--kernels", "manual,varlen", "--steps", "1", "--json", str(out)]
+    bench.main(args)
+    refused = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "varlen"]
+    assert len(refused) == 4 and all(r["ms"] is None and "CPU" in r["refused"] for r in refused)
+    monkeypatch.setattr(varlen, "varlen_attn", _sentence_by_sentence)
+    bench.main(args)
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "varlen"]
+    assert {(r["length"], r["kind"]) for r in rows} == {(L, kind) for L in (8, 12) for kind in ("padded", "causal")}
+    assert all(r["refused"] is None and r["ms"] > 0 and r["max_diff"] < 1e-5 for r in rows), rows
