@@ -47,9 +47,9 @@ from torch import Tensor
 
 from nmt.models.masks import attention_bias, causal_mask, pad_mask_from_lengths
 from nmt.models.transformer import attention
-from nmt.runtime import sdpa_backends
+from nmt.runtime import HALF_DTYPES, sdpa_backends
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, **HALF_DTYPES}
 KERNELS = ("flash", "efficient", "math", "manual", "varlen", "cudnn")  # cuDNN last: a crash there loses no other row
 
 
@@ -152,8 +152,9 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
 
     for kernel in kernels:
         row = Row(length=length, kind=kind, kernel=kernel, sentences=B)
-        fn = _call(kernel, kind, q, k, v, mask, bias, lengths, dropout)
+        why: list = []
         try:
+            fn = _call(kernel, kind, q, k, v, mask, bias, lengths, dropout)  # varlen may refuse here already
             with warnings.catch_warnings(record=True) as why:  # torch warns why a backend cannot take a case
                 warnings.simplefilter("always")
                 first = outputs(fn)

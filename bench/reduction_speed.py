@@ -35,13 +35,14 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor, nn
+from train_speed import BASE  # bench/train_speed.py, beside this script
 
 from nmt.config import load_config
 from nmt.models import build_model
+from nmt.runtime import HALF_DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-BASE = {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "ff_dim": 2048}
-WAYS = {"bias": ("sum", "mv"), "norm": ("native", "sums", "mv")}
+DTYPES = {"fp32": torch.float32, **HALF_DTYPES}
+KINDS = ("bias", "norm")
 
 
 @dataclass
@@ -57,7 +58,7 @@ class Row:
 
 def widths(model: nn.Module) -> dict[str, collections.Counter[int]]:
     """How many Linear biases and LayerNorms of each width the model has."""
-    found: dict[str, collections.Counter[int]] = {"bias": collections.Counter(), "norm": collections.Counter()}
+    found: dict[str, collections.Counter[int]] = {kind: collections.Counter() for kind in KINDS}
     for m in model.modules():
         if isinstance(m, nn.Linear) and m.bias is not None:
             found["bias"][m.out_features] += 1
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
           + (" replayed as one CUDA graph" if device.type == "cuda" else ""))
     print(f"{'kind':<5} {'width':>6} {'layers':>6} {'way':<7} {'us':>8} {'GB/s':>7} {'max diff':>9}")
     rows: list[Row] = []
-    for kind in WAYS:
+    for kind in KINDS:
         for width, count in sorted(found[kind].items()):
             for row in measure(kind, width, count, tokens=tokens, dtype=DTYPES[args.dtype], steps=args.steps,
                                device=device):
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{row.kind:<5} {row.width:>6} {row.count:>6} {row.way:<7} {row.us:>8.1f} "
                       f"{row.gb_per_s:>7.0f} {row.max_diff:>9.1e}", flush=True)
     print("\nupdate ms: one update's sums, each of the model's layers once")
-    for kind, ways in WAYS.items():
+    for kind in KINDS:
+        ways = dict.fromkeys(r.way for r in rows if r.kind == kind)  # in the order measured
         print(f"  {kind}: " + ", ".join(f"{way} {update_ms(rows, kind, way):.3f}" for way in ways))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

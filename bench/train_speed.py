@@ -74,6 +74,7 @@ from nmt.errors import UserError
 from nmt.models import count_parameters
 from nmt.runtime import (
     ATTENTION_KERNELS,
+    SDPA_KERNELS,
     Dist,
     enable_fast_math,
     pick_device,
@@ -333,8 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     if not set(args.update_graphs.split(",")) <= {"off", "on"}:
         ap.error(f"--update-graphs {args.update_graphs!r}: use off, on or off,on")
     kernels = args.attention.split(",")
-    if not set(kernels) <= {"flash", "efficient", "math", "cudnn"} or len(set(kernels)) < len(kernels):
-        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of flash, efficient, math, cudnn, "
+    if not set(kernels) <= set(SDPA_KERNELS) or len(set(kernels)) < len(kernels):
+        ap.error(f"--attention {args.attention!r}: use a comma-separated choice of {', '.join(SDPA_KERNELS)}, "
                  "each once, in the order to try them")
     set_attention_kernels(kernels)
     run_dir = Path(args.work) / Path(args.config).stem

@@ -80,8 +80,12 @@ a call and the memory-efficient kernel's, with its padding bias, 36 us. Flash st
 refuses."""
 
 
+SDPA_KERNELS = ("flash", "efficient", "math", "cudnn")
+"""The names of torch's `scaled_dot_product_attention` kernels, as settings and benches spell them."""
+
+
 def sdpa_backends(names: Sequence[str]) -> list[Any]:
-    """torch's `SDPBackend` of each kernel name: flash, efficient, math, cudnn."""
+    """torch's `SDPBackend` of each kernel name (`SDPA_KERNELS`)."""
     from torch.nn.attention import SDPBackend
 
     members = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -97,10 +101,10 @@ def _ordered() -> bool:
 def set_attention_kernels(names: Sequence[str] = ATTENTION_KERNELS) -> None:
     """For the whole process: `scaled_dot_product_attention` may use the kernels `names` and no other, tried in
     that order where this torch lets the order be chosen (`ATTENTION_KERNELS` by default)."""
-    torch.backends.cuda.enable_cudnn_sdp("cudnn" in names)
-    torch.backends.cuda.enable_flash_sdp("flash" in names)
-    torch.backends.cuda.enable_mem_efficient_sdp("efficient" in names)
-    torch.backends.cuda.enable_math_sdp("math" in names)
+    enable = {"flash": torch.backends.cuda.enable_flash_sdp, "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+              "math": torch.backends.cuda.enable_math_sdp, "cudnn": torch.backends.cuda.enable_cudnn_sdp}
+    for name in SDPA_KERNELS:
+        enable[name](name in names)
     if _ordered():
         first = [int(b) for b in sdpa_backends(names)]
         torch._C._set_sdp_priority_order(first + [b for b in torch._C._get_sdp_priority_order() if b not in first])
