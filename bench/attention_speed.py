@@ -1,8 +1,8 @@
 """Attention's forward and backward time for each kernel, at the shapes of a token-budget batch.
 
     python bench/attention_speed.py [--device cuda] [--dtype bf16] [--tokens 32768] [--heads 8] [--head-dim 64]
-        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,varlen,cudnn] [--dropout 0.0]
-        [--layers 6,6] [--steps 20] [--json FILE]
+        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,varlen,packed,cudnn]
+        [--pack 128] [--dropout 0.0] [--layers 6,6] [--steps 20] [--json FILE]
 
 A batch of `tokens` positions in sentences of L positions holds B = tokens // L sentences, and each
 attention call of a Transformer sees (B, H, L, Dh) queries, keys and values. A call computes
@@ -20,8 +20,12 @@ with each kernel alone: torch's `scaled_dot_product_attention` restricted to one
 efficient, cudnn, math), `manual`, nmt's own `attention` (the model's `attention_impl: manual`), and
 `varlen`, torch's variable-length flash attention (`torch.nn.attention.varlen`) over the batch packed
 without its padding, every sentence's real positions one after another, each attending within its own
-sentence: what attention would cost a model that kept its activations packed. Its row times the packing
-and unpacking too, which such a model would not pay. A kernel that refuses a case (flash takes no
+sentence: what attention would cost a model that kept its activations packed. `packed` asks the same of
+a batch packed into rows: the sentences' real positions laid one after another into rows of `--pack`
+positions (a sentence never split across two rows), each attending within its own sentence through a
+block-diagonal bias, by the memory-efficient kernel (math off CUDA). It spends L^2-scale work on the
+whole row, in return for tiles a fused kernel fills. Both rows time the packing and unpacking too,
+which a model that kept its activations packed would not pay. A kernel that refuses a case (flash takes no
 padding bias; off CUDA only flash and math exist) is reported with torch's reason. Outputs at padded
 query positions are no one's concern (a model's later layers mask them, and the loss never sees them),
 so their gradients are zero and they are not compared. `max diff` is the largest difference of a
@@ -50,7 +54,7 @@ from nmt.models.transformer import attention
 from nmt.runtime import HALF_DTYPES, sdpa_backends
 
 DTYPES = {"fp32": torch.float32, **HALF_DTYPES}
-KERNELS = ("flash", "efficient", "math", "manual", "varlen", "cudnn")  # cuDNN last: a crash there loses no other row
+KERNELS = ("flash", "efficient", "math", "manual", "varlen", "packed", "cudnn")  # cuDNN last: a crash there loses no other row
 
 
 @dataclass
@@ -67,15 +71,17 @@ class Row:
 
 
 def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor,
-          lengths: Tensor, dropout: float) -> Callable[[], Tensor]:
+          lengths: Tensor, dropout: float, pack: int) -> Callable[[], Tensor]:
     """One attention call of `kind` by `kernel`, as a function of nothing (the inputs are fixed): the manual
-    path takes the boolean `mask`, torch's kernels the padding `bias` or `is_causal`, varlen the sentences'
-    `lengths`."""
+    path takes the boolean `mask`, torch's kernels the padding `bias` or `is_causal`, varlen and packed the
+    sentences' `lengths`, packed its rows of `pack` positions."""
     causal = kind == "causal"
     if kernel == "manual":
         return lambda: attention(q, k, v, mask, dropout)[0]
     if kernel == "varlen":
         return _varlen(causal, q, k, v, lengths, dropout)
+    if kernel == "packed":
+        return _packed(causal, q, k, v, lengths, dropout, pack)
     from torch.nn.attention import sdpa_kernel
 
     (backend,) = sdpa_backends([kernel])
@@ -113,13 +119,71 @@ def _varlen(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, drop
     return run
 
 
+def pack_rows(lengths: list[int], width: int) -> list[int]:
+    """The row of each sentence, laid in order into rows of `width` positions: a sentence that does not fit
+    in what is left of a row starts the next one (each is at most `width` long)."""
+    rows, row, used = [], 0, 0
+    for n in lengths:
+        if used + n > width:
+            row, used = row + 1, 0
+        rows.append(row)
+        used += n
+    return rows
+
+
+def _packed(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, dropout: float,
+            pack: int) -> Callable[[], Tensor]:
+    """Attention over q, k, v (B, H, L, Dh) laid into rows of max(pack, L) positions without the padding
+    past each sentence's length (`pack_rows`), every position attending to those of its own sentence (and no
+    later one where `causal`) through an additive bias; the output unpacked to (B, H, L, Dh), zeros at padded
+    positions."""
+    from torch.nn.attention import sdpa_kernel
+
+    B, H, L, Dh = q.shape
+    width = max(pack, L)
+    sizes = lengths.tolist()
+    row_of = pack_rows(sizes, width)
+    src, dest, sentence = [], [], []  # per real position: its padded row, its packed row, its sentence
+    used: dict[int, int] = {}
+    for b, (n, r) in enumerate(zip(sizes, row_of, strict=True)):
+        start = r * width + used.get(r, 0)
+        used[r] = used.get(r, 0) + n
+        src.extend(range(b * L, b * L + n))
+        dest.extend(range(start, start + n))
+        sentence.extend([b] * n)
+    R = row_of[-1] + 1
+    seg = torch.full((R * width,), -1, dtype=torch.long)  # -1: a row's empty tail, which attends to itself only
+    seg[dest] = torch.tensor(sentence)
+    pos = torch.arange(R * width) % width
+    seg, pos = seg.view(R, width), pos.view(R, width)
+    allowed = seg[:, :, None] == seg[:, None, :]  # (R, width, width): query, key
+    if causal:
+        allowed &= pos[:, None, :] <= pos[:, :, None]
+    bias = attention_bias(~allowed[:, None], q.dtype).to(q.device)  # (R, 1, width, width)
+    src_t, dest_t = torch.tensor(src, device=q.device), torch.tensor(dest, device=q.device)
+    backends = sdpa_backends(["efficient"] if q.device.type == "cuda" else ["math"])
+
+    def pack_in(x: Tensor) -> Tensor:
+        real = x.transpose(1, 2).reshape(B * L, H, Dh).index_select(0, src_t)
+        return real.new_zeros(R * width, H, Dh).index_copy(0, dest_t, real).view(R, width, H, Dh).transpose(1, 2)
+
+    def run() -> Tensor:
+        with sdpa_kernel(backends):
+            out = F.scaled_dot_product_attention(pack_in(q), pack_in(k), pack_in(v), attn_mask=bias,
+                                                 dropout_p=dropout)
+        real = out.transpose(1, 2).reshape(R * width, H, Dh).index_select(0, dest_t)
+        return real.new_zeros(B * L, H, Dh).index_copy(0, src_t, real).view(B, L, H, Dh).transpose(1, 2)
+    return run
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: int, head_dim: int,
-            dtype: torch.dtype, dropout: float, steps: int, device: torch.device, seed: int = 0) -> Iterator[Row]:
+            dtype: torch.dtype, dropout: float, steps: int, device: torch.device, pack: int = 128,
+            seed: int = 0) -> Iterator[Row]:
     """Every kernel's row for sentences of `length` positions, calls of `kind`, each as soon as it is measured."""
     B = max(1, tokens // length)
     g = torch.Generator().manual_seed(seed)
@@ -154,7 +218,7 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
         row = Row(length=length, kind=kind, kernel=kernel, sentences=B)
         why: list = []
         try:
-            fn = _call(kernel, kind, q, k, v, mask, bias, lengths, dropout)  # varlen may refuse here already
+            fn = _call(kernel, kind, q, k, v, mask, bias, lengths, dropout, pack)  # varlen may refuse here
             with warnings.catch_warnings(record=True) as why:  # torch warns why a backend cannot take a case
                 warnings.simplefilter("always")
                 first = outputs(fn)
@@ -200,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--lengths", default="16,24,32,48,64,128", help="Sentence lengths L, comma-separated.")
     ap.add_argument("--kernels", default=",".join(KERNELS), help=f"Comma-separated choice of {', '.join(KERNELS)}.")
+    ap.add_argument("--pack", type=int, default=128, help="Positions per row of the packed kernel (at least L).")
     ap.add_argument("--dropout", type=float, default=0.0, help="Dropout on the attention weights (no max diff then).")
     ap.add_argument("--layers", default="6,6", help="Encoder and decoder layers for the update column.")
     ap.add_argument("--steps", type=int, default=20, help="Timed calls per row, after three untimed.")
@@ -231,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     for length in lengths:
         for kind in ("padded", "causal"):
             for r in measure(length, kind, kernels, tokens=args.tokens, heads=args.heads, head_dim=args.head_dim,
-                             dtype=DTYPES[args.dtype], dropout=args.dropout, steps=args.steps, device=device):
+                             dtype=DTYPES[args.dtype], dropout=args.dropout, steps=args.steps, device=device,
+                             pack=args.pack):
                 rows.append(r)
                 save()
                 if r.refused:

@@ -133,9 +133,10 @@ case $stage in
   updates)
     # flash against the memory-efficient kernel at longer sentences than Multi30k's, at Transformer-base's batches:
     # the latter, which training tries first, was faster from 16 to 64 positions and even at 128 (H200, 2026-11-27);
-    # and what attention over batches packed without their padding (varlen) would cost
+    # and what attention over batches packed without their padding would cost: sentence by sentence (varlen),
+    # or laid into rows of 128 positions with a block-diagonal bias (packed), whose tiles a fused kernel fills
     run "$py" bench/attention_speed.py --device "$device" --lengths 16,24,32,64,128,256,512 \
-      --kernels flash,efficient,varlen --json "$out/attention_varlen.json"
+      --kernels flash,efficient,varlen,packed --json "$out/attention_varlen.json"
     # the gradients that are column sums (Linear biases, LayerNorm weights and biases), each way, at the
     # Multi30k shape's and Transformer-base's widths: autograd's bias sums took 9% of a recorded bf16 update
     run "$py" bench/reduction_speed.py --device "$device" --json "$out/reduction.json"

@@ -59,7 +59,7 @@ def test_a_bad_kernel_choice_is_one_line() -> None:
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--kernels", "flash,triton"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert ("--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, varlen, cudnn"
+    assert ("--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, varlen, packed, cudnn"
             in proc.stderr)
     assert "Traceback" not in proc.stderr
 
@@ -89,5 +89,28 @@ def test_the_varlen_rows_pack_each_sentence_without_its_padding(monkeypatch, tmp
     monkeypatch.setattr(varlen, "varlen_attn", _sentence_by_sentence)
     bench.main(args)
     rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "varlen"]
+    assert {(r["length"], r["kind"]) for r in rows} == {(L, kind) for L in (8, 12) for kind in ("padded", "causal")}
+    assert all(r["refused"] is None and r["ms"] > 0 and r["max_diff"] < 1e-5 for r in rows), rows
+
+
+def test_packing_lays_sentences_in_order_into_rows_none_split_or_overfull() -> None:
+    bench = _bench()
+    lengths = torch.randint(1, 17, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    rows = bench.pack_rows(lengths, 16)
+    assert rows[0] == 0 and all(b - a in (0, 1) for a, b in zip(rows, rows[1:]))  # in order, no row skipped
+    fill = [sum(n for n, r in zip(lengths, rows) if r == row) for row in range(rows[-1] + 1)]
+    assert max(fill) <= 16
+    starts = [i for i in range(1, len(rows)) if rows[i] != rows[i - 1]]
+    assert all(fill[rows[i - 1]] + lengths[i] > 16 for i in starts)  # a new row only for a sentence that did not fit
+    assert bench.pack_rows([16, 1, 15, 16], 16) == [0, 1, 1, 2]
+
+
+def test_the_packed_rows_keep_each_sentence_to_itself(tmp_path: Path) -> None:
+    """Several sentences share each packed row (16 positions, sentences of 6-8 and 9-12), and the block-diagonal
+    bias (causal within a sentence for the decoder's calls) keeps the output and gradients the manual path's."""
+    out = tmp_path / "rows.json"
+    _bench().main(["--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--heads", "2", "--head-dim", "8",
+                   "--lengths", "8,12", "--kernels", "manual,packed", "--pack", "16", "--steps", "1", "--json", str(out)])
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "packed"]
     assert {(r["length"], r["kind"]) for r in rows} == {(L, kind) for L in (8, 12) for kind in ("padded", "causal")}
     assert all(r["refused"] is None and r["ms"] > 0 and r["max_diff"] < 1e-5 for r in rows), rows
