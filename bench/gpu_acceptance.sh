@@ -25,8 +25,8 @@
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
-#   updates    flash, memory-efficient and variable-length attention alone at Transformer-base's batches
-#              of 16 to 512 positions (bench/attention_speed.py); the column sums of the gradients, each way
+#   updates    flash, memory-efficient, variable-length and packed-row attention alone at Transformer-base's
+#              batches of 16 to 512 positions (bench/attention_speed.py); the column sums of the gradients, each way
 #              (bench/reduction_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
 #              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
