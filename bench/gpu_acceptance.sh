@@ -30,7 +30,8 @@
 #              (bench/reduction_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
 #              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
-#              bf16, with profiles; Transformer-base in bf16 with it; the bf16 rows again with flash
+#              bf16, with profiles; Transformer-base in bf16 with it; the bf16 rows with sentences side by
+#              side in rows of 128 positions (model.transformer.attention_pack), then with flash
 #              attention tried first, torch's order (--attention flash,efficient,math); then a toy training
 #              with it, resumed, and one with train.accumulate 2                         (about 7 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
@@ -156,6 +157,11 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
     # Transformer-base with them
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
       --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+    # the bf16 rows again with sentences side by side in each attention call's rows of up to 128 positions
+    # (model.transformer.attention_pack): what the packed attention row above gains inside a whole update
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --set model.transformer.attention_pack=128 \
+      --json "$out/updates_packed.json" ${TRAIN_ARGS:-}
     # the bf16 rows with torch's order, flash before the memory-efficient kernel (training's is the other way
     # round, nmt.runtime.ATTENTION_KERNELS): what the decoder's causal self-attention gains from it
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \

@@ -30,6 +30,11 @@ REFUSED = [
     ("d_model-zero", "model:\n  transformer:\n    d_model: 0\n", r"model.transformer.d_model: 0 must be >= 1$"),
     ("d_model-odd-sinusoidal", "model:\n  transformer:\n    d_model: 9\n    heads: 3\n",
      r"model.transformer: d_model \(9\) must be even for sinusoidal positions$"),
+    ("attention_pack-negative", "model:\n  transformer:\n    attention_pack: -1\n",
+     r"model.transformer.attention_pack: -1 must be >= 0$"),
+    ("attention_pack-manual", "model:\n  transformer:\n    attention_impl: manual\n    attention_pack: 64\n",
+     r"model.transformer: attention_pack \(64\) needs attention_impl 'sdpa', not 'manual': set attention_pack to 0 "
+     r"or attention_impl to sdpa$"),
     ("beta1-one", "train:\n  betas: [1.0, 0.98]\n", r"train.betas: 1.0 \(item 0 of \[1.0, 0.98\]\) must be in \[0, 1\)$"),
     ("beta2-above-one", "train:\n  betas: [0.9, 1.5]\n", r"train.betas: 1.5 \(item 1 of \[0.9, 1.5\]\) must be in \[0, 1\)$"),
     ("beta-negative", "train:\n  betas: [-0.1, 0.98]\n", r"train.betas: -0.1 \(item 0 of .*\) must be in \[0, 1\)$"),

@@ -253,9 +253,14 @@ class TransformerConfig:
     """Longest sequence the positional encoding covers."""
     attention_impl: Literal["manual", "sdpa"] = "sdpa"
     """`manual`: attention written out; `sdpa`: torch's fused scaled_dot_product_attention (same maths)."""
+    attention_pack: int = num(0, lo=0)
+    """With `sdpa`: attend in rows of up to this many positions, several sentences side by side kept apart by a block-diagonal mask (same maths, fewer and longer rows for the fused kernels on short sentences; search steps are not packed); 0: a sentence a row."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.attention_pack and self.attention_impl != "sdpa":
+            raise ValueError(f"attention_pack ({self.attention_pack}) needs attention_impl 'sdpa', "
+                             f"not {self.attention_impl!r}: set attention_pack to 0 or attention_impl to sdpa")
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
         if self.positions == "sinusoidal" and self.d_model % 2:

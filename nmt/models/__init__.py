@@ -33,6 +33,7 @@ def build_model(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int, p
                 positions=t.positions,
                 max_positions=t.max_positions,
                 attention_impl=t.attention_impl,
+                attention_pack=t.attention_pack,
                 tie_embeddings=cfg.tie_embeddings,
             )
         case "rnn":

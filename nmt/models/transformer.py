@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from nmt.models.contract import Memory, check_attention_choice, index_select_batch
 from nmt.models.layers import Embedding, FeedForward, LearnedPositions, SinusoidalPositions
-from nmt.models.masks import attention_bias, causal_mask
+from nmt.models.masks import attention_bias, block_bias, causal_mask, sentences_per_row
 
 KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
 
@@ -141,7 +141,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, need_weights: bool = False,
-        average_heads: bool = True, causal: bool = False, bias: Tensor | None = None,
+        average_heads: bool = True, causal: bool = False, bias: Tensor | None = None, group: int = 1,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from queries to keys and values, all from the `project_*` methods.
 
@@ -158,6 +158,11 @@ class MultiHeadAttention(nn.Module):
                 explicit mask), the manual one builds the mask where it is None.
             bias: `mask` as `masks.attention_bias`, built once by a caller whose layers
                 share the mask; the fused path takes it instead of converting `mask`.
+            group: the fused path lays this many sentences side by side in each row of one
+                call (`side_by_side`), and `bias` is then their `masks.block_bias`, which
+                keeps each sentence to itself (causally where `causal`): the same attention
+                in fewer, longer rows, which fused kernels tile better on short sentences.
+                The manual path attends sentence by sentence with `mask` whatever it is.
 
         Returns:
             The output (B, Tq, D) and the weights or None.
@@ -169,6 +174,9 @@ class MultiHeadAttention(nn.Module):
             if causal and mask is None:
                 mask = causal_mask(Tq, device=q.device)
             context, weights = attention(q, k, v, mask, p)
+        elif group > 1:
+            rows = (side_by_side(t, group) for t in (q, k, v))
+            context = F.scaled_dot_product_attention(*rows, attn_mask=bias, dropout_p=p)  # (B / group, H, ., Dh)
         else:
             if mask is None or causal:
                 attn_mask = None
@@ -181,6 +189,14 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_heads:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
         return self.out_proj(context), weights if need_weights else None
+
+
+def side_by_side(x: Tensor, group: int) -> Tensor:
+    """Heads (B, H, L, Dh) as rows of `group` sentences one after another (B / group, H, group * L, Dh); a view
+    where x is a head split of (B, L, ..., H, Dh), as the projections make them. The output of attention over
+    such rows, transposed to (B / group, group * L, H, Dh), reshapes to (B, L, H * Dh) sentence by sentence."""
+    B, H, L, Dh = x.shape
+    return x.transpose(1, 2).reshape(B // group, group * L, H, Dh).transpose(1, 2)
 
 
 def older_parameter_names(name: str) -> list[tuple[str, ...]]:
@@ -212,6 +228,12 @@ def _shared_bias(mask: Tensor, dtype: torch.dtype, attn: MultiHeadAttention) -> 
     The manual path masks with the boolean mask itself and needs none.
     """
     return attention_bias(mask, dtype) if attn.impl == "sdpa" else None
+
+
+def _group(pack: int, batch: int, length: int, attn: MultiHeadAttention) -> int:
+    """Sentences side by side in each row of a stack's attention calls (`MultiHeadAttention.forward`): as
+    many as rows of `pack` positions hold on the fused path, else 1."""
+    return sentences_per_row(batch, length, pack) if pack and attn.impl == "sdpa" else 1
 
 
 class Residual(nn.Module):
@@ -250,10 +272,11 @@ class EncoderLayer(nn.Module):
         d = self_attn.d_model
         self.attn_res, self.ff_res = (Residual(d_model=d, dropout=dropout, pre_norm=pre_norm) for _ in range(2))
 
-    def forward(self, x: Tensor, pad_mask: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x (B, S, D), pad_mask (B, 1, 1, S) and maybe its `attention_bias` -> (B, S, D)."""
+    def forward(self, x: Tensor, pad_mask: Tensor, bias: Tensor | None = None, group: int = 1) -> Tensor:
+        """x (B, S, D), pad_mask (B, 1, 1, S) and maybe its `attention_bias`, or with `group` sentences a row
+        their `block_bias` -> (B, S, D)."""
         h = self.attn_res.normed(x)
-        y, _ = self.self_attn(*self.self_attn.project_qkv(h), pad_mask, bias=bias)
+        y, _ = self.self_attn(*self.self_attn.project_qkv(h), pad_mask, bias=bias, group=group)
         x = self.attn_res.add(x, y)
         return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x)))
 
@@ -274,7 +297,8 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, self_mask: Tensor | None, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
-        need_attn: bool = False, start: int = 0, memory_bias: Tensor | None = None,
+        need_attn: bool = False, start: int = 0, memory_bias: Tensor | None = None, group: int = 1,
+        self_bias: Tensor | None = None,
     ) -> tuple[Tensor, KV, Tensor | None]:
         """Run T new target positions that follow the `past` ones.
 
@@ -292,6 +316,8 @@ class DecoderLayer(nn.Module):
             need_attn: return cross-attention weights per head (B, H, T, S).
             start: t, the position of the first of the T new tokens.
             memory_bias: `memory_mask` as `attention_bias`, or None.
+            group: sentences side by side in each row of the fused kernels' calls (no `past`
+                only); `self_bias` and `memory_bias` are then their `block_bias`, causal and not.
 
         Returns:
             x (B, T, D); the cache to carry on: the grown keys and values (B, H, t + T, Dh),
@@ -313,23 +339,29 @@ class DecoderLayer(nn.Module):
         else:  # grown (also past a full buffer's capacity, so a short max_len is never an error)
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, t + T, Dh)
             cache = (k, v)
-        y, _ = self.self_attn(q, k, v, self_mask, causal=past is None)  # no past: a whole prefix, causally masked
+        # no past: a whole prefix, causally masked
+        y, _ = self.self_attn(q, k, v, self_mask, causal=past is None, bias=self_bias, group=group)
         x = self.self_res.add(x, y)
         h = self.cross_res.normed(x)
         y, attn = self.cross_attn(self.cross_attn.project_q(h), *memory_kv, memory_mask, need_weights=need_attn,
-                                  average_heads=False, bias=memory_bias)
+                                  average_heads=False, bias=memory_bias, group=group)
         x = self.cross_res.add(x, y)
         return self.ff_res.add(x, self.feed_forward(self.ff_res.normed(x))), cache, attn
 
 
 class Encoder(nn.Module):
-    """Embeddings plus positions, a stack of `EncoderLayer`s, and a final LayerNorm with pre-norm."""
+    """Embeddings plus positions, a stack of `EncoderLayer`s, and a final LayerNorm with pre-norm.
+
+    With `pack` > 0 and fused attention, each attention call lays sentences side by side in rows of up to
+    `pack` positions (`sentences_per_row`), kept apart by their `block_bias`.
+    """
 
     def __init__(
-        self, *, embed: Embedding, positions: nn.Module, layers: list[EncoderLayer], dropout: float, pre_norm: bool
+        self, *, embed: Embedding, positions: nn.Module, layers: list[EncoderLayer], dropout: float, pre_norm: bool,
+        pack: int = 0,
     ) -> None:
         super().__init__()
-        self.embed, self.positions, self.layers = embed, positions, nn.ModuleList(layers)
+        self.embed, self.positions, self.layers, self.pack = embed, positions, nn.ModuleList(layers), pack
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
 
@@ -339,8 +371,11 @@ class Encoder(nn.Module):
         x = self.dropout(self.embed(src) + self.positions(src.size(1)))  # (B, S, D)
         mask = pad_mask[:, None, None, :]  # (B, 1, 1, S)
         bias = _shared_bias(mask, x.dtype, self.layers[0].self_attn)  # (B, 1, 1, S)
+        B, S = pad_mask.shape
+        group = _group(self.pack, B, S, self.layers[0].self_attn)
+        rows = bias if group == 1 else block_bias(pad_mask, group, S, S, causal=False, dtype=x.dtype, device=x.device)
         for layer in self.layers:
-            x = layer(x, mask, bias)
+            x = layer(x, mask, rows, group)
         return self.norm(x), bias
 
 
@@ -348,14 +383,16 @@ class Decoder(nn.Module):
     """Embeddings plus positions, a stack of `DecoderLayer`s, and a final LayerNorm with pre-norm.
 
     Target padding needs no mask of its own: targets are right-padded, so the
-    causal mask already hides every pad from the real positions before it.
+    causal mask already hides every pad from the real positions before it. A whole
+    prefix (no `past`) is attended in rows of sentences side by side as in `Encoder`.
     """
 
     def __init__(
-        self, *, embed: Embedding, positions: nn.Module, layers: list[DecoderLayer], dropout: float, pre_norm: bool
+        self, *, embed: Embedding, positions: nn.Module, layers: list[DecoderLayer], dropout: float, pre_norm: bool,
+        pack: int = 0,
     ) -> None:
         super().__init__()
-        self.embed, self.positions, self.layers = embed, positions, nn.ModuleList(layers)
+        self.embed, self.positions, self.layers, self.pack = embed, positions, nn.ModuleList(layers), pack
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
 
@@ -392,12 +429,18 @@ class Decoder(nn.Module):
         fused_causal = past is None and self.layers[0].self_attn.impl == "sdpa"
         self_mask = None if T == 1 or fused_causal else causal_mask(start + T, device=tokens.device)[start:]
         memory_mask = memory_pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        group = 1 if past is not None else _group(self.pack, tokens.size(0), T, self.layers[0].self_attn)
+        self_bias = None
+        if group > 1:
+            S, rows = memory_pad_mask.size(1), {"dtype": x.dtype, "device": x.device}
+            self_bias = block_bias(None, group, T, T, causal=True, **rows)
+            memory_bias = block_bias(memory_pad_mask, group, T, S, causal=False, **rows)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
         present, attn = [], None
         for i, layer in enumerate(self.layers):
             layer_past = None if past is None else past[i]
             x, kv, weights = layer(x, self_mask, layer_past, memory_kv[i], memory_mask, need_attn=i == wanted,
-                                   start=start, memory_bias=memory_bias)
+                                   start=start, memory_bias=memory_bias, group=group, self_bias=self_bias)
             present.append(kv)
             attn = weights if i == wanted else attn
         return self.norm(x), present, attn
@@ -438,6 +481,9 @@ class Transformer(nn.Module):
         positions: "sinusoidal" or "learned".
         max_positions: longest source or target sequence.
         attention_impl: "manual" or "sdpa".
+        attention_pack: with "sdpa", attend in rows of up to this many positions that hold
+            several sentences side by side, kept apart by a block-diagonal bias (0: a sentence a
+            row). Search steps attend sentence by sentence either way.
         tie_embeddings: "none"; "decoder" shares the target embedding with the
             output projection (Press & Wolf, 2017); "all" also shares it with the
             source embedding (one Parameter; needs one vocabulary).
@@ -459,7 +505,7 @@ class Transformer(nn.Module):
         d_model: int, heads: int, encoder_layers: int, decoder_layers: int, ff_dim: int,
         dropout: float, attention_dropout: float, activation_dropout: float,
         activation: str, norm: str, positions: str, max_positions: int,
-        attention_impl: str, tie_embeddings: str,
+        attention_impl: str, tie_embeddings: str, attention_pack: int = 0,
     ) -> None:
         super().__init__()
         for name, value, choices in (
@@ -503,6 +549,7 @@ class Transformer(nn.Module):
                 EncoderLayer(self_attn=mha(self_attention=True), feed_forward=ffn(), **common)
                 for _ in range(encoder_layers)
             ],
+            pack=attention_pack,
             **common,
         )
         self.decoder = Decoder(
@@ -513,6 +560,7 @@ class Transformer(nn.Module):
                              feed_forward=ffn(), **common)
                 for _ in range(decoder_layers)
             ],
+            pack=attention_pack,
             **common,
         )
         self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)

@@ -1,9 +1,11 @@
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nmt.models.contract import Memory, Seq2Seq
-from nmt.models.masks import causal_mask, pad_mask_from_tokens
+from nmt.models.masks import block_bias, causal_mask, pad_mask_from_tokens, sentences_per_row
 from nmt.models.transformer import MultiHeadAttention, Transformer, TransformerState
 from tests.models.tiny import padded_batch
 from tests.op_counts import OpCounter
@@ -390,3 +392,60 @@ def test_checkpoints_with_separate_projections_still_load(layout):
     src, src_mask, tgt = batch()
     with torch.no_grad():
         assert torch.equal(fresh(src, src_mask, tgt), model(src, src_mask, tgt))
+
+
+# --------------------------------------------------------------------------- sentences side by side
+
+
+def test_sentences_per_row_is_the_largest_divisor_of_the_batch_that_fits():
+    assert [sentences_per_row(b, length, 16) for b, length in [(6, 7), (8, 4), (12, 5), (12, 4), (7, 4), (3, 20)]] == [
+        2, 4, 3, 4, 1, 1]
+    assert sentences_per_row(5, 2, 128) == 5  # never more than the batch
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_bias_lets_each_query_see_its_own_sentence_only(causal):
+    group, queries, keys = 3, 4, 5
+    pad = torch.rand(6, keys, generator=torch.Generator().manual_seed(0)) < 0.3
+    bias = block_bias(pad, group, queries, keys, causal=causal, dtype=torch.float32)
+    assert bias.shape == (2, 1, group * queries, group * keys)
+    for r, i, j in itertools.product(range(2), range(group * queries), range(group * keys)):
+        sentence, q, k = r * group + i // queries, i % queries, j % keys
+        seen = i // queries == j // keys and not pad[sentence, k] and not (causal and k > q)
+        assert bias[r, 0, i, j] == (0 if seen else float("-inf")), (r, i, j)
+    assert block_bias(None, group, queries, queries, causal=True, dtype=torch.float32).shape == (1, 1, 12, 12)
+
+
+@pytest.mark.parametrize("pack", [16, 48])
+def test_sentences_side_by_side_give_the_same_logits_and_gradients(pack, monkeypatch):
+    """Rows of 2 sentences (pack 16: sources of 7 positions, targets of 6) or the whole batch of 6 in one row
+    (48): the encoder's, the causal and the cross-attention calls all packed, against a sentence a row."""
+    src, src_mask, tgt = padded_batch([5, 7, 3, 7, 2, 6], vocab=V, seed=4, tgt_len=6, low=2, pad_id=PAD)
+    tgt[:, 0] = BOS
+    options = dict(attention_impl="sdpa", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    single, packed = make_model(**options), make_model(attention_pack=pack, **options)
+    packed.load_state_dict(single.state_dict())
+    rows = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **kw: rows.append(q.shape[:3]) or sdpa(q, *a, **kw))
+    (packed(src, src_mask, tgt).log_softmax(-1)[..., 3].sum()).backward()
+    per_row = 2 if pack == 16 else 6
+    assert rows == [(6 // per_row, 4, per_row * 7)] * 2 + [(6 // per_row, 4, per_row * 6)] * 4  # queries of each call
+    rows.clear()
+    single(src, src_mask, tgt).log_softmax(-1)[..., 3].sum().backward()
+    assert {r[0] for r in rows} == {6}
+    torch.testing.assert_close(packed(src, src_mask, tgt), single(src, src_mask, tgt), atol=1e-5, rtol=0)
+    for (name, a), b in zip(packed.named_parameters(), single.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_search_steps_of_a_packed_model_match_its_full_decode():
+    src, src_mask, tgt = batch()
+    model = make_model(attention_impl="sdpa", attention_pack=32)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory).log_softmax(-1)  # the batch of 3 in one row
+        state = model.init_state(memory, max_len=6)
+        for t in range(tgt.size(1)):  # a sentence a row
+            log_probs, state, _ = model.decode_step(tgt[:, t], memory, state)
+            torch.testing.assert_close(log_probs, full[:, t], atol=1e-5, rtol=0)
