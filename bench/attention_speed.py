@@ -1,11 +1,12 @@
 """Attention's forward and backward time for each kernel, at the shapes of a token-budget batch.
 
     python bench/attention_speed.py [--device cuda] [--dtype bf16] [--tokens 32768] [--heads 8] [--head-dim 64]
-        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,varlen,packed,cudnn]
+        [--lengths 16,24,32,48,64,128] [--kernels flash,efficient,math,manual,varlen,packed,rows,cudnn]
         [--pack 128] [--dropout 0.0] [--layers 6,6] [--steps 20] [--json FILE]
 
 A batch of `tokens` positions in sentences of L positions holds B = tokens // L sentences, and each
-attention call of a Transformer sees (B, H, L, Dh) queries, keys and values. A call computes
+attention call of a Transformer sees (B, H, L, Dh) queries, keys and values, laid out in memory as
+(B, L, H, Dh), as nmt's projections make them. A call computes
 4 B H L^2 Dh FLOPs forward (Q K^T, then the weights times V; half of it under a causal mask) and twice
 that backward: over Multi30k's short sentences little work per tile of a fused kernel, which tiles 64
 or 128 query positions. Transformer-base's attention kernels took more GPU time than its largest
@@ -25,7 +26,10 @@ a batch packed into rows: the sentences' real positions laid one after another i
 positions (a sentence never split across two rows), each attending within its own sentence through a
 block-diagonal bias, by the memory-efficient kernel (math off CUDA). It spends L^2-scale work on the
 whole row, in return for tiles a fused kernel fills. Both rows time the packing and unpacking too,
-which a model that kept its activations packed would not pay. A kernel that refuses a case (flash takes no
+which a model that kept its activations packed would not pay. `rows` is what the model's
+`attention_pack: --pack` does, with no copy: the padded batch's sentences side by side, padding and all,
+as many to a row of at most `--pack` positions as divide the batch, kept apart by a block-diagonal bias
+(`nmt.models.masks.block_bias`), by the same kernels as `packed`. A kernel that refuses a case (flash takes no
 padding bias; off CUDA only flash and math exist) is reported with torch's reason. Outputs at padded
 query positions are no one's concern (a model's later layers mask them, and the loss never sees them),
 so their gradients are zero and they are not compared. `max diff` is the largest difference of a
@@ -49,12 +53,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.models.masks import attention_bias, causal_mask, pad_mask_from_lengths
-from nmt.models.transformer import attention
+from nmt.models.masks import (
+    attention_bias,
+    block_bias,
+    causal_mask,
+    pad_mask_from_lengths,
+    sentences_per_row,
+)
+from nmt.models.transformer import attention, side_by_side
 from nmt.runtime import HALF_DTYPES, sdpa_backends
 
 DTYPES = {"fp32": torch.float32, **HALF_DTYPES}
-KERNELS = ("flash", "efficient", "math", "manual", "varlen", "packed", "cudnn")  # cuDNN last: a crash there loses no other row
+KERNELS = ("flash", "efficient", "math", "manual", "varlen", "packed", "rows", "cudnn")  # cuDNN last: a crash there loses no other row
 
 
 @dataclass
@@ -82,6 +92,8 @@ def _call(kernel: str, kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor,
         return _varlen(causal, q, k, v, lengths, dropout)
     if kernel == "packed":
         return _packed(causal, q, k, v, lengths, dropout, pack)
+    if kernel == "rows":
+        return _rows(causal, q, k, v, mask, dropout, pack)
     from torch.nn.attention import sdpa_kernel
 
     (backend,) = sdpa_backends([kernel])
@@ -176,6 +188,27 @@ def _packed(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, drop
     return run
 
 
+def _rows(causal: bool, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float,
+          pack: int) -> Callable[[], Tensor]:
+    """Attention as a model with `attention_pack: pack` computes it: the padded batch's sentences side by side
+    in rows of up to `pack` positions (`side_by_side`, views of the projections' layout), padding and all, kept
+    apart by their `block_bias`; the output (B, H, L, Dh) seen as the model sees it."""
+    from torch.nn.attention import sdpa_kernel
+
+    B, H, L, Dh = q.shape
+    group = sentences_per_row(B, L, pack)
+    key_pad = None if causal else mask[:, 0, 0, :]  # (B, L)
+    bias = block_bias(key_pad, group, L, L, causal=causal, dtype=q.dtype, device=q.device)
+    backends = sdpa_backends(["efficient"] if q.device.type == "cuda" else ["math"])
+
+    def run() -> Tensor:
+        with sdpa_kernel(backends):
+            out = F.scaled_dot_product_attention(*(side_by_side(t, group) for t in (q, k, v)), attn_mask=bias,
+                                                 dropout_p=dropout)
+        return out.transpose(1, 2).reshape(B, L, H, Dh).transpose(1, 2)
+    return run
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -187,9 +220,11 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
     """Every kernel's row for sentences of `length` positions, calls of `kind`, each as soon as it is measured."""
     B = max(1, tokens // length)
     g = torch.Generator().manual_seed(seed)
-    shape = (B, heads, length, head_dim)
-    q, k, v = (torch.randn(shape, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
-    grad = torch.randn(shape, generator=g).to(device, dtype)
+    # laid out as a model's projections make them, (B, L, H, Dh) in memory seen as (B, H, L, Dh)
+    leaves = [torch.randn((B, length, heads, head_dim), generator=g).to(device, dtype).requires_grad_()
+              for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    grad = torch.randn((B, heads, length, head_dim), generator=g).to(device, dtype)
     lengths = torch.randint(max(1, (7 * length + 9) // 10), length + 1, (B,), generator=g)
     lengths[0] = length  # the longest sentence fills the bucket
     if kind == "causal":  # targets are right-padded: the causal mask alone, every sentence full length
@@ -202,17 +237,17 @@ def measure(length: int, kind: str, kernels: list[str], *, tokens: int, heads: i
     flops = 12 * B * heads * length * length * head_dim * (0.5 if kind == "causal" else 1.0)
 
     def outputs(fn: Callable[[], Tensor]) -> list[Tensor]:
-        for t in (q, k, v):
+        for t in leaves:
             t.grad = None
         out = fn()
         out.backward(grad)
-        return [x.detach().float() for x in (out * real, q.grad, k.grad, v.grad)]
+        return [x.detach().float() for x in (out * real, *(t.grad.transpose(1, 2) for t in leaves))]
 
     # the reference: the manual path in fp32 without dropout, on the same inputs
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref_out = attention(q32, k32, v32, mask)[0]
+    leaves32 = [t.detach().float().requires_grad_() for t in leaves]
+    ref_out = attention(*(t.transpose(1, 2) for t in leaves32), mask)[0]
     ref_out.backward(grad.float())
-    reference = [ref_out.detach() * real, q32.grad, k32.grad, v32.grad]
+    reference = [ref_out.detach() * real, *(t.grad.transpose(1, 2) for t in leaves32)]
 
     for kernel in kernels:
         row = Row(length=length, kind=kind, kernel=kernel, sentences=B)

@@ -25,8 +25,8 @@
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
-#   updates    flash, memory-efficient, variable-length and packed-row attention alone at Transformer-base's
-#              batches of 16 to 512 positions (bench/attention_speed.py); the column sums of the gradients, each way
+#   updates    flash, memory-efficient, variable-length, packed-row and side-by-side attention alone at
+#              Transformer-base's batches of 16 to 512 positions (bench/attention_speed.py); the column sums of the gradients, each way
 #              (bench/reduction_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
 #              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
 #              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
@@ -135,9 +135,10 @@ case $stage in
     # flash against the memory-efficient kernel at longer sentences than Multi30k's, at Transformer-base's batches:
     # the latter, which training tries first, was faster from 16 to 64 positions and even at 128 (H200, 2026-11-27);
     # and what attention over batches packed without their padding would cost: sentence by sentence (varlen),
-    # or laid into rows of 128 positions with a block-diagonal bias (packed), whose tiles a fused kernel fills
+    # or laid into rows of 128 positions with a block-diagonal bias (packed), whose tiles a fused kernel fills;
+    # and the padded batch side by side in such rows, as model.transformer.attention_pack does it (rows)
     run "$py" bench/attention_speed.py --device "$device" --lengths 16,24,32,64,128,256,512 \
-      --kernels flash,efficient,varlen,packed --json "$out/attention_varlen.json"
+      --kernels flash,efficient,varlen,packed,rows --json "$out/attention_varlen.json"
     # the gradients that are column sums (Linear biases, LayerNorm weights and biases), each way, at the
     # Multi30k shape's and Transformer-base's widths: autograd's bias sums took 9% of a recorded bf16 update
     run "$py" bench/reduction_speed.py --device "$device" --json "$out/reduction.json"

@@ -59,7 +59,7 @@ def test_a_bad_kernel_choice_is_one_line() -> None:
     proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--kernels", "flash,triton"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert ("--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, varlen, packed, cudnn"
+    assert ("--kernels 'flash,triton': use a comma-separated choice of flash, efficient, math, manual, varlen, packed, rows, cudnn"
             in proc.stderr)
     assert "Traceback" not in proc.stderr
 
@@ -105,12 +105,16 @@ def test_packing_lays_sentences_in_order_into_rows_none_split_or_overfull() -> N
     assert bench.pack_rows([16, 1, 15, 16], 16) == [0, 1, 1, 2]
 
 
-def test_the_packed_rows_keep_each_sentence_to_itself(tmp_path: Path) -> None:
-    """Several sentences share each packed row (16 positions, sentences of 6-8 and 9-12), and the block-diagonal
-    bias (causal within a sentence for the decoder's calls) keeps the output and gradients the manual path's."""
+@pytest.mark.parametrize("kernel", ["packed", "rows"])
+def test_rows_of_several_sentences_keep_each_sentence_to_itself(kernel: str, tmp_path: Path) -> None:
+    """Several sentences share each row (packed: 16 positions, sentences of 6-8 and 9-12 laid without their padding;
+    rows: 36 positions, 4 sentences of 8 or 3 of 12 side by side), and the block-diagonal bias (causal within a
+    sentence for the decoder's calls) keeps the output and gradients the manual path's."""
     out = tmp_path / "rows.json"
+    pack = "16" if kernel == "packed" else "36"
     _bench().main(["--device", "cpu", "--dtype", "fp32", "--tokens", "256", "--heads", "2", "--head-dim", "8",
-                   "--lengths", "8,12", "--kernels", "manual,packed", "--pack", "16", "--steps", "1", "--json", str(out)])
-    rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "packed"]
+                   "--lengths", "8,12", "--kernels", f"manual,{kernel}", "--pack", pack, "--steps", "1",
+                   "--json", str(out)])
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == kernel]
     assert {(r["length"], r["kind"]) for r in rows} == {(L, kind) for L in (8, 12) for kind in ("padded", "causal")}
     assert all(r["refused"] is None and r["ms"] > 0 and r["max_diff"] < 1e-5 for r in rows), rows
