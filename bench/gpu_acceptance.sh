@@ -33,7 +33,7 @@
 #              bf16, with profiles; Transformer-base in bf16 with it; the bf16 rows with sentences side by
 #              side in rows of 128 positions (model.transformer.attention_pack), then with flash
 #              attention tried first, torch's order (--attention flash,efficient,math); then a toy training
-#              with it, resumed, and one with train.accumulate 2                         (about 7 min)
+#              with it, resumed, and one with train.accumulate 2                         (about 8 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
 #              attention as plain matrix products (--attention math)                     (about 8 min)
@@ -146,7 +146,7 @@ case $stage in
     # bf16 logits read by the softmax kernels themselves (where this torch's do); training's attention order
     run "$py" -c "import torch, nmt.train.loss as l; x = torch.randn(4, 8, device='$device', dtype=torch.bfloat16)
 l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 themselves:', l._READS_HALF.get(torch.bfloat16, x.is_cuda))"
-    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py
+    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/models/test_transformer.py
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
       --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
