@@ -8,7 +8,7 @@
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
 # auto now chooses); updates (its speed rows, to the Transformer-base ones) and experiments (TRAIN_SECONDS=240)
-# on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, its GPU tests, the toy
+# on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, attention_pack, its GPU tests, the toy
 # trainings), then updates-compiled, graphs, speed, multi30k (again, with update graphs), tests and compiled.
 # Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
 # is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
@@ -25,15 +25,17 @@
 #              per phase says where bf16 loses what its kernels gain); Transformer-base again with attention
 #              left to the compiler (--attention math), then with cuDNN's attention allowed; then the
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
-#   updates    flash, memory-efficient, variable-length, packed-row and side-by-side attention alone at
-#              Transformer-base's batches of 16 to 512 positions (bench/attention_speed.py); the column sums of the gradients, each way
-#              (bench/reduction_speed.py); train.cuda_graphs (each batch shape's whole update recorded as one
-#              CUDA graph): its tests on the GPU (the stage stops if they fail), then the Multi30k shape eager with and
-#              without it (relative length buckets) and with it over lengths a multiple of 8, in fp32 and
-#              bf16, with profiles; Transformer-base in bf16 with it; the bf16 rows with sentences side by
-#              side in rows of 128 positions (model.transformer.attention_pack), then with flash
-#              attention tried first, torch's order (--attention flash,efficient,math); then a toy training
-#              with it, resumed, and one with train.accumulate 2                         (about 8 min)
+#   updates    first the rows that decide the targets: train.cuda_graphs (each batch shape's whole update
+#              recorded as one CUDA graph) against eager at the Multi30k shape in fp32 and bf16, with
+#              profiles; Transformer-base in bf16 with it; both bf16 rows with sentences side by side in
+#              rows of 128 positions (model.transformer.attention_pack). Then flash, memory-efficient,
+#              variable-length, packed-row and side-by-side attention alone at Transformer-base's batches
+#              of 16 to 512 positions (bench/attention_speed.py); the bf16 rows with flash tried first,
+#              torch's order (--attention flash,efficient,math); the Multi30k rows over lengths a multiple
+#              of 8; the column sums of the gradients, each way (bench/reduction_speed.py); the GPU tests
+#              of the loss, the kernels, the Transformer and recorded updates (the stage stops if the last
+#              fail); then a toy training with recorded updates, resumed, and one with train.accumulate 2
+#                                                                                        (about 8 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
 #              attention as plain matrix products (--attention math)                     (about 8 min)
@@ -132,6 +134,18 @@ case $stage in
       --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \
       ${TRAIN_ARGS:-} ;;
   updates)
+    # first what decides the targets, should the call run out of time: bf16 against fp32 at the Multi30k shape,
+    # eager and with each batch shape's whole update recorded
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
+    # Transformer-base with recorded updates
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+    # the bf16 rows again with sentences side by side in each attention call's rows of up to 128 positions
+    # (model.transformer.attention_pack): what the attention bench's rows kernel (below) gains in a whole update
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --set model.transformer.attention_pack=128 \
+      --json "$out/updates_packed.json" ${TRAIN_ARGS:-}
     # flash against the memory-efficient kernel at longer sentences than Multi30k's, at Transformer-base's batches:
     # the latter, which training tries first, was faster from 16 to 64 positions and even at 128 (H200, 2026-11-27);
     # and what attention over batches packed without their padding would cost: sentence by sentence (varlen),
@@ -139,6 +153,16 @@ case $stage in
     # and the padded batch side by side in such rows, as model.transformer.attention_pack does it (rows)
     run "$py" bench/attention_speed.py --device "$device" --lengths 16,24,32,64,128,256,512 \
       --kernels flash,efficient,varlen,packed,rows --json "$out/attention_varlen.json"
+    # the bf16 rows with torch's order, flash before the memory-efficient kernel (training's is the other way
+    # round, nmt.runtime.ATTENTION_KERNELS): what the decoder's causal self-attention gains from it
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
+      --compile off --update-graphs on --attention flash,efficient,math --steps $steps \
+      --json "$out/updates_flash_first.json" ${TRAIN_ARGS:-}
+    # the same update graphs over the coarser buckets a compiled model keeps (lengths a multiple of 8): what the
+    # relative ones (train.length_buckets auto, above) gain by padding less (bench/batch_shapes.py)
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile off --update-graphs on --steps $steps --set train.length_buckets=multiple \
+      --json "$out/updates_multiple.json" ${TRAIN_ARGS:-}
     # the gradients that are column sums (Linear biases, LayerNorm weights and biases), each way, at the
     # Multi30k shape's and Transformer-base's widths: autograd's bias sums took 9% of a recorded bf16 update
     run "$py" bench/reduction_speed.py --device "$device" --json "$out/reduction.json"
@@ -147,27 +171,7 @@ case $stage in
     run "$py" -c "import torch, nmt.train.loss as l; x = torch.randn(4, 8, device='$device', dtype=torch.bfloat16)
 l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 themselves:', l._READS_HALF.get(torch.bfloat16, x.is_cuda))"
     run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/models/test_transformer.py
-    run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
-      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
-    # the same update graphs over the coarser buckets a compiled model keeps (lengths a multiple of 8): what the
-    # relative ones (train.length_buckets auto, above) gain by padding less (bench/batch_shapes.py)
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
-      --compile off --update-graphs on --steps $steps --set train.length_buckets=multiple \
-      --json "$out/updates_multiple.json" ${TRAIN_ARGS:-}
-    # Transformer-base with them
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
-    # the bf16 rows again with sentences side by side in each attention call's rows of up to 128 positions
-    # (model.transformer.attention_pack): what the packed attention row above gains inside a whole update
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --set model.transformer.attention_pack=128 \
-      --json "$out/updates_packed.json" ${TRAIN_ARGS:-}
-    # the bf16 rows with torch's order, flash before the memory-efficient kernel (training's is the other way
-    # round, nmt.runtime.ATTENTION_KERNELS): what the decoder's causal self-attention gains from it
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
-      --compile off --update-graphs on --attention flash,efficient,math --steps $steps \
-      --json "$out/updates_flash_first.json" ${TRAIN_ARGS:-}
+    run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1  # the toy trainings need them
     for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
       run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates --set train.device=$device \
         --set train.cuda_graphs=true --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
