@@ -8,8 +8,9 @@
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
 # auto now chooses); updates (its speed rows, to the Transformer-base ones) and experiments (TRAIN_SECONDS=240)
-# on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, attention_pack, its GPU tests, the toy
-# trainings), then updates-compiled, graphs, speed, multi30k (again, with update graphs), tests and compiled.
+# on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, attention_pack, its GPU
+# tests, the toy trainings), then updates-compiled, graphs, speed, multi30k (again, with update graphs), tests
+# and compiled.
 # Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
 # is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
 #
