@@ -520,6 +520,8 @@ class Transformer(nn.Module):
                 f"tie_embeddings 'all' needs one vocabulary: src_vocab_size ({src_vocab_size}) "
                 f"!= tgt_vocab_size ({tgt_vocab_size})"
             )
+        if attention_pack < 0:
+            raise ValueError(f"attention_pack ({attention_pack}) must be >= 0")
         if encoder_layers < 1 or decoder_layers < 1:
             raise ValueError(f"encoder_layers ({encoder_layers}), decoder_layers ({decoder_layers}) must be >= 1")
         if not 0.0 <= dropout < 1.0:

@@ -298,6 +298,8 @@ def test_invalid_options_raise_with_values():
         make_model(norm="mid")
     with pytest.raises(ValueError, match=r"positions \('rope'\)"):
         make_model(positions="rope")
+    with pytest.raises(ValueError, match=r"attention_pack \(-8\) must be >= 0"):
+        make_model(attention_pack=-8)
 
 
 def test_initialisation():
