@@ -89,6 +89,21 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
     assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_compiled_model_with_sentences_side_by_side_gives_the_eager_loss(dynamic):
+    """`model.transformer.attention_pack`: how many sentences share a row follows each batch's size and lengths
+    (here 3, 3 and 2 of 16 positions), in a graph per shape or in one graph with symbolic sizes."""
+    model = tiny_model(seed=0, vocab=23, transformer=dict(max_positions=64, attention_pack=48),
+                       tie_embeddings="none").train()
+    eager = Objective(model, pad_id=PAD_ID, smoothing=0.1)
+    compiled = compile_model(Objective(copy.deepcopy(model), pad_id=PAD_ID, smoothing=0.1), backend="aot_eager",
+                             dynamic=dynamic, shapes=4)
+    assert compiled is not eager
+    batches = [collate(random_rows(seed, n, vocab=23), padding=Padding(multiple=8, fill_tokens=tokens))
+               for seed, (n, tokens) in enumerate([(9, 128), (3, 96), (12, 256)], start=1)]
+    _same_loss_and_gradients(eager, compiled, batches)
+
+
 @pytest.fixture
 def fresh_compiler():
     """An empty dynamo cache: every compiled RNN step shares one function, whose cache entries (one or two per
