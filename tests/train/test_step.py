@@ -92,7 +92,9 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_a_compiled_model_with_sentences_side_by_side_gives_the_eager_loss(dynamic):
     """`model.transformer.attention_pack`: how many sentences share a row follows each batch's size and lengths
-    (here 3, 3 and 2 of 16 positions), in a graph per shape or in one graph with symbolic sizes."""
+    (here 3, 3 and 2 of 16 positions), in a graph per shape, or with symbolic sizes in a graph per number of
+    sentences a row, which the graph's guards fix."""
+    torch._dynamo.reset()
     model = tiny_model(seed=0, vocab=23, transformer=dict(max_positions=64, attention_pack=48),
                        tie_embeddings="none").train()
     eager = Objective(model, pad_id=PAD_ID, smoothing=0.1)
@@ -101,7 +103,10 @@ def test_a_compiled_model_with_sentences_side_by_side_gives_the_eager_loss(dynam
     assert compiled is not eager
     batches = [collate(random_rows(seed, n, vocab=23), padding=Padding(multiple=8, fill_tokens=tokens))
                for seed, (n, tokens) in enumerate([(9, 128), (3, 96), (12, 256)], start=1)]
+    assert [tuple(b.src.shape) for b in batches] == [(9, 16), (6, 16), (16, 16)]
+    frames = counters["frames"]["ok"]
     _same_loss_and_gradients(eager, compiled, batches)
+    assert counters["frames"]["ok"] - frames == (2 if dynamic else 3)
 
 
 @pytest.fixture
