@@ -158,11 +158,11 @@ def _filled(seed: int, n: int, length: int, device: torch.device) -> object:
 
 
 def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool = False, accumulate: int = 1,
-                        ) -> tuple[Trainable, Trainable, list, dict]:
+                        transformer: dict | None = None) -> tuple[Trainable, Trainable, list, dict]:
     """Two equal models trained on the same twelve batches of two shapes, one by recorded updates (a CUDA
     graph each on a GPU, `TracedUpdates` on a CPU), one eagerly (both compiled, with `compile`); each
     result compared on the way. With `accumulate` 2, six updates of two batches each, the shapes in every
-    order; the groups of batches are returned."""
+    order; the groups of batches are returned. `transformer` replaces the model's attention settings."""
     # Adam's eps well above rounding noise: the key projection's bias has a gradient of zero but for rounding,
     # which Adam with a tiny eps scales up to steps of the full rate, differently for two orders of operations
     tc = TrainConfig(precision=precision, warmup_steps=3, lr=0.01, eps=1e-6, batch_shapes="static",
@@ -174,7 +174,8 @@ def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool =
     groups = [[batches[i] for i in group] for group in order]
     # attention written out (matrix products), whose backward adds no atomics: on a GPU, eager and recorded
     # updates then differ only where bf16 rounds a product of another cuBLAS algorithm differently
-    eager, recorded = _trainable(0, tc, device, attention_impl="manual"), _trainable(0, tc, device, attention_impl="manual")
+    transformer = transformer or {"attention_impl": "manual"}
+    eager, recorded = _trainable(0, tc, device, **transformer), _trainable(0, tc, device, **transformer)
     prepare_step(eager, replace(tc, cuda_graphs=False), device, Dist(), shapes=2)
     if device.type == "cuda":
         prepare_step(recorded, tc, device, Dist(), shapes=2)
@@ -222,6 +223,17 @@ def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_th
                for p, q in zip(recorded.model.parameters(), poisoned, strict=True))
     assert all(torch.equal(s["exp_avg"], m) for s, m in zip(recorded.optimizer.state.values(), moments, strict=True))
     assert sum(not torch.equal(p, b) for p, b in zip(poisoned, before, strict=True)) == 1
+
+
+@pytest.mark.parametrize("device", [pytest.param(torch.device("cpu"), id="cpu"),
+                                    pytest.param(CUDA, id="cuda", marks=pytest.mark.gpu)])
+def test_updates_of_a_model_with_sentences_side_by_side_are_recorded_and_train_as_eager_ones(device):
+    """`attention_pack` 64: 4 sentences a row in the batches of 16 positions, 2 in those of 32, the block biases
+    built inside each recorded update."""
+    recorded, eager, _, close = _recorded_and_eager("fp32", device, transformer={"attention_pack": 64})
+    assert recorded.model.encoder.pack == 64
+    for p, q in zip(eager.model.parameters(), recorded.model.parameters(), strict=True):
+        assert torch.allclose(q, p, **close)
 
 
 def _replayed_grad_norm(recorded_with, replayed_on, *, tokens_on_device: bool) -> float:
