@@ -191,7 +191,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     parts = build_trainable(run_cfg, tok, device, model=model)  # what `nmt train` builds, unwrapped
     parts.model.train()
     row.params = count_parameters(parts.model)
-    padding = batch_padding(tc, device)
+    padding = batch_padding(tc, device, cfg.model)
     sampler = build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed,
                             rounding=padding.sampler_rounding)
     prepare_step(parts, tc, device, Dist(), shapes=batch_shape_count(sampler, tc, device))

@@ -173,16 +173,21 @@ class Padding:
             sampler with the same budget and rounding never cuts a batch
             larger than that, so the step sees one shape per length bucket: what
             CUDA graphs need, which are recorded once per shape and replayed.
+        pack: with `fill_tokens`, the rows of a filled batch are rounded up to a multiple of
+            max(1, pack // L), the sentences of L positions that one attention row of `pack`
+            positions holds (the model's `attention_pack`), so that every row is full
+            (`nmt.models.masks.sentences_per_row`); at most that many empty pairs more.
     """
 
     multiple: int = 1
     fill_tokens: int = 0
     relative: bool = False
+    pack: int = 0
 
     def __post_init__(self) -> None:
-        if self.multiple < 1 or self.fill_tokens < 0:
-            raise ValueError(f"multiple ({self.multiple}) must be at least 1 and fill_tokens "
-                             f"({self.fill_tokens}) at least 0")
+        if self.multiple < 1 or self.fill_tokens < 0 or self.pack < 0:
+            raise ValueError(f"multiple ({self.multiple}) must be at least 1, fill_tokens "
+                             f"({self.fill_tokens}) and pack ({self.pack}) at least 0")
 
     @property
     def rounding(self) -> Rounding:
@@ -206,7 +211,9 @@ class Padding:
         if not self.fill_tokens:
             return rows, src_len, tgt_len
         longest = max(src_len, tgt_len)
-        return max(rows, self.fill_tokens // longest), longest, longest
+        per_row = max(1, self.pack // longest)
+        filled = -(-(self.fill_tokens // longest) // per_row) * per_row
+        return max(rows, filled), longest, longest
 
 
 def collate(

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from datasets import concatenate_datasets
 
-from nmt.config import ExperimentConfig, TrainConfig
+from nmt.config import ExperimentConfig, ModelConfig, TrainConfig
 from nmt.data.batching import Batch, Padding, Rounding, TokenBatchSampler, collate_flat
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import (
@@ -111,8 +111,9 @@ def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 
                              rank=rank, world_size=world_size, parts=parts, rounding=rounding)
 
 
-def batch_padding(tc: TrainConfig, device: torch.device) -> Padding:
-    """How training batches are padded on `device`, the `auto` settings resolved.
+def batch_padding(tc: TrainConfig, device: torch.device, model: ModelConfig | None = None) -> Padding:
+    """How training batches are padded on `device`, the `auto` settings resolved; static shapes fill whole
+    attention rows where `model` is a Transformer with `attention_pack` (`Padding.pack`).
 
     `train.batch_shapes` auto means static where CUDA graphs are recorded (`train.cuda_graphs`,
     or compiled in `reduce-overhead` mode), on CUDA: a graph is recorded for each distinct batch
@@ -132,7 +133,9 @@ def batch_padding(tc: TrainConfig, device: torch.device) -> Padding:
     static = tc.batch_shapes == "static" or (tc.batch_shapes == "auto" and graphs and device.type == "cuda")
     relative = multiple > 1 and (tc.length_buckets == "relative"
                                  or (tc.length_buckets == "auto" and static and not tc.compile))
-    return Padding(multiple=multiple, fill_tokens=tc.max_tokens if static else 0, relative=relative)
+    pack = model.transformer.attention_pack if model is not None and model.type == "transformer" else 0
+    return Padding(multiple=multiple, fill_tokens=tc.max_tokens if static else 0, relative=relative,
+                   pack=pack if static else 0)
 
 
 def collated_batches(ds, batch_lists: Sequence[list[int]], *, padding: Padding = Padding()) -> Iterator[Batch]:

@@ -167,7 +167,7 @@ class _Loop:
             batch_lists = self.sampler.batch_list(p.epoch)[p.batch_in_epoch:]
             loader = batch_loader(self.data.train, batch_lists, num_workers=tc.num_workers,
                                   pin_memory=self.device.type == "cuda",
-                                  padding=batch_padding(tc, self.device))
+                                  padding=batch_padding(tc, self.device, self.cfg.model))
             group: list[Batch] = []
             for batch in loader:
                 group.append(batch.to(self.device, non_blocking=True))

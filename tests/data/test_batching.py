@@ -223,6 +223,23 @@ def test_filled_pairs_are_eos_alone_with_nothing_to_predict() -> None:
     assert Padding(multiple=8).sampler_rounding == Rounding() and Padding(multiple=8, fill_tokens=64).sampler_rounding == Rounding(8)
 
 
+def test_filled_batches_fill_whole_attention_rows_when_sentences_share_them() -> None:
+    """`pack`: the rows of a filled batch are a multiple of the sentences one attention row holds, so that
+    `sentences_per_row` lays as many side by side as fit; the sampler's batches never exceed them."""
+    from nmt.models.masks import sentences_per_row
+
+    for length in range(1, 80):
+        plain = Padding(fill_tokens=4096).shape(1, length, length)
+        packed = Padding(fill_tokens=4096, pack=128).shape(1, length, length)
+        per_row = max(1, 128 // length)
+        assert packed[1:] == plain[1:] and plain[0] <= packed[0] < plain[0] + per_row and packed[0] % per_row == 0
+        assert sentences_per_row(packed[0], length, 128) == min(per_row, packed[0])
+    assert Padding(fill_tokens=4096, pack=128).shape(1, 18, 9)[0] == 231  # 227 sentences of 18 -> 33 rows of 7
+    assert Padding(pack=128).shape(5, 18, 9) == (5, 18, 9)  # shapes left to the batch: nothing filled
+    with pytest.raises(ValueError, match=r"pack \(-1\) at least 0"):
+        Padding(pack=-1)
+
+
 # --------------------------------------------------------------------------- collate
 
 

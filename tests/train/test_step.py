@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.config import TrainConfig
+from nmt.config import ModelConfig, TrainConfig, TransformerConfig
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.decode import greedy_search
@@ -287,6 +287,12 @@ def test_batch_padding_resolves_auto_by_device_compile_mode_and_update_graphs():
     assert batch_padding(replace(updates, length_buckets="multiple"), cuda) == Padding(multiple=8, fill_tokens=2048)
     assert batch_padding(TrainConfig(length_buckets="relative", pad_to_multiple=4), cpu) == Padding(4, relative=True)
     assert batch_padding(TrainConfig(length_buckets="relative"), cpu) == Padding(multiple=1)  # nothing to round
+    # static shapes fill whole attention rows of a Transformer with attention_pack; free ones need not
+    packed = ModelConfig(transformer=TransformerConfig(attention_pack=128))
+    assert batch_padding(updates, cuda, packed) == Padding(multiple=8, fill_tokens=2048, relative=True, pack=128)
+    assert batch_padding(TrainConfig(), cuda, packed) == Padding(multiple=8)
+    assert batch_padding(updates, cuda, replace(packed, type="rnn")).pack == 0
+    assert batch_padding(updates, cuda, ModelConfig()).pack == 0
 
 
 @pytest.mark.parametrize("fused", [True, False])
