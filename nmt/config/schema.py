@@ -254,7 +254,7 @@ class TransformerConfig:
     attention_impl: Literal["manual", "sdpa"] = "sdpa"
     """`manual`: attention written out; `sdpa`: torch's fused scaled_dot_product_attention (same maths)."""
     attention_pack: int = num(0, lo=0)
-    """With `sdpa`: attend in rows of up to this many positions, several sentences side by side kept apart by a block-diagonal mask (same maths, fewer and longer rows for the fused kernels on short sentences; search steps are not packed; a model compiled with symbolic sizes keeps a graph per number of sentences a row); 0: a sentence a row."""
+    """With `sdpa`: attend in rows of up to this many positions, several sentences side by side kept apart by a block-diagonal mask (same maths, fewer and longer rows for the fused kernels on short sentences). A row holds as many sentences as fit and divide the batch; static batch shapes (`train.batch_shapes`) take a multiple of that many, so their rows are full. Search steps are not packed; a model compiled with symbolic sizes keeps a graph per number of sentences a row. 0: a sentence a row."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
