@@ -164,7 +164,7 @@ def _packed(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, drop
         dest.extend(range(start, start + n))
         sentence.extend([b] * n)
     R = row_of[-1] + 1
-    seg = torch.full((R * width,), -1, dtype=torch.long)  # -1: a row's empty tail, which attends to itself only
+    seg = torch.full((R * width,), -1, dtype=torch.long)  # -1: a row's empty tail, which attends within itself
     seg[dest] = torch.tensor(sentence)
     pos = torch.arange(R * width) % width
     seg, pos = seg.view(R, width), pos.view(R, width)
