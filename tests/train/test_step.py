@@ -89,7 +89,7 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
     assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dynamic", [False, pytest.param(True, marks=pytest.mark.slow)])  # symbolic sizes: 20 s
 def test_a_compiled_model_with_sentences_side_by_side_gives_the_eager_loss(dynamic):
     """`model.transformer.attention_pack`: how many sentences share a row follows each batch's size and lengths
     (here 3, 3 and 2 of 16 positions), in a graph per shape, or with symbolic sizes in a graph per number of
