@@ -232,8 +232,10 @@ def test_updates_of_a_model_with_sentences_side_by_side_are_recorded_and_train_a
     built inside each recorded update."""
     recorded, eager, _, close = _recorded_and_eager("fp32", device, transformer={"attention_pack": 64})
     assert recorded.model.encoder.pack == 64
-    for p, q in zip(eager.model.parameters(), recorded.model.parameters(), strict=True):
-        assert torch.allclose(q, p, **close)
+    # the fused kernels' backward may add in another order each time: the key biases, whose true gradient is 0,
+    # then move by Adam's steps of rounding noise
+    a, b = (without_key_biases(t.model.state_dict()) for t in (eager, recorded))
+    assert a.keys() == b.keys() and all(torch.allclose(b[k], a[k], **close) for k in a)
 
 
 def _replayed_grad_norm(recorded_with, replayed_on, *, tokens_on_device: bool) -> float:
