@@ -131,6 +131,14 @@ def _varlen(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, drop
     return run
 
 
+def _biased_kernel(device: torch.device):
+    """Within the block, the kernel a model's attention with a full (block-diagonal) bias runs: the
+    memory-efficient one on CUDA (flash takes no bias), the plain one elsewhere."""
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel(sdpa_backends(["efficient"] if device.type == "cuda" else ["math"]))
+
+
 def pack_rows(lengths: list[int], width: int) -> list[int]:
     """The row of each sentence, laid in order into rows of `width` positions: a sentence that does not fit
     in what is left of a row starts the next one (each is at most `width` long)."""
@@ -149,8 +157,6 @@ def _packed(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, drop
     past each sentence's length (`pack_rows`), every position attending to those of its own sentence (and no
     later one where `causal`) through an additive bias; the output unpacked to (B, H, L, Dh), zeros at padded
     positions."""
-    from torch.nn.attention import sdpa_kernel
-
     B, H, L, Dh = q.shape
     width = max(pack, L)
     sizes = lengths.tolist()
@@ -173,14 +179,13 @@ def _packed(causal: bool, q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, drop
         allowed &= pos[:, None, :] <= pos[:, :, None]
     bias = attention_bias(~allowed[:, None], q.dtype).to(q.device)  # (R, 1, width, width)
     src_t, dest_t = torch.tensor(src, device=q.device), torch.tensor(dest, device=q.device)
-    backends = sdpa_backends(["efficient"] if q.device.type == "cuda" else ["math"])
 
     def pack_in(x: Tensor) -> Tensor:
         real = x.transpose(1, 2).reshape(B * L, H, Dh).index_select(0, src_t)
         return real.new_zeros(R * width, H, Dh).index_copy(0, dest_t, real).view(R, width, H, Dh).transpose(1, 2)
 
     def run() -> Tensor:
-        with sdpa_kernel(backends):
+        with _biased_kernel(q.device):
             out = F.scaled_dot_product_attention(pack_in(q), pack_in(k), pack_in(v), attn_mask=bias,
                                                  dropout_p=dropout)
         real = out.transpose(1, 2).reshape(R * width, H, Dh).index_select(0, dest_t)
@@ -193,16 +198,13 @@ def _rows(causal: bool, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: 
     """Attention as a model with `attention_pack: pack` computes it: the padded batch's sentences side by side
     in rows of up to `pack` positions (`side_by_side`, views of the projections' layout), padding and all, kept
     apart by their `block_bias`; the output (B, H, L, Dh) seen as the model sees it."""
-    from torch.nn.attention import sdpa_kernel
-
     B, H, L, Dh = q.shape
     group = sentences_per_row(B, L, pack)
     key_pad = None if causal else mask[:, 0, 0, :]  # (B, L)
     bias = block_bias(key_pad, group, L, L, causal=causal, dtype=q.dtype, device=q.device)
-    backends = sdpa_backends(["efficient"] if q.device.type == "cuda" else ["math"])
 
     def run() -> Tensor:
-        with sdpa_kernel(backends):
+        with _biased_kernel(q.device):
             out = F.scaled_dot_product_attention(*(side_by_side(t, group) for t in (q, k, v)), attn_mask=bias,
                                                  dropout_p=dropout)
         return out.transpose(1, 2).reshape(B, L, H, Dh).transpose(1, 2)

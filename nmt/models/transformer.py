@@ -432,9 +432,9 @@ class Decoder(nn.Module):
         group = 1 if past is not None else _group(self.pack, tokens.size(0), T, self.layers[0].self_attn)
         self_bias = None
         if group > 1:
-            S, rows = memory_pad_mask.size(1), {"dtype": x.dtype, "device": x.device}
-            self_bias = block_bias(None, group, T, T, causal=True, **rows)
-            memory_bias = block_bias(memory_pad_mask, group, T, S, causal=False, **rows)
+            S, like_x = memory_pad_mask.size(1), {"dtype": x.dtype, "device": x.device}
+            self_bias = block_bias(None, group, T, T, causal=True, **like_x)
+            memory_bias = block_bias(memory_pad_mask, group, T, S, causal=False, **like_x)
         wanted = None if attn_layer is None else range(len(self.layers))[attn_layer]
         present, attn = [], None
         for i, layer in enumerate(self.layers):
