@@ -88,8 +88,10 @@ class Seq2Seq(Protocol):
 
     Training with `train.cuda_graphs` records a whole update as a CUDA graph, which only a
     model whose training `forward` never waits for the device can be part of: such a model
-    sets the class attribute `graph_safe = True` (the Transformer). The RNNs pack their source
-    by lengths read on the host, so they leave it unset.
+    sets the attribute `graph_safe = True` (the Transformer). A model whose usual `forward`
+    waits, but that can compute the same without waiting, offers `make_graph_safe()`, which
+    switches it and sets `graph_safe`: the RNNs pack their source by lengths read on the host,
+    and step their encoder through every position instead.
     """
 
     src_vocab_size: int

@@ -16,7 +16,11 @@ Parts, leaves first:
     RNNSeq2Seq                  the `contract.Seq2Seq` model
 
 The encoder runs nn.GRU/nn.LSTM over packed sequences (one fused call, padding
-skipped). The decoder is a stack of cells stepped by hand: attention makes every
+skipped), which needs the source lengths on the host. Recorded as a CUDA graph
+(`train.cuda_graphs`), an update must not wait for the device, and every replay
+must serve other lengths than the recording's: `RNNSeq2Seq.make_graph_safe` makes
+the encoder step each direction through all S positions with the same weights,
+holding a sentence's state where it has no token (`RNNEncoder.stepped`). The decoder is a stack of cells stepped by hand: attention makes every
 step depend on the previous one anyway, and `decode` (teacher forcing) loops over
 the very step function `decode_step` uses, so the two agree exactly. Cells also
 keep the state batch-first (B, Ld, H) and inter-layer dropout explicit, where
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -67,6 +72,14 @@ class RNNEncoder(nn.Module):
     Each direction has H / 2 units when bidirectional, so states are H wide either way.
     Sources must be right-padded with at least one real token each.
 
+    With `stepped` set, the same recurrence runs without the lengths on the host: each
+    layer's directions step through all S positions one cell call at a time, and a
+    sentence's state changes only at its own tokens (the forward direction's stays
+    after its last, the backward one's stays zero until its last). The states, final
+    states and gradients are the packed ones, up to rounding; the steps cost S cell
+    calls per layer and direction where packing costs one fused call, so only
+    recorded updates use it (`RNNSeq2Seq.make_graph_safe`).
+
     Args:
         embedding: source embedding (passed in so it can be shared).
         cell: "gru" or "lstm".
@@ -93,17 +106,52 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             dropout=dropout if layers > 1 else 0.0,
         )
+        self.stepped = False
 
     def forward(self, src: Tensor, src_pad_mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
         final h (B, Le, H), final c (B, Le, H) or None (GRU)."""
-        lengths = (~src_pad_mask).sum(dim=1).cpu()
         embedded = self.dropout(self.embedding(src))  # (B, S, E)
+        if self.stepped:
+            return self._step_through(embedded, ~src_pad_mask)
+        lengths = (~src_pad_mask).sum(dim=1).cpu()
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
         output, final = self.rnn(packed)  # final in the original batch order
         states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
         h, c = final if isinstance(final, tuple) else (final, None)
         return states, self._batch_first(h), None if c is None else self._batch_first(c)
+
+    def _step_through(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`forward` by steps: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns."""
+        rnn, lstm = self.rnn, isinstance(self.rnn, nn.LSTM)
+        B, S, _ = embedded.shape
+        holds = real.unsqueeze(-1)  # (B, S, 1)
+        x, final_h, final_c = embedded, [], []
+        for layer in range(self.layers):
+            if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
+                x = F.dropout(x, rnn.dropout, self.training)
+            outputs, hs, cs = [], [], []
+            for direction in range(self.directions):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                weights = [getattr(rnn, f"{name}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+                h = x.new_zeros(B, rnn.hidden_size)
+                c = torch.zeros_like(h) if lstm else None
+                states: list[Tensor] = [h] * S
+                for t in range(S - 1, -1, -1) if direction else range(S):
+                    if lstm:
+                        new_h, new_c = torch.lstm_cell(x[:, t], (h, c), *weights)
+                        c = torch.where(holds[:, t], new_c, c)
+                    else:
+                        new_h = torch.gru_cell(x[:, t], h, *weights)
+                    h = states[t] = torch.where(holds[:, t], new_h, h)
+                outputs.append(torch.stack(states, dim=1))  # (B, S, H / dirs)
+                hs.append(h)
+                cs.append(c)
+            x = torch.cat(outputs, dim=-1) if self.directions > 1 else outputs[0]  # (B, S, H)
+            final_h.append(torch.cat(hs, dim=-1))
+            final_c.append(torch.cat(cs, dim=-1) if lstm else None)
+        states = x * holds  # (B, S, H): zeros at padding, as unpacking leaves them
+        return states, torch.stack(final_h, dim=1), torch.stack(final_c, dim=1) if lstm else None
 
     def _batch_first(self, final: Tensor) -> Tensor:
         _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
@@ -377,6 +425,7 @@ class RNNSeq2Seq(nn.Module):
 
     compile_by_step = True  # see `compile` and `contract.Seq2Seq`
     _teacher_step = None  # the compiled decoder step, once `compile` has run
+    graph_safe = False  # until `make_graph_safe`: see `contract.Seq2Seq`
 
     def __init__(
         self, *, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, cell: str, embed_dim: int,
@@ -456,6 +505,12 @@ class RNNSeq2Seq(nn.Module):
         sequences is one fused call already. Parameter names do not change.
         """
         self._teacher_step = torch.compile(_decoder_step, *args, **kwargs)  # a function, not a submodule
+
+    def make_graph_safe(self) -> None:
+        """Let `train.cuda_graphs` record this model's updates: the encoder steps through every position
+        (`RNNEncoder.stepped`) instead of packing the source by lengths read on the host. The results are
+        the same, up to rounding; the parameters and checkpoints too."""
+        self.encoder.stepped = self.graph_safe = True
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).

@@ -185,6 +185,56 @@ def test_summary_is_the_final_state_of_both_directions():
     assert (states[mask] == 0).all()
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_a_stepped_encoder_gives_the_packed_states_final_states_and_gradients(cell, bidirectional, layers):
+    """`make_graph_safe` (for recorded updates) steps the encoder through every position: the same numbers as
+    packing, for sentences of 1 to 6 tokens (one as long as the batch) and a prefix trained on them."""
+    packed = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train()
+    stepped = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train()
+    stepped.make_graph_safe()
+    assert stepped.encoder.stepped and stepped.graph_safe and not packed.encoder.stepped and not packed.graph_safe
+    src = torch.tensor([[3, 4, 5, 6, 7, 8], [9, PAD, PAD, PAD, PAD, PAD], [10, 11, 12, 3, PAD, PAD]])
+    mask = pad_mask_from_tokens(src, PAD)
+    tgt_in = torch.tensor([[BOS, 3, 4], [BOS, 6, 7], [BOS, 9, 10]])
+    outputs = []
+    for model in (packed, stepped):
+        encoded = model.encoder(src, mask)
+        logits = model(src, mask, tgt_in)
+        (logits.square().sum() + sum(x.sum() for x in encoded if x is not None)).backward()
+        outputs.append((encoded, logits))
+    (states, final_h, final_c), logits = outputs[0]
+    (s_states, s_final_h, s_final_c), s_logits = outputs[1]
+    close = dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s_states, states, **close)
+    assert (s_states[mask] == 0).all()  # zeros at padding, as unpacking leaves them
+    torch.testing.assert_close(s_final_h, final_h, **close)
+    assert (final_c is None) == (cell == "gru") and (s_final_c is None) == (cell == "gru")
+    if cell == "lstm":
+        torch.testing.assert_close(s_final_c, final_c, **close)
+    torch.testing.assert_close(s_logits, logits, **close)
+    grads = dict(stepped.named_parameters())
+    for name, p in packed.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(grads[name].grad, p.grad, **close, msg=name)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_stepped_encoder_drops_out_between_its_layers_in_training_only(layers):
+    """nn.LSTM's dropout between layers, which stepping applies itself (from another random stream than the
+    fused kernels): with the embeddings' dropout off, two training passes differ with two layers only."""
+    stepped = make(cell="lstm", dropout=0.5, encoder_layers=layers)
+    stepped.make_graph_safe()
+    stepped.encoder.dropout.p = 0.0  # the embeddings'
+    src, mask, _ = batch()
+    stepped.train()
+    first, second = stepped.encoder(src, mask)[0], stepped.encoder(src, mask)[0]
+    assert torch.equal(first, second) == (layers == 1)
+    stepped.eval()
+    assert torch.equal(stepped.encoder(src, mask)[0], stepped.encoder(src, mask)[0])
+
+
 @pytest.mark.parametrize("tie", ["decoder", "all"])
 def test_tied_embeddings(tie):
     model = make(tie_embeddings=tie, src_vocab_size=11)
