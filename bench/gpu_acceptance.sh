@@ -9,8 +9,9 @@
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
 # auto now chooses); updates (its speed rows, to the Transformer-base ones) and experiments (TRAIN_SECONDS=240)
 # on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, attention_pack, its GPU
-# tests, the toy trainings), then updates-compiled, graphs, speed, multi30k (again, with update graphs), tests
-# and compiled.
+# tests, the toy trainings), then rnn-updates, updates-compiled, graphs, speed, multi30k (again, with update
+# graphs), experiments (with TRAIN_ARGS="--set train.cuda_graphs=true" if rnn-updates says the RNNs gain),
+# tests and compiled.
 # Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
 # is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
 #
@@ -37,6 +38,9 @@
 #              of the loss, the kernels, the Transformer and recorded updates (the stage stops if the last
 #              fail); then a toy training with recorded updates, resumed, and one with train.accumulate 2
 #                                                                                        (about 8 min)
+#   rnn-updates  the Bahdanau and Luong RNNs in fp32 and bf16, eager and with train.cuda_graphs (the encoder
+#              stepped through every position), with profiles; the recorded-update tests of the RNNs; a toy
+#              RNN trained with recorded updates, then resumed                          (about 4 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
 #              attention as plain matrix products (--attention math)                     (about 8 min)
@@ -62,7 +66,7 @@
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
 set -uo pipefail
-stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|updates|updates-compiled|multi30k|experiments|tests [OUT]}
+stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|updates|rnn-updates|updates-compiled|multi30k|experiments|tests [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 data=${NMT_DATA:-../shared/data/multi30k}
@@ -183,6 +187,21 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
       --set train.device=$device --set train.cuda_graphs=true --set train.accumulate=2 --set train.max_steps=100 \
       --set train.valid_every=50 --restart ${TRAIN_ARGS:-}
     cp /tmp/gpu_updates_accumulate/metrics.jsonl "$out/updates_accumulate_metrics.jsonl" 2>/dev/null ;;
+  rnn-updates)
+    # the RNN experiments' updates, eager and recorded whole (train.cuda_graphs; their encoder then steps through
+    # every source position): on an H200 the eager Bahdanau RNN trained at 98,689 target tokens/s in fp32, bound
+    # by the launches of its decoder's steps, and in 240 s side by side the RNNs did not converge (2026-11-27)
+    for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general; do
+      run "$py" bench/train_speed.py configs/$e.yaml --precisions fp32,bf16 --compile off --update-graphs off,on \
+        --steps 20 --profile 5 --json "$out/updates_$e.json" ${TRAIN_ARGS:-}
+    done
+    run "$py" -m pytest -q -rs tests/train/test_graphs.py -k "recurrent or packed" || exit 1
+    for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
+      run "$py" -m nmt train configs/toy_rnn_luong_general.yaml --set run_dir=/tmp/gpu_rnn_updates \
+        --set train.device=$device --set train.cuda_graphs=true --set train.max_steps=$steps_to \
+        --set train.valid_every=100 ${TRAIN_ARGS:-}
+    done
+    cp /tmp/gpu_rnn_updates/metrics.jsonl "$out/rnn_updates_metrics.jsonl" 2>/dev/null ;;
   updates-compiled)
     # update graphs of a compiled model (default mode: kernels fused, no graphs of its own), a compilation per
     # batch shape (so lengths a multiple of 8): the Multi30k shape in fp32 and bf16, then Transformer-base
@@ -247,6 +266,6 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \
       --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100 ;;
   *)
-    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, updates-compiled, multi30k, experiments or tests" >&2
+    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, rnn-updates, updates-compiled, multi30k, experiments or tests" >&2
     exit 2 ;;
 esac
