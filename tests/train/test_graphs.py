@@ -342,15 +342,17 @@ def test_a_recorded_update_draws_new_dropout_masks_at_every_replay():
     assert len(set(replays)) == len(replays)  # a frozen random state would give one loss, again and again
 
 
-def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int = 1) -> int:
-    """`nmt.train.loop.train` of the tiny config with static batch shapes (two), eager or with recorded
-    updates: on a GPU CUDA graphs (`train.cuda_graphs`), on a CPU `TracedUpdates`; the number of updates
-    recorded."""
+def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int = 1,
+           model_type: str = "transformer") -> int:
+    """`nmt.train.loop.train` of the tiny config (a Transformer, or an RNN) with static batch shapes (two),
+    eager or with recorded updates: on a GPU CUDA graphs (`train.cuda_graphs`), on a CPU `TracedUpdates`; the
+    number of updates recorded."""
     on_gpu = torch.cuda.is_available()
     raw = tiny_raw(corpus, run_dir, max_steps=max_steps, valid_every=10, log_every=5, pad_to_multiple=32,
                    length_buckets="multiple", batch_shapes="static", eps=1e-6, accumulate=accumulate,
                    cuda_graphs=recorded and on_gpu)
-    raw["model"]["transformer"]["dropout"] = 0.0
+    raw["model"]["type"] = model_type
+    raw["model"][model_type]["dropout"] = 0.0
     cfg = config_from_dict(raw)
     run = build_run(cfg)
     if recorded and not on_gpu:  # what prepare_step does on CUDA, with the CPU's stand-in for the graphs
@@ -381,3 +383,23 @@ def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_
     a, b = (without_key_biases(weights(run / "ckpt_40.pt")) for run in (eager, recorded))
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a), \
         max((float((a[k] - b[k]).abs().max()), k) for k in a)
+
+
+@pytest.mark.slow
+def test_a_run_of_recorded_rnn_updates_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path):
+    """The RNN's recorded updates step its encoder, its validation (the fp32 model's) too: the run's checkpoints
+    hold the eager run's weights, before and after resuming."""
+    def train(name: str, recorded: bool, max_steps: int) -> int:
+        return _train(small_corpus, tmp_path / name, recorded=recorded, max_steps=max_steps, model_type="rnn")
+
+    assert train("eager", False, 20) == 0
+    assert train("recorded", True, 20) == 2
+    train("eager", False, 26)
+    assert train("recorded", True, 26) >= 1
+    for step in (20, 26):
+        a, b = (weights(tmp_path / name / f"ckpt_{step}.pt") for name in ("eager", "recorded"))
+        assert a.keys() == b.keys()
+        assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a), \
+            max((float((a[k] - b[k]).abs().max()), k) for k in a)
+    logged = [json.loads(line) for line in (tmp_path / "recorded" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["event"] == "valid" for r in logged)
