@@ -126,11 +126,13 @@ class RNNEncoder(nn.Module):
         rnn, lstm = self.rnn, isinstance(self.rnn, nn.LSTM)
         B, S, _ = embedded.shape
         holds = real.unsqueeze(-1)  # (B, S, 1)
+        held = holds.unbind(1)  # S of (B, 1)
         x, final_h, final_c = embedded, [], []
         for layer in range(self.layers):
             if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
                 x = F.dropout(x, rnn.dropout, self.training)
             outputs, hs, cs = [], [], []
+            inputs = x.unbind(1)  # S views (B, I): their gradients come back as one stack, not S full-size sums
             for direction in range(self.directions):
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
                 weights = [getattr(rnn, f"{name}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
@@ -139,11 +141,11 @@ class RNNEncoder(nn.Module):
                 states: list[Tensor] = [h] * S
                 for t in range(S - 1, -1, -1) if direction else range(S):
                     if lstm:
-                        new_h, new_c = torch.lstm_cell(x[:, t], (h, c), *weights)
-                        c = torch.where(holds[:, t], new_c, c)
+                        new_h, new_c = torch.lstm_cell(inputs[t], (h, c), *weights)
+                        c = torch.where(held[t], new_c, c)
                     else:
-                        new_h = torch.gru_cell(x[:, t], h, *weights)
-                    h = states[t] = torch.where(holds[:, t], new_h, h)
+                        new_h = torch.gru_cell(inputs[t], h, *weights)
+                    h = states[t] = torch.where(held[t], new_h, h)
                 outputs.append(torch.stack(states, dim=1))  # (B, S, H / dirs)
                 hs.append(h)
                 cs.append(c)
@@ -540,8 +542,8 @@ class RNNSeq2Seq(nn.Module):
         embedded = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
         step = self.decoder if self._teacher_step is None else partial(self._teacher_step, self.decoder)
         outputs = []
-        for t in range(tgt_in.size(1)):
-            output, state, _ = step(embedded[:, t], memory, state)
+        for inputs in embedded.unbind(1):  # views whose gradients come back as one stack, not T full-size sums
+            output, state, _ = step(inputs, memory, state)
             outputs.append(output)
         return self._logits(torch.stack(outputs, dim=1))  # (B, T, V)
 
