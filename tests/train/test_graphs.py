@@ -194,9 +194,10 @@ def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool =
         prepare_step(recorded, replace(tc, cuda_graphs=False), device, Dist(), shapes=2)
         recorded.update_graphs = TracedUpdates(recorded, tc, device)
     # a bug that a recording keeps (a rate, a token count) moves weights by about the rate (0.01) per update
-    # (an RNN's recorded updates step its encoder where the eager ones pack it: other kernels, rounding otherwise)
-    same_kernels = device.type == "cpu" and rnn is None
-    close = dict(rtol=1e-4, atol=1e-4) if precision == "fp32" or same_kernels else dict(rtol=1e-2, atol=1e-3)
+    # an RNN's recorded updates step its encoder where the eager ones pack it, on a GPU through cuDNN (which may
+    # round its products to TF32): other kernels, which round otherwise in bf16 or on a GPU
+    tight = precision == "fp32" or device.type == "cpu" if rnn is None else precision == "fp32" and device.type == "cpu"
+    close = dict(rtol=1e-4, atol=1e-4) if tight else dict(rtol=1e-2, atol=1e-3)
     for group in groups:
         e, r = train_step(eager, group, tc, device), train_step(recorded, group, tc, device)
         assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
@@ -388,7 +389,9 @@ def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_
 @pytest.mark.slow
 def test_a_run_of_recorded_rnn_updates_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path):
     """The RNN's recorded updates step its encoder, its validation (the fp32 model's) too: the run's checkpoints
-    hold the eager run's weights, before and after resuming."""
+    hold the eager run's weights, before and after resuming (on a GPU up to the rounding of cuDNN's packed
+    encoder, which may use TF32, against the stepped one)."""
+    close = dict(rtol=1e-3, atol=1e-3) if torch.cuda.is_available() else dict(rtol=1e-4, atol=1e-5)
     def train(name: str, recorded: bool, max_steps: int) -> int:
         return _train(small_corpus, tmp_path / name, recorded=recorded, max_steps=max_steps, model_type="rnn")
 
@@ -399,7 +402,6 @@ def test_a_run_of_recorded_rnn_updates_validates_saves_and_resumes_as_an_eager_r
     for step in (20, 26):
         a, b = (weights(tmp_path / name / f"ckpt_{step}.pt") for name in ("eager", "recorded"))
         assert a.keys() == b.keys()
-        assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a), \
-            max((float((a[k] - b[k]).abs().max()), k) for k in a)
+        assert all(torch.allclose(a[k], b[k], **close) for k in a), max((float((a[k] - b[k]).abs().max()), k) for k in a)
     logged = [json.loads(line) for line in (tmp_path / "recorded" / "metrics.jsonl").read_text().splitlines()]
     assert any(r["event"] == "valid" for r in logged)
