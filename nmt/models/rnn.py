@@ -20,7 +20,9 @@ skipped), which needs the source lengths on the host. Recorded as a CUDA graph
 (`train.cuda_graphs`), an update must not wait for the device, and every replay
 must serve other lengths than the recording's: `RNNSeq2Seq.make_graph_safe` makes
 the encoder step each direction through all S positions with the same weights,
-holding a sentence's state where it has no token (`RNNEncoder.stepped`). The decoder is a stack of cells stepped by hand: attention makes every
+holding a sentence's state where it has no token (`RNNEncoder.stepped`).
+
+The decoder is a stack of cells stepped by hand: attention makes every
 step depend on the previous one anyway, and `decode` (teacher forcing) loops over
 the very step function `decode_step` uses, so the two agree exactly. Cells also
 keep the state batch-first (B, Ld, H) and inter-layer dropout explicit, where

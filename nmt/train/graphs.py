@@ -81,7 +81,8 @@ class UpdateGraphs:
     `run_eagerly` and `record` are where CUDA comes in; everything else is the same on any device.
 
     Args:
-        t: what the updates update; its optimizer's learning rates become tensors on `device`.
+        t: what the updates update; its optimizer's learning rates become tensors on `device`, and the model
+            its updates run is made graph-safe where it is not (`contract.Seq2Seq`).
         tc: the training config.
         device: the training device.
     """
