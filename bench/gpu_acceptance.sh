@@ -83,7 +83,7 @@ git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
 # held (train_speed's rows go to stderr as each is measured, but its table and the training logs go to
 # stdout).
 export PYTHONFAULTHANDLER=1 PYTHONUNBUFFERED=1
-log() { echo "== $*" | tee -a "$out/$stage.log"; }
+log() { echo "== [${SECONDS}s] $*" | tee -a "$out/$stage.log"; }  # seconds since the stage began
 # the device tool brings back at most 8 files: there, everything but the log goes into one archive at the end
 pack() {
   [[ -n ${OUT:-} && $(realpath "$out") == $(realpath "$OUT") ]] || return 0
