@@ -10,6 +10,7 @@ import torch
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import UserError
 from nmt.fileio import write_atomic
+from nmt.train.saving import CheckpointWriter
 
 
 @pytest.fixture
@@ -39,3 +40,15 @@ def test_plain_writes_that_fill_the_disk_say_so_too(small_disk):
     with pytest.raises(UserError, match="disk full"):
         write_atomic(small_disk / "out.txt", lambda f: f.write(b"x" * 1_000_000))
     assert list(small_disk.iterdir()) == []
+
+
+def test_a_checkpoint_written_in_the_background_says_disk_full_in_the_training_thread(small_disk):
+    """Training writes its checkpoints on a writer thread (`nmt.train.saving`): the same one line, raised where
+    the loop calls the writer next, the checkpoint before it intact."""
+    writer = CheckpointWriter(small_disk, keep_last=5)
+    writer.submit({"model": {"w": torch.zeros(100)}}, small_disk / "ckpt_1.pt", best=False)
+    writer.submit({"model": {"w": torch.zeros(1_000_000)}}, small_disk / "ckpt_2.pt", best=True)
+    with pytest.raises(UserError, match=r"ckpt_2\.pt: disk full .* MiB free there.*previous file is unchanged"):
+        writer.close()
+    assert load_checkpoint(small_disk / "ckpt_1.pt")["model"]["w"].shape == (100,)
+    assert [p.name for p in small_disk.iterdir()] == ["ckpt_1.pt"]

@@ -26,13 +26,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from nmt.checkpoint import (
-    average_checkpoints,
-    last_checkpoints,
-    latest_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-)
+from nmt.checkpoint import average_checkpoints, last_checkpoints, latest_checkpoint, save_checkpoint
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.data.batching import Batch
 from nmt.metrics import METRICS
@@ -42,6 +36,7 @@ from nmt.train.data import batch_loader, batch_padding
 from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
 from nmt.train.loss import perplexity
 from nmt.train.metrics import MetricsLog
+from nmt.train.saving import CheckpointWriter
 from nmt.train.setup import Run, build_run
 from nmt.train.step import StepResult, train_step
 from nmt.train.validate import early_stop_metric, validate
@@ -106,7 +101,11 @@ def train_run(run: Run) -> dict[str, Any]:
     try:
         return loop.run()
     finally:
-        loop.metrics.close()
+        try:
+            if loop.writer is not None:
+                loop.writer.close()  # a checkpoint being written is finished before the run ends, however it ends
+        finally:
+            loop.metrics.close()
 
 
 class _Loop:
@@ -130,6 +129,8 @@ class _Loop:
         self.metrics = MetricsLog(self.run_dir, resume_step=self.p.step, enabled=self.ctx.is_main,
                                   tensorboard=self.tc.tensorboard)
         self.window = _Window()
+        # rank 0 writes the checkpoints, in the background (`nmt.train.saving`)
+        self.writer = CheckpointWriter(self.run_dir, self.tc.keep_last) if self.ctx.is_main else None
 
     def run(self) -> dict[str, Any]:
         """Train until a stop condition, validate once more if needed, and return the summary."""
@@ -146,6 +147,8 @@ class _Loop:
                 reason = self._train(groups, signals)
         if p.validated_step != p.step:
             self._validate_and_save()
+        if self.writer is not None:
+            self.writer.wait()  # every checkpoint on disk: averaging reads them, and the summary names them
         averaged = self._write_average() if tc.average_last and self.ctx.is_main else None
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,
@@ -276,6 +279,8 @@ class _Loop:
         p, tc = self.p, self.tc
         if p.step % tc.log_every == 0 or p.step == 1:
             self._log_train(bar)
+        if self.writer is not None:
+            self.writer.raise_if_failed()  # a full disk stops training at the update after the failed write
         t0 = time.perf_counter()
         if p.step % tc.valid_every == 0:
             self._validate_and_save()
@@ -309,6 +314,8 @@ class _Loop:
         signum, out_of_time = self.stop or (0, False)
         if signum:
             path = self._save() if self.saved_step != p.step else self.run_dir / f"ckpt_{p.step}.pt"
+            if self.writer is not None:
+                self.writer.wait()  # on disk before the run says so
             self.metrics.write({"event": "interrupted", "step": p.step, "signal": int(signum)})
             raise Interrupted(int(signum), path, p.step)
         if tc.max_steps and p.step >= tc.max_steps:
@@ -361,7 +368,8 @@ class _Loop:
         self._save(best=improved)
 
     def _save(self, *, best: bool = False) -> Path:
-        """Write `ckpt_<step>.pt` (and `best.pt`) from rank 0; every rank must call it (RNG states are gathered)."""
+        """Write `ckpt_<step>.pt` (and `best.pt`) from rank 0, in the background (`self.writer`); every rank must
+        call it (RNG states are gathered)."""
         payload = {
             "config": config_to_dict(self.cfg),
             "tokenizer": self.data.tokenizer.to_state(),
@@ -374,13 +382,10 @@ class _Loop:
             "parameters": self.n_params,
         }
         path = self.run_dir / f"ckpt_{self.p.step}.pt"
-        if self.ctx.is_main:
-            # This order keeps best.pt recoverable: a kill before best.pt is written leaves ckpt_<best_step>.pt
-            # for resume_run to copy, and pruning, which could remove it, only runs once best.pt is written.
-            save_checkpoint(payload, path)
-            if best:
-                save_checkpoint(payload, self.run_dir / "best.pt")
-            prune_checkpoints(self.run_dir, self.tc.keep_last)
+        if self.writer is not None:
+            # Written in this order: a kill before best.pt is written leaves ckpt_<best_step>.pt for resume_run
+            # to copy, and pruning, which could remove it, only runs once best.pt is written.
+            self.writer.submit(payload, path, best=best)
         self.saved_step = self.p.step
         return path
 
