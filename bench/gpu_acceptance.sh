@@ -57,7 +57,8 @@
 #              log in OUT/NAME.log, scored on both test sets; then their results table. EXPERIMENTS names
 #              others                                                                   (about 9 min)
 #   tests      the tests that only run on CUDA, the distributed tests on one GPU, training with
-#              --set train.device=cuda:0, and an RNN trained in bf16 (cuDNN's bf16 RNN)  (about 3 min)
+#              --set train.device=cuda:0, an RNN trained in bf16 (cuDNN's bf16 RNN), and what a checkpoint
+#              costs the loop (bench/checkpoint_speed.py)                                (about 3 min)
 #
 # DEVICE (default cuda), TRAIN_SECONDS (default 270; 480 in experiments) and STEPS (timed updates per speed
 # row, default 50) let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
@@ -264,7 +265,9 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     run "$py" -m nmt train configs/toy_transformer.yaml --restart --set run_dir=/tmp/gpu_cuda0 \
       --set train.device=$device:0 --set train.max_steps=100 --set train.valid_every=100
     run "$py" -m nmt train configs/toy_rnn_bahdanau.yaml --restart --set run_dir=/tmp/gpu_rnn_bf16 \
-      --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100 ;;
+      --set train.device=$device --set train.precision=bf16 --set train.max_steps=100 --set train.valid_every=100
+    # what a validation's save costs the loop with the state on the GPU: written in its thread, or in the background
+    run "$py" bench/checkpoint_speed.py configs/multi30k_transformer.yaml --device "$device" ;;
   *)
     echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, rnn-updates, updates-compiled, multi30k, experiments or tests" >&2
     exit 2 ;;
