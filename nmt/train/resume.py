@@ -109,10 +109,10 @@ def newest_readable_checkpoint(run_dir: Path) -> tuple[Path | None, dict[str, An
 def restore_best(run_dir: Path, progress: dict[str, Any]) -> None:
     """Make `best.pt` the checkpoint of the best step that `progress` records.
 
-    `_Loop._save` (nmt.train.loop) writes `ckpt_<step>.pt`, then `best.pt`, then prunes, each atomically: a kill
-    between the first two leaves a `best.pt` of an earlier step, or none, while the progress and
-    `metrics.jsonl` already name the new best step; its `ckpt_<step>.pt` is still there, since
-    pruning comes last. Copying it over `best.pt` (atomically) repairs the run directory.
+    Training (`nmt.train.saving.CheckpointWriter`) writes `ckpt_<step>.pt`, then `best.pt`, then
+    prunes, each atomically: a kill between the first two leaves a `best.pt` of an earlier step, or
+    none, while the progress and `metrics.jsonl` already name the new best step; its `ckpt_<step>.pt`
+    is still there, since pruning comes last. Copying it over `best.pt` (atomically) repairs the run directory.
     """
     best_step = progress.get("best_step", -1)
     if best_step < 0:  # no validation yet, or a checkpoint from before best_step was kept
