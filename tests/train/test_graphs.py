@@ -254,18 +254,21 @@ def test_updates_of_a_model_with_sentences_side_by_side_are_recorded_and_train_a
 
 @pytest.mark.parametrize("device", [pytest.param(torch.device("cpu"), id="cpu"),
                                     pytest.param(CUDA, id="cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize(("precision", "rnn"), [
-    ("fp32", dict(cell="lstm", decoder="luong", attention="general")),
-    pytest.param("fp32", dict(cell="gru", decoder="none", bidirectional=False), marks=pytest.mark.slow),
-    pytest.param("fp32", dict(cell="gru", decoder="bahdanau", attention="additive"), marks=pytest.mark.slow),
-    pytest.param("bf16", dict(cell="lstm", decoder="luong", attention="general"), marks=pytest.mark.slow),
-], ids=["lstm-luong", "gru-none-unidirectional", "gru-bahdanau", "lstm-luong-bf16"])
+@pytest.mark.parametrize(("precision", "rnn", "accumulate"), [
+    ("fp32", dict(cell="lstm", decoder="luong", attention="general"), 1),
+    pytest.param("fp32", dict(cell="gru", decoder="none", bidirectional=False), 1, marks=pytest.mark.slow),
+    pytest.param("fp32", dict(cell="gru", decoder="bahdanau", attention="additive"), 1, marks=pytest.mark.slow),
+    pytest.param("bf16", dict(cell="lstm", decoder="luong", attention="general"), 1, marks=pytest.mark.slow),
+    pytest.param("fp32", dict(cell="lstm", decoder="luong", attention="general"), 2, marks=pytest.mark.slow),
+], ids=["lstm-luong", "gru-none-unidirectional", "gru-bahdanau", "lstm-luong-bf16", "lstm-luong-accumulate2"])
 def test_updates_of_a_recurrent_model_are_recorded_with_its_encoder_stepped_and_train_as_eager_ones(
-        device, precision, rnn):
-    """Two encoder layers, sentences of 3 to 9 source tokens in batches of 16 and 32 positions: a recording
+        device, precision, rnn, accumulate):
+    """Two encoder layers, sentences of 3 to 9 source tokens in batches of 10 and 20 positions: a recording
     that kept the lengths it was recorded with would give every later batch of its shape the wrong encoder
-    states (`test_a_recording_of_a_packed_encoder_keeps_the_source_lengths_it_was_recorded_with`)."""
-    recorded, eager, _, close = _recorded_and_eager(precision, device, rnn=dict(encoder_layers=2, **rnn))
+    states (`test_a_packed_encoder_cannot_be_recorded_and_a_stepped_one_replays_on_other_sentences`). With
+    `accumulate` 2, each batch shape's part and the update's end are recorded apart."""
+    recorded, eager, _, close = _recorded_and_eager(precision, device, accumulate=accumulate,
+                                                    rnn=dict(encoder_layers=2, **rnn))
     runner = recorded.half.copy if recorded.half is not None else recorded.model
     assert runner.encoder.stepped and runner.graph_safe  # made so by `UpdateGraphs`
     assert not eager.model.encoder.stepped
