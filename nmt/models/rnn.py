@@ -19,8 +19,9 @@ The encoder runs nn.GRU/nn.LSTM over packed sequences (one fused call, padding
 skipped), which needs the source lengths on the host. Recorded as a CUDA graph
 (`train.cuda_graphs`), an update must not wait for the device, and every replay
 must serve other lengths than the recording's: `RNNSeq2Seq.make_graph_safe` makes
-the encoder step each direction through all S positions with the same weights,
-holding a sentence's state where it has no token (`RNNEncoder.stepped`).
+the encoder step through all S positions with the same weights, both directions in
+one cell call a step, holding a sentence's state where it has no token
+(`RNNEncoder.stepped`).
 
 The decoder is a stack of cells stepped by hand: attention makes every
 step depend on the previous one anyway, and `decode` (teacher forcing) loops over
@@ -75,12 +76,12 @@ class RNNEncoder(nn.Module):
     Sources must be right-padded with at least one real token each.
 
     With `stepped` set, the same recurrence runs without the lengths on the host: each
-    layer's directions step through all S positions one cell call at a time, and a
+    layer steps through all S positions, one cell call a step for both directions, and a
     sentence's state changes only at its own tokens (the forward direction's stays
     after its last, the backward one's stays zero until its last). The states, final
     states and gradients are the packed ones, up to rounding; the steps cost S cell
-    calls per layer and direction where packing costs one fused call, so only
-    recorded updates use it (`RNNSeq2Seq.make_graph_safe`).
+    calls per layer where packing costs one fused call, so only recorded updates use
+    it (`RNNSeq2Seq.make_graph_safe`).
 
     Args:
         embedding: source embedding (passed in so it can be shared).
@@ -124,44 +125,76 @@ class RNNEncoder(nn.Module):
         return states, self._batch_first(h), None if c is None else self._batch_first(c)
 
     def _step_through(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """`forward` by steps: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns."""
-        rnn, lstm = self.rnn, isinstance(self.rnn, nn.LSTM)
+        """`forward` by steps: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns.
+
+        Both directions of a layer take one cell call a step (`_both_directions`): step t reads
+        position t forwards and position S - 1 - t backwards, in a cell twice as wide.
+        """
+        rnn, lstm, both = self.rnn, isinstance(self.rnn, nn.LSTM), self.directions == 2
         B, S, _ = embedded.shape
-        holds = real.unsqueeze(-1)  # (B, S, 1)
-        held = holds.unbind(1)  # S of (B, 1)
+        half = rnn.hidden_size  # each direction's width
+        holds = real.unsqueeze(-1).expand(B, S, half)  # (B, S, H / dirs)
+        if both:
+            holds = torch.cat([holds, holds.flip(1)], dim=-1)  # (B, S, H): the backward half read from the end
+        held = holds.unbind(1)  # S of (B, H)
         x, final_h, final_c = embedded, [], []
         for layer in range(self.layers):
             if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
                 x = F.dropout(x, rnn.dropout, self.training)
-            outputs, hs, cs = [], [], []
-            inputs = x.unbind(1)  # S views (B, I): their gradients come back as one stack, not S full-size sums
-            for direction in range(self.directions):
-                suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                weights = [getattr(rnn, f"{name}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-                h = x.new_zeros(B, rnn.hidden_size)
-                c = torch.zeros_like(h) if lstm else None
-                states: list[Tensor] = [h] * S
-                for t in range(S - 1, -1, -1) if direction else range(S):
-                    if lstm:
-                        new_h, new_c = torch.lstm_cell(inputs[t], (h, c), *weights)
-                        c = torch.where(held[t], new_c, c)
-                    else:
-                        new_h = torch.gru_cell(inputs[t], h, *weights)
-                    h = states[t] = torch.where(held[t], new_h, h)
-                outputs.append(torch.stack(states, dim=1))  # (B, S, H / dirs)
-                hs.append(h)
-                cs.append(c)
-            x = torch.cat(outputs, dim=-1) if self.directions > 1 else outputs[0]  # (B, S, H)
-            final_h.append(torch.cat(hs, dim=-1))
-            final_c.append(torch.cat(cs, dim=-1) if lstm else None)
-        states = x * holds  # (B, S, H): zeros at padding, as unpacking leaves them
+            weights = self._cell_weights(layer)
+            steps = torch.cat([x, x.flip(1)], dim=-1) if both else x  # (B, S, dirs * I)
+            h = x.new_zeros(B, self.directions * half)
+            c = torch.zeros_like(h) if lstm else None
+            states = []
+            for t, inputs in enumerate(steps.unbind(1)):  # views whose gradients come back as one stack
+                if lstm:
+                    new_h, new_c = torch.lstm_cell(inputs, (h, c), *weights)
+                    c = torch.where(held[t], new_c, c)
+                else:
+                    new_h = torch.gru_cell(inputs, h, *weights)
+                h = torch.where(held[t], new_h, h)  # a sentence's state changes at its own tokens only
+                states.append(h)
+            x = torch.stack(states, dim=1)  # (B, S, dirs * H / dirs), the backward half from the end
+            if both:
+                x = torch.cat([x[..., :half], x[..., half:].flip(1)], dim=-1)  # (B, S, H): [fwd; bwd] at each position
+            final_h.append(h)  # (B, H): [fwd; bwd], as `_batch_first` lays packing's out
+            final_c.append(c)
+        states = x * real.unsqueeze(-1)  # (B, S, H): zeros at padding, as unpacking leaves them
         return states, torch.stack(final_h, dim=1), torch.stack(final_c, dim=1) if lstm else None
+
+    def _cell_weights(self, layer: int) -> list[Tensor]:
+        """`layer`'s input and hidden weights and biases as one cell's: the nn.GRU/nn.LSTM parameters
+        themselves with one direction, both directions' side by side with two (`_both_directions`)."""
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        forward = [getattr(self.rnn, f"{name}_l{layer}") for name in names]
+        if self.directions == 1:
+            return forward
+        backward = [getattr(self.rnn, f"{name}_l{layer}_reverse") for name in names]
+        gates = 4 if isinstance(self.rnn, nn.LSTM) else 3
+        return [_both_directions(f, b, gates) for f, b in zip(forward, backward, strict=True)]
 
     def _batch_first(self, final: Tensor) -> Tensor:
         _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
         final = final.view(self.layers, self.directions, B, half)  # (Le, dirs, B, H / dirs)
         final = final.permute(2, 0, 1, 3)  # (B, Le, dirs, H / dirs)
         return final.reshape(B, self.layers, self.directions * half)  # (B, Le, H): [fwd; bwd]
+
+
+def _both_directions(forward: Tensor, backward: Tensor, gates: int) -> Tensor:
+    """Two directions' cell weights (gates * h, n) or biases (gates * h,) as one cell's of twice the width.
+
+    A GRU or LSTM cell acts on each hidden unit alone once its gates' inputs are summed, so one
+    cell of 2h units whose weights are block-diagonal, the forward direction's units reading the
+    first n inputs (and units) and the backward one's the last n, computes both directions at
+    once. Gate by gate, the forward direction's h rows come first: the cell splits its rows
+    into `gates` equal chunks, each then [fwd; bwd].
+    """
+    if forward.dim() == 1:
+        return torch.cat([part for pair in zip(forward.chunk(gates), backward.chunk(gates)) for part in pair])
+    rows, n = forward.shape[0] // gates, forward.shape[1]
+    zeros = forward.new_zeros(rows, n)
+    return torch.cat([torch.cat([torch.cat([f, zeros], dim=1), torch.cat([zeros, b], dim=1)])
+                      for f, b in zip(forward.chunk(gates), backward.chunk(gates))])
 
 
 # --------------------------------------------------------------------------- bridges
