@@ -40,7 +40,8 @@
 #                                                                                        (about 8 min)
 #   rnn-updates  the Bahdanau and Luong RNNs in fp32 and bf16, eager and with train.cuda_graphs (the encoder
 #              stepped through every position), with profiles; the recorded-update tests of the RNNs; a toy
-#              RNN trained with recorded updates, then resumed                          (about 4 min)
+#              RNN trained with recorded updates, then resumed; then the Bahdanau RNN's recorded updates over
+#              its compiled decoder step                                                  (about 5 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
 #              shape): the Multi30k shape in fp32 and bf16, then Transformer-base in bf16, then with
 #              attention as plain matrix products (--attention math)                     (about 8 min)
@@ -202,7 +203,12 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
         --set train.device=$device --set train.cuda_graphs=true --set train.max_steps=$steps_to \
         --set train.valid_every=100 ${TRAIN_ARGS:-}
     done
-    cp /tmp/gpu_rnn_updates/metrics.jsonl "$out/rnn_updates_metrics.jsonl" 2>/dev/null ;;
+    cp /tmp/gpu_rnn_updates/metrics.jsonl "$out/rnn_updates_metrics.jsonl" 2>/dev/null
+    # last, as it compiles: recorded updates over a compiled decoder step (its attention, cell and readout fused),
+    # one graph with symbolic sizes for every batch shape
+    run "$py" bench/train_speed.py configs/multi30k_rnn_bahdanau.yaml --precisions bf16 --compile default \
+      --update-graphs on --steps 20 --set train.compile_dynamic=true --json "$out/updates_rnn_compiled.json" \
+      ${TRAIN_ARGS:-} ;;
   updates-compiled)
     # update graphs of a compiled model (default mode: kernels fused, no graphs of its own), a compilation per
     # batch shape (so lengths a multiple of 8): the Multi30k shape in fp32 and bf16, then Transformer-base
