@@ -154,7 +154,7 @@ class RNNEncoder(nn.Module):
                     new_h = torch.gru_cell(inputs, h, *weights)
                 h = torch.where(held[t], new_h, h)  # a sentence's state changes at its own tokens only
                 states.append(h)
-            x = torch.stack(states, dim=1)  # (B, S, dirs * H / dirs), the backward half from the end
+            x = torch.stack(states, dim=1)  # (B, S, H), the backward half from the end
             if both:
                 x = torch.cat([x[..., :half], x[..., half:].flip(1)], dim=-1)  # (B, S, H): [fwd; bwd] at each position
             final_h.append(h)  # (B, H): [fwd; bwd], as `_batch_first` lays packing's out
