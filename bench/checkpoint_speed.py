@@ -5,7 +5,7 @@
 Builds the config's model and its optimizer, with one step taken so that Adam's moments exist, and
 times what a validation's save costs the loop (`ckpt_<step>.pt`, then `best.pt`, then pruning):
 
-    sync        the files written where the loop runs (`nmt.checkpoint.save_checkpoint`)
+    sync        the files written where the loop runs (`nmt.train.saving.write_checkpoints`)
     background  `nmt.train.saving.CheckpointWriter.submit`: the state copied to host memory, the files
                 written by the writer thread while the loop goes on (`--gap` seconds between two saves,
                 the updates between them)
@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import prune_checkpoints, save_checkpoint
 from nmt.config import load_config
 from nmt.models import build_model, count_parameters
 from nmt.train.optim import build_optimizer
-from nmt.train.saving import CheckpointWriter
+from nmt.train.saving import CheckpointWriter, write_checkpoints
 
 
 def main() -> None:
@@ -62,9 +61,7 @@ def main() -> None:
         for i in range(args.repeat):
             synchronize()
             start = time.perf_counter()
-            save_checkpoint(payload(), folder / f"ckpt_{i}.pt")
-            save_checkpoint(payload(), folder / "best.pt")
-            prune_checkpoints(folder, 5)
+            write_checkpoints(payload(), folder / f"ckpt_{i}.pt", best=True, run_dir=folder, keep_last=5)
             sync.append(time.perf_counter() - start)
         writer = CheckpointWriter(folder, keep_last=5)
         for i in range(args.repeat, 2 * args.repeat):

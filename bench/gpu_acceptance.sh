@@ -102,6 +102,16 @@ run() {
   elif ((rc != 0)); then log "exit status $rc"; fi
   return $rc
 }
+# CONFIG RUN_DIR METRICS: trains 150 updates with recorded updates, validating and saving, resumes to 200, and
+# copies the run's metrics.jsonl to METRICS
+recorded_and_resumed() {
+  local steps_to
+  for steps_to in 150 200; do
+    run "$py" -m nmt train "$1" --set run_dir="$2" --set train.device=$device --set train.cuda_graphs=true \
+      --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
+  done
+  cp "$2/metrics.jsonl" "$3" 2>/dev/null
+}
 
 case $stage in
   speed)
@@ -179,11 +189,7 @@ case $stage in
 l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 themselves:', l._READS_HALF.get(torch.bfloat16, x.is_cuda))"
     run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/models/test_transformer.py
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1  # the toy trainings need them
-    for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
-      run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates --set train.device=$device \
-        --set train.cuda_graphs=true --set train.max_steps=$steps_to --set train.valid_every=100 ${TRAIN_ARGS:-}
-    done
-    cp /tmp/gpu_updates/metrics.jsonl "$out/updates_metrics.jsonl" 2>/dev/null
+    recorded_and_resumed configs/toy_transformer.yaml /tmp/gpu_updates "$out/updates_metrics.jsonl"
     # two batches an update: each batch shape's part recorded apart, the update's end once
     run "$py" -m nmt train configs/toy_transformer.yaml --set run_dir=/tmp/gpu_updates_accumulate \
       --set train.device=$device --set train.cuda_graphs=true --set train.accumulate=2 --set train.max_steps=100 \
@@ -198,12 +204,7 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
         --steps 20 --profile 5 --json "$out/updates_$e.json" ${TRAIN_ARGS:-}
     done
     run "$py" -m pytest -q -rs tests/train/test_graphs.py -k "(recurrent and not cpu) or packed or rnn" || exit 1
-    for steps_to in 150 200; do  # trains, validates and saves with recorded updates, then resumes
-      run "$py" -m nmt train configs/toy_rnn_luong_general.yaml --set run_dir=/tmp/gpu_rnn_updates \
-        --set train.device=$device --set train.cuda_graphs=true --set train.max_steps=$steps_to \
-        --set train.valid_every=100 ${TRAIN_ARGS:-}
-    done
-    cp /tmp/gpu_rnn_updates/metrics.jsonl "$out/rnn_updates_metrics.jsonl" 2>/dev/null
+    recorded_and_resumed configs/toy_rnn_luong_general.yaml /tmp/gpu_rnn_updates "$out/rnn_updates_metrics.jsonl"
     # last, as it compiles: recorded updates over a compiled decoder step (its attention, cell and readout fused),
     # one graph with symbolic sizes for every batch shape
     run "$py" bench/train_speed.py configs/multi30k_rnn_bahdanau.yaml --precisions bf16 --compile default \

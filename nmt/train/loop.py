@@ -382,9 +382,7 @@ class _Loop:
             "parameters": self.n_params,
         }
         path = self.run_dir / f"ckpt_{self.p.step}.pt"
-        if self.writer is not None:
-            # Written in this order: a kill before best.pt is written leaves ckpt_<best_step>.pt for resume_run
-            # to copy, and pruning, which could remove it, only runs once best.pt is written.
+        if self.writer is not None:  # in the order `nmt.train.saving.write_checkpoints` gives
             self.writer.submit(payload, path, best=best)
         self.saved_step = self.p.step
         return path

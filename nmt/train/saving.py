@@ -41,6 +41,16 @@ def to_host(tree: Any) -> Any:
     return tree  # numbers, strings, bytes, None: nothing the loop changes in place
 
 
+def write_checkpoints(payload: dict[str, Any], path: Path, *, best: bool, run_dir: Path, keep_last: int) -> None:
+    """What a save writes, in this order: `path`, then `run_dir/best.pt` with `best`, then the periodic
+    checkpoints pruned to `keep_last`, each atomically. A kill before best.pt is written leaves the new
+    checkpoint for `nmt.train.resume` to copy, and pruning, which could remove it, comes last."""
+    save_checkpoint(payload, path)
+    if best:
+        save_checkpoint(payload, run_dir / "best.pt")
+    prune_checkpoints(run_dir, keep_last)
+
+
 class CheckpointWriter:
     """Writes a run's checkpoints on one background thread (see the module docstring).
 
@@ -67,10 +77,7 @@ class CheckpointWriter:
         self._last = self._pool.submit(self._write, copy, Path(path), best)
 
     def _write(self, payload: dict[str, Any], path: Path, best: bool) -> None:
-        save_checkpoint(payload, path)
-        if best:
-            save_checkpoint(payload, self.run_dir / "best.pt")
-        prune_checkpoints(self.run_dir, self.keep_last)
+        write_checkpoints(payload, path, best=best, run_dir=self.run_dir, keep_last=self.keep_last)
 
     def raise_if_failed(self) -> None:
         """Raise the error of a write that has failed, without waiting for one in progress."""

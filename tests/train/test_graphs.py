@@ -196,7 +196,10 @@ def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool =
     # a bug that a recording keeps (a rate, a token count) moves weights by about the rate (0.01) per update
     # an RNN's recorded updates step its encoder where the eager ones pack it, on a GPU through cuDNN (which may
     # round its products to TF32): other kernels, which round otherwise in bf16 or on a GPU
-    tight = precision == "fp32" or device.type == "cpu" if rnn is None else precision == "fp32" and device.type == "cpu"
+    if rnn is None:
+        tight = precision == "fp32" or device.type == "cpu"
+    else:
+        tight = precision == "fp32" and device.type == "cpu"
     close = dict(rtol=1e-4, atol=1e-4) if tight else dict(rtol=1e-2, atol=1e-3)
     for group in groups:
         e, r = train_step(eager, group, tc, device), train_step(recorded, group, tc, device)
