@@ -90,8 +90,8 @@ class Seq2Seq(Protocol):
     model whose training `forward` never waits for the device can be part of: such a model
     sets the attribute `graph_safe = True` (the Transformer). A model whose usual `forward`
     waits, but that can compute the same without waiting, offers `make_graph_safe()`, which
-    switches it and sets `graph_safe`: the RNNs pack their source by lengths read on the host,
-    and step their encoder through every position instead.
+    switches it and sets `graph_safe`: an LSTM RNN packs its source by lengths read on the host,
+    and steps its encoder through every position instead (a GRU RNN is graph-safe as built).
     """
 
     src_vocab_size: int

@@ -5,7 +5,7 @@ width (the decoder's; the encoder's summed over directions), Le/Ld encoder/decod
 layers, C context width (H for every attention built here), V vocabulary.
 
 Parts, leaves first:
-    RNNEncoder                  embeddings -> packed (bi)GRU/LSTM -> states, final states
+    RNNEncoder                  embeddings -> (bi)GRU/LSTM -> states, final states
     ZeroBridge, LearnedBridge   final encoder states -> initial decoder state
     CellStack                   Ld stacked GRUCell/LSTMCell: one decoder step
     FixedContext                no attention: the same source summary at every step
@@ -15,11 +15,14 @@ Parts, leaves first:
     LuongDecoder                one step: cell first, then context from s_t, attentional state
     RNNSeq2Seq                  the `contract.Seq2Seq` model
 
-The encoder runs nn.GRU/nn.LSTM over packed sequences (one fused call, padding
-skipped), which needs the source lengths on the host. Recorded as a CUDA graph
-(`train.cuda_graphs`), an update must not wait for the device, and every replay
-must serve other lengths than the recording's: `RNNSeq2Seq.make_graph_safe` makes
-the encoder step through all S positions with the same weights, both directions in
+The encoder never reads the source lengths on the host where it can help it: a
+waiting host cannot run ahead of the device, and a CUDA graph (`train.cuda_graphs`)
+can hold no such read, while every replay must serve other lengths than the
+recording's. A GRU runs each direction of a layer as one fused call over the padded
+source, the backward direction over each sentence reversed in place
+(`RNNEncoder._unpacked`). An LSTM's final cell state is not among its outputs, so it
+packs the source by its lengths (one fused call), or, made graph-safe
+(`RNNSeq2Seq.make_graph_safe`), steps through all S positions, both directions in
 one cell call a step, holding a sentence's state where it has no token
 (`RNNEncoder.stepped`).
 
@@ -36,6 +39,7 @@ unrolled, a graph per target length.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -46,6 +50,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import Attention, build_attention
 from nmt.models.contract import Memory, index_select_batch
+
+# A GRU encoder hands cuDNN one direction of nn.GRU's weights at a time (`RNNEncoder._gru`), which cuDNN
+# copies into a buffer of their own at each call: a copy of one layer's weights, small beside the layer's
+# work. Its warning that the module's weights should be flattened does not apply.
+warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous", category=UserWarning)
 
 
 @dataclass
@@ -70,18 +79,23 @@ class RNNState:
 
 
 class RNNEncoder(nn.Module):
-    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM over packed sequences.
+    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM.
 
     Each direction has H / 2 units when bidirectional, so states are H wide either way.
-    Sources must be right-padded with at least one real token each.
+    Sources must be right-padded with at least one real token each. nn.GRU/nn.LSTM holds
+    the parameters; how they run depends on the cell, all without the lengths on the
+    host but for an eager LSTM:
 
-    With `stepped` set, the same recurrence runs without the lengths on the host: each
-    layer steps through all S positions, one cell call a step for both directions, and a
-    sentence's state changes only at its own tokens (the forward direction's stays
-    after its last, the backward one's stays zero until its last). The states, final
-    states and gradients are the packed ones, up to rounding; the steps cost S cell
-    calls per layer where packing costs one fused call, so only recorded updates use
-    it (`RNNSeq2Seq.make_graph_safe`).
+    - a GRU runs each direction of a layer as one fused call over the padded source
+      (`_unpacked`);
+    - an LSTM runs over the source packed by its lengths (one fused call), or, with
+      `stepped` set, steps through all S positions (`_step_through`): one cell call a
+      step for both directions of a layer, a sentence's state changing only at its own
+      tokens (the forward direction's stays after its last, the backward one's stays
+      zero until its last). That costs S cell calls per layer, so only recorded updates
+      step (`RNNSeq2Seq.make_graph_safe`).
+
+    Every way gives the packed states, final states and gradients, up to rounding.
 
     Args:
         embedding: source embedding (passed in so it can be shared).
@@ -99,8 +113,8 @@ class RNNEncoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.dropout = nn.Dropout(dropout)
-        self.layers, self.directions = layers, 2 if bidirectional else 1
-        rnn_class = nn.LSTM if cell == "lstm" else nn.GRU
+        self.layers, self.directions, self.lstm = layers, 2 if bidirectional else 1, cell == "lstm"
+        rnn_class = nn.LSTM if self.lstm else nn.GRU
         self.rnn = rnn_class(
             embedding.embedding_dim,
             hidden_size // self.directions,
@@ -115,22 +129,61 @@ class RNNEncoder(nn.Module):
         """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
         final h (B, Le, H), final c (B, Le, H) or None (GRU)."""
         embedded = self.dropout(self.embedding(src))  # (B, S, E)
+        if not self.lstm:
+            return self._unpacked(embedded, ~src_pad_mask)
         if self.stepped:
             return self._step_through(embedded, ~src_pad_mask)
         lengths = (~src_pad_mask).sum(dim=1).cpu()
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
-        output, final = self.rnn(packed)  # final in the original batch order
+        output, (h, c) = self.rnn(packed)  # final states in the original batch order
         states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
-        h, c = final if isinstance(final, tuple) else (final, None)
-        return states, self._batch_first(h), None if c is None else self._batch_first(c)
+        return states, self._batch_first(h), self._batch_first(c)
 
-    def _step_through(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """`forward` by steps: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns.
+    def _unpacked(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, None]:
+        """`forward` for a GRU: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns.
+
+        Each direction of a layer is one fused call over the padded source. The forward direction
+        reads a sentence's tokens before its padding, so its states there are packing's. The
+        backward direction reads each sentence reversed in place, its tokens last to first and
+        then its padding, and its states are put back in place the same way. A GRU's output is its
+        state, so the final states are the outputs of each sentence's last step. (An LSTM's final
+        cell state is not among its outputs.) The padding costs its share of the fused calls.
+        """
+        rnn, half = self.rnn, self.rnn.hidden_size  # each direction's width
+        B, S, _ = embedded.shape
+        lengths = real.sum(dim=1, keepdim=True)  # (B, 1)
+        positions = torch.arange(S, device=real.device)
+        reverse = torch.where(real, lengths - 1 - positions, positions)  # (B, S), its own inverse
+        last = (lengths - 1).unsqueeze(-1).expand(B, 1, half)  # (B, 1, H / dirs)
+        start = embedded.new_zeros(1, B, half)
+        x, final_h = embedded, []
+        for layer in range(self.layers):
+            if layer > 0:  # nn.GRU's dropout between layers
+                x = F.dropout(x, rnn.dropout, self.training)
+            forward = self._gru(x, start, layer, "")  # (B, S, H / dirs)
+            directions, finals = [forward], [forward.gather(1, last)]
+            if self.directions == 2:
+                backward = _at_positions(self._gru(_at_positions(x, reverse), start, layer, "_reverse"), reverse)
+                directions.append(backward)
+                finals.append(backward[:, :1])  # the backward direction reads position 0 last
+            x = torch.cat(directions, dim=-1)  # (B, S, H): [fwd; bwd] at each position
+            final_h.append(torch.cat(finals, dim=-1))  # (B, 1, H)
+        return x * real.unsqueeze(-1), torch.cat(final_h, dim=1), None  # zeros at padding, as unpacking leaves
+
+    def _gru(self, x: Tensor, start: Tensor, layer: int, suffix: str) -> Tensor:
+        """One direction (`suffix` "" or "_reverse") of `layer`, one fused call: x (B, S, I) -> states (B, S, H / dirs)."""
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        weights = [getattr(self.rnn, f"{name}_l{layer}{suffix}") for name in names]
+        # gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        return torch.gru(x, start, weights, True, 1, 0.0, self.training, False, True)[0]
+
+    def _step_through(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`forward` for an LSTM by steps: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns.
 
         Both directions of a layer take one cell call a step (`_both_directions`): step t reads
         position t forwards and position S - 1 - t backwards, in a cell twice as wide.
         """
-        rnn, lstm, both = self.rnn, isinstance(self.rnn, nn.LSTM), self.directions == 2
+        rnn, both = self.rnn, self.directions == 2
         B, S, _ = embedded.shape
         half = rnn.hidden_size  # each direction's width
         holds = real.unsqueeze(-1).expand(B, S, half)  # (B, S, H / dirs)
@@ -139,19 +192,16 @@ class RNNEncoder(nn.Module):
         held = holds.unbind(1)  # S of (B, H)
         x, final_h, final_c = embedded, [], []
         for layer in range(self.layers):
-            if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
+            if layer > 0:  # nn.LSTM's dropout between layers
                 x = F.dropout(x, rnn.dropout, self.training)
             weights = self._cell_weights(layer)
             steps = torch.cat([x, x.flip(1)], dim=-1) if both else x  # (B, S, dirs * I)
             h = x.new_zeros(B, self.directions * half)
-            c = torch.zeros_like(h) if lstm else None
+            c = torch.zeros_like(h)
             states = []
             for t, inputs in enumerate(steps.unbind(1)):  # views whose gradients come back as one stack
-                if lstm:
-                    new_h, new_c = torch.lstm_cell(inputs, (h, c), *weights)
-                    c = torch.where(held[t], new_c, c)
-                else:
-                    new_h = torch.gru_cell(inputs, h, *weights)
+                new_h, new_c = torch.lstm_cell(inputs, (h, c), *weights)
+                c = torch.where(held[t], new_c, c)
                 h = torch.where(held[t], new_h, h)  # a sentence's state changes at its own tokens only
                 states.append(h)
             x = torch.stack(states, dim=1)  # (B, S, H), the backward half from the end
@@ -160,18 +210,17 @@ class RNNEncoder(nn.Module):
             final_h.append(h)  # (B, H): [fwd; bwd], as `_batch_first` lays packing's out
             final_c.append(c)
         states = x * real.unsqueeze(-1)  # (B, S, H): zeros at padding, as unpacking leaves them
-        return states, torch.stack(final_h, dim=1), torch.stack(final_c, dim=1) if lstm else None
+        return states, torch.stack(final_h, dim=1), torch.stack(final_c, dim=1)
 
     def _cell_weights(self, layer: int) -> list[Tensor]:
-        """`layer`'s input and hidden weights and biases as one cell's: the nn.GRU/nn.LSTM parameters
+        """`layer`'s input and hidden weights and biases as one LSTM cell's: the nn.LSTM parameters
         themselves with one direction, both directions' side by side with two (`_both_directions`)."""
         names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
         forward = [getattr(self.rnn, f"{name}_l{layer}") for name in names]
         if self.directions == 1:
             return forward
         backward = [getattr(self.rnn, f"{name}_l{layer}_reverse") for name in names]
-        gates = 4 if isinstance(self.rnn, nn.LSTM) else 3
-        return [_both_directions(f, b, gates) for f, b in zip(forward, backward, strict=True)]
+        return [_both_directions(f, b, gates=4) for f, b in zip(forward, backward, strict=True)]
 
     def _batch_first(self, final: Tensor) -> Tensor:
         _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
@@ -180,10 +229,15 @@ class RNNEncoder(nn.Module):
         return final.reshape(B, self.layers, self.directions * half)  # (B, Le, H): [fwd; bwd]
 
 
+def _at_positions(x: Tensor, positions: Tensor) -> Tensor:
+    """x (B, S, D), positions (B, S) -> (B, S, D) whose [b, t] is x[b, positions[b, t]]."""
+    return x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+
+
 def _both_directions(forward: Tensor, backward: Tensor, gates: int) -> Tensor:
     """Two directions' cell weights (gates * h, n) or biases (gates * h,) as one cell's of twice the width.
 
-    A GRU or LSTM cell acts on each hidden unit alone once its gates' inputs are summed, so one
+    An LSTM cell acts on each hidden unit alone once its gates' inputs are summed, so one
     cell of 2h units whose weights are block-diagonal, the forward direction's units reading the
     first n inputs (and units) and the backward one's the last n, computes both directions at
     once. Gate by gate, the forward direction's h rows come first: the cell splits its rows
@@ -462,7 +516,7 @@ class RNNSeq2Seq(nn.Module):
 
     compile_by_step = True  # see `compile` and `contract.Seq2Seq`
     _teacher_step = None  # the compiled decoder step, once `compile` has run
-    graph_safe = False  # until `make_graph_safe`: see `contract.Seq2Seq`
+    graph_safe = False  # an LSTM's, until `make_graph_safe`: see `contract.Seq2Seq`
 
     def __init__(
         self, *, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, cell: str, embed_dim: int,
@@ -485,6 +539,7 @@ class RNNSeq2Seq(nn.Module):
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.pad_id = pad_id
         E, H, tied, lstm = embed_dim, hidden_size, tie_embeddings != "none", cell == "lstm"
+        self.graph_safe = not lstm  # a GRU encoder never reads the lengths on the host (`RNNEncoder`)
 
         src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
         self.encoder = RNNEncoder(
@@ -538,16 +593,17 @@ class RNNSeq2Seq(nn.Module):
         step's state may carry no gradient (a zero bridge, Luong's zero input feed)
         where the later ones' do. It serves `forward` and `decode`, what training runs;
         search (`decode_step`) keeps the eager step, as validation and translation run
-        every model uncompiled. The encoder stays eager: its nn.GRU/nn.LSTM over packed
-        sequences is one fused call already. Parameter names do not change.
+        every model uncompiled. The encoder stays eager: it is a fused call per layer (and
+        direction, for a GRU) already. Parameter names do not change.
         """
         self._teacher_step = torch.compile(_decoder_step, *args, **kwargs)  # a function, not a submodule
 
     def make_graph_safe(self) -> None:
-        """Let `train.cuda_graphs` record this model's updates: the encoder steps through every position
+        """Let `train.cuda_graphs` record this model's updates: an LSTM encoder steps through every position
         (`RNNEncoder.stepped`) instead of packing the source by lengths read on the host. The results are
-        the same, up to rounding; the parameters and checkpoints too."""
-        self.encoder.stepped = self.graph_safe = True
+        the same, up to rounding; the parameters and checkpoints too. A GRU model is graph-safe as built."""
+        self.encoder.stepped = self.encoder.lstm
+        self.graph_safe = True
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).

@@ -38,7 +38,7 @@ update begins): a graph's own memory is only its own until the next one runs.
 
 Where it applies (`check_update_graphs`): CUDA, one process, fp32 or bf16 on the bf16 copy,
 static batch shapes, and a model whose training step never waits for the GPU (its
-`graph_safe` attribute, `contract.Seq2Seq`), or can be made so: an RNN's encoder then
+`graph_safe` attribute, `contract.Seq2Seq`), or can be made so: an LSTM's encoder then
 steps through every source position instead of packing the source by its lengths.
 """
 

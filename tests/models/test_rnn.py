@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import ATTENTION_KINDS
 from nmt.models.contract import Memory, Seq2Seq, State
 from nmt.models.masks import pad_mask_from_tokens
-from nmt.models.rnn import RNNSeq2Seq, RNNState
+from nmt.models.rnn import RNNEncoder, RNNSeq2Seq, RNNState
 
 PAD, BOS, EOS = 0, 1, 2
 BASE = dict(
@@ -185,54 +186,67 @@ def test_summary_is_the_final_state_of_both_directions():
     assert (states[mask] == 0).all()
 
 
+def _packed(encoder: RNNEncoder, src: torch.Tensor, mask: torch.Tensor) -> tuple:
+    """What `encoder` computes, as its nn.GRU/nn.LSTM computes it over the source packed by its lengths."""
+    lengths = (~mask).sum(dim=1)
+    packed = pack_padded_sequence(encoder.embedding(src), lengths, batch_first=True, enforce_sorted=False)
+    output, final = encoder.rnn(packed)
+    states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
+    h, c = final if isinstance(final, tuple) else (final, None)
+    return states, encoder._batch_first(h), None if c is None else encoder._batch_first(c)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
+                                    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("layers", [1, 2])
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("bidirectional", [True, False])
-def test_a_stepped_encoder_gives_the_packed_states_final_states_and_gradients(cell, bidirectional, layers):
-    """`make_graph_safe` (for recorded updates) steps the encoder through every position: the same numbers as
-    packing, for sentences of 1 to 6 tokens (one as long as the batch) and a prefix trained on them."""
-    packed = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train()
-    stepped = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train()
-    stepped.make_graph_safe()
-    assert stepped.encoder.stepped and stepped.graph_safe and not packed.encoder.stepped and not packed.graph_safe
-    src = torch.tensor([[3, 4, 5, 6, 7, 8], [9, PAD, PAD, PAD, PAD, PAD], [10, 11, 12, 3, PAD, PAD]])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_an_encoder_that_reads_no_lengths_on_the_host_gives_the_packed_states_and_gradients(
+        cell, bidirectional, layers, device):
+    """A GRU encoder as built (`RNNEncoder._unpacked`) and an LSTM one made graph-safe (stepped), against their
+    nn.GRU/nn.LSTM over the packed source: states, final states and the gradients of every parameter, for
+    sentences of 1 to 6 tokens (one as long as the batch), through randomly weighted sums of the outputs. On a
+    GPU both sides are cuDNN's (a GRU's fused calls take one direction's weights each), in full fp32."""
+    model = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train().to(device)
+    assert model.graph_safe == (cell == "gru") and not model.encoder.stepped
+    model.make_graph_safe()
+    assert model.graph_safe and model.encoder.stepped == (cell == "lstm")
+    encoder = model.encoder
+    src = torch.tensor([[3, 4, 5, 6, 7, 8], [9, PAD, PAD, PAD, PAD, PAD], [10, 11, 12, 3, PAD, PAD]], device=device)
     mask = pad_mask_from_tokens(src, PAD)
-    tgt_in = torch.tensor([[BOS, 3, 4], [BOS, 6, 7], [BOS, 9, 10]])
-    outputs = []
-    for model in (packed, stepped):
-        encoded = model.encoder(src, mask)
-        logits = model(src, mask, tgt_in)
-        (logits.square().sum() + sum(x.sum() for x in encoded if x is not None)).backward()
-        outputs.append((encoded, logits))
-    (states, final_h, final_c), logits = outputs[0]
-    (s_states, s_final_h, s_final_c), s_logits = outputs[1]
+    results, weights = [], None
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for run in (encoder, lambda src, mask: _packed(encoder, src, mask)):
+            outputs = [x for x in run(src, mask) if x is not None]
+            weights = weights or [torch.randn_like(x) for x in outputs]
+            encoder.zero_grad()
+            sum((x * w).sum() for x, w in zip(outputs, weights, strict=True)).backward()
+            results.append((outputs, {name: p.grad.clone() for name, p in encoder.named_parameters()}))
+    (ours, our_grads), (packed, packed_grads) = results
+    assert len(ours) == len(packed) == (3 if cell == "lstm" else 2)  # states, final h (and c)
     close = dict(rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(s_states, states, **close)
-    assert (s_states[mask] == 0).all()  # zeros at padding, as unpacking leaves them
-    torch.testing.assert_close(s_final_h, final_h, **close)
-    assert (final_c is None) == (cell == "gru") and (s_final_c is None) == (cell == "gru")
-    if cell == "lstm":
-        torch.testing.assert_close(s_final_c, final_c, **close)
-    torch.testing.assert_close(s_logits, logits, **close)
-    grads = dict(stepped.named_parameters())
-    for name, p in packed.named_parameters():
-        assert p.grad is not None, name
-        torch.testing.assert_close(grads[name].grad, p.grad, **close, msg=name)
+    for x, y in zip(ours, packed, strict=True):
+        torch.testing.assert_close(x, y, **close)
+    assert (ours[0][mask] == 0).all()  # zeros at padding, as unpacking leaves them
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, **close, msg=name)
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_a_stepped_encoder_drops_out_between_its_layers_in_training_only(layers):
-    """nn.LSTM's dropout between layers, which stepping applies itself (from another random stream than the
-    fused kernels): with the embeddings' dropout off, two training passes differ with two layers only."""
-    stepped = make(cell="lstm", dropout=0.5, encoder_layers=layers)
-    stepped.make_graph_safe()
-    stepped.encoder.dropout.p = 0.0  # the embeddings'
+def test_an_encoder_that_reads_no_lengths_on_the_host_drops_out_between_its_layers_in_training_only(cell, layers):
+    """nn.GRU/nn.LSTM's dropout between layers, which the encoder applies itself when it does not pack: with
+    the embeddings' dropout off, two training passes differ with two layers only."""
+    model = make(cell=cell, dropout=0.5, encoder_layers=layers)
+    model.make_graph_safe()
+    encoder = model.encoder
+    encoder.dropout.p = 0.0  # the embeddings'
     src, mask, _ = batch()
-    stepped.train()
-    first, second = stepped.encoder(src, mask)[0], stepped.encoder(src, mask)[0]
+    encoder.train()
+    first, second = encoder(src, mask)[0], encoder(src, mask)[0]
     assert torch.equal(first, second) == (layers == 1)
-    stepped.eval()
-    assert torch.equal(stepped.encoder(src, mask)[0], stepped.encoder(src, mask)[0])
+    encoder.eval()
+    assert torch.equal(encoder(src, mask)[0], encoder(src, mask)[0])
 
 
 @pytest.mark.parametrize("tie", ["decoder", "all"])

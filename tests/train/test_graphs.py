@@ -58,9 +58,10 @@ def test_update_graphs_are_refused_off_cuda_under_torchrun_and_for_a_model_that_
     with pytest.raises(UserError, match=r"the Linear model's does; set train.cuda_graphs: false"):
         check_update_graphs(tc, CUDA, Dist(), torch.nn.Linear(2, 2))
     check_update_graphs(tc, CUDA, Dist(), tiny_model())  # the Transformer can be recorded
-    rnn = tiny_model("rnn")
-    check_update_graphs(tc, CUDA, Dist(), rnn)  # and an RNN, once its encoder steps (`UpdateGraphs`)
-    assert not rnn.graph_safe and not rnn.encoder.stepped
+    check_update_graphs(tc, CUDA, Dist(), tiny_model("rnn"))  # a GRU as built
+    lstm = tiny_model("rnn", rnn=dict(cell="lstm"))
+    check_update_graphs(tc, CUDA, Dist(), lstm)  # and an LSTM, once its encoder steps (`UpdateGraphs`)
+    assert not lstm.graph_safe and not lstm.encoder.stepped
 
 
 def test_update_graphs_make_auto_batch_shapes_static_on_cuda_only():
@@ -264,29 +265,31 @@ def test_updates_of_a_model_with_sentences_side_by_side_are_recorded_and_train_a
     pytest.param("bf16", dict(cell="lstm", decoder="luong", attention="general"), 1, marks=pytest.mark.slow),
     pytest.param("fp32", dict(cell="lstm", decoder="luong", attention="general"), 2, marks=pytest.mark.slow),
 ], ids=["lstm-luong", "gru-none-unidirectional", "gru-bahdanau", "lstm-luong-bf16", "lstm-luong-accumulate2"])
-def test_updates_of_a_recurrent_model_are_recorded_with_its_encoder_stepped_and_train_as_eager_ones(
-        device, precision, rnn, accumulate):
+def test_updates_of_a_recurrent_model_are_recorded_and_train_as_eager_ones(device, precision, rnn, accumulate):
     """Two encoder layers, sentences of 3 to 9 source tokens in batches of 10 and 20 positions: a recording
     that kept the lengths it was recorded with would give every later batch of its shape the wrong encoder
-    states (`test_a_packed_encoder_cannot_be_recorded_and_a_stepped_one_replays_on_other_sentences`). With
-    `accumulate` 2, each batch shape's part and the update's end are recorded apart."""
+    states (`test_a_packed_encoder_cannot_be_recorded_and_one_that_reads_no_lengths_replays_on_other_sentences`).
+    An LSTM's recorded updates step its encoder, where its eager ones pack. With `accumulate` 2, each batch
+    shape's part and the update's end are recorded apart."""
     recorded, eager, _, close = _recorded_and_eager(precision, device, accumulate=accumulate,
                                                     rnn=dict(encoder_layers=2, **rnn))
     runner = recorded.half.copy if recorded.half is not None else recorded.model
-    assert runner.encoder.stepped and runner.graph_safe  # made so by `UpdateGraphs`
-    assert not eager.model.encoder.stepped
+    lstm = rnn["cell"] == "lstm"
+    assert runner.graph_safe and runner.encoder.stepped == lstm  # made so by `UpdateGraphs`
+    assert eager.model.graph_safe != lstm and not eager.model.encoder.stepped
     for (name, p), q in zip(eager.model.named_parameters(), recorded.model.parameters(), strict=True):
         assert torch.allclose(q, p, **close), name
 
 
-def test_a_packed_encoder_cannot_be_recorded_and_a_stepped_one_replays_on_other_sentences():
-    """Why `RNNSeq2Seq.make_graph_safe`: packing reads the source lengths on the host, which a recording cannot
-    hold (on a GPU that read waits for the device; `make_fx` refuses it); stepped, the encoder records, and a
-    replay on other sentences of the shape gives their own loss."""
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_a_packed_encoder_cannot_be_recorded_and_one_that_reads_no_lengths_replays_on_other_sentences(cell):
+    """Why `RNNSeq2Seq.make_graph_safe`: packing an LSTM's source reads its lengths on the host, which a
+    recording cannot hold (on a GPU that read waits for the device; `make_fx` refuses it); stepped, the encoder
+    records. A GRU encoder records as built. A replay on other sentences of the shape gives their own loss."""
     cpu = torch.device("cpu")
     first, second = _filled(0, 5, 16, cpu), _filled(2, 5, 16, cpu)
     assert first.src.shape == second.src.shape and not torch.equal(first.src_pad_mask, second.src_pad_mask)
-    model = tiny_model("rnn", vocab=23, rnn=dict(encoder_layers=2)).train()
+    model = tiny_model("rnn", vocab=23, rnn=dict(cell=cell, encoder_layers=2)).train()
     objective = Objective(model, pad_id=PAD_ID, smoothing=0.1)
     inputs = first.clone()
 
@@ -294,9 +297,10 @@ def test_a_packed_encoder_cannot_be_recorded_and_a_stepped_one_replays_on_other_
         return objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)[0]
 
     with torch.no_grad():
-        with pytest.raises(RuntimeError, match="get value out of a tracing tensor"):
-            make_fx(lambda: loss(inputs))()
-        model.make_graph_safe()
+        if cell == "lstm":
+            with pytest.raises(RuntimeError, match="get value out of a tracing tensor"):
+                make_fx(lambda: loss(inputs))()
+            model.make_graph_safe()
         traced = make_fx(lambda: loss(inputs))()
         inputs.copy_(second)
         assert float(traced()) == pytest.approx(float(loss(second)), rel=1e-6)
@@ -350,8 +354,9 @@ def test_a_recorded_update_draws_new_dropout_masks_at_every_replay():
 
 
 def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int = 1,
-           model_type: str = "transformer") -> int:
-    """`nmt.train.loop.train` of the tiny config (a Transformer, or an RNN) with static batch shapes (two),
+           model_type: str = "transformer", **model) -> int:
+    """`nmt.train.loop.train` of the tiny config (a Transformer, or an RNN; `model` replaces keys of its
+    section) with static batch shapes (two),
     eager or with recorded updates: on a GPU CUDA graphs (`train.cuda_graphs`), on a CPU `TracedUpdates`; the
     number of updates recorded."""
     on_gpu = torch.cuda.is_available()
@@ -359,7 +364,7 @@ def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int =
                    length_buckets="multiple", batch_shapes="static", eps=1e-6, accumulate=accumulate,
                    cuda_graphs=recorded and on_gpu)
     raw["model"]["type"] = model_type
-    raw["model"][model_type]["dropout"] = 0.0
+    raw["model"][model_type] |= dict(dropout=0.0) | model
     cfg = config_from_dict(raw)
     run = build_run(cfg)
     if recorded and not on_gpu:  # what prepare_step does on CUDA, with the CPU's stand-in for the graphs
@@ -393,13 +398,15 @@ def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_
 
 
 @pytest.mark.slow
-def test_a_run_of_recorded_rnn_updates_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path):
-    """The RNN's recorded updates step its encoder, its validation (the fp32 model's) too: the run's checkpoints
-    hold the eager run's weights, before and after resuming (on a GPU up to the rounding of cuDNN's packed
-    encoder, which may use TF32, against the stepped one)."""
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_a_run_of_recorded_rnn_updates_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path, cell):
+    """The RNN's recorded updates, its validation (the fp32 model's) too: the run's checkpoints hold the eager
+    run's weights, before and after resuming (on a GPU up to the rounding of cuDNN's kernels, which may use TF32;
+    an LSTM's recorded updates step its encoder where its eager ones pack)."""
     close = dict(rtol=1e-3, atol=1e-3) if torch.cuda.is_available() else dict(rtol=1e-4, atol=1e-5)
     def train(name: str, recorded: bool, max_steps: int) -> int:
-        return _train(small_corpus, tmp_path / name, recorded=recorded, max_steps=max_steps, model_type="rnn")
+        return _train(small_corpus, tmp_path / name, recorded=recorded, max_steps=max_steps, model_type="rnn",
+                      cell=cell)
 
     assert train("eager", False, 20) == 0
     assert train("recorded", True, 20) == 2
