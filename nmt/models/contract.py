@@ -88,10 +88,8 @@ class Seq2Seq(Protocol):
 
     Training with `train.cuda_graphs` records a whole update as a CUDA graph, which only a
     model whose training `forward` never waits for the device can be part of: such a model
-    sets the attribute `graph_safe = True` (the Transformer). A model whose usual `forward`
-    waits, but that can compute the same without waiting, offers `make_graph_safe()`, which
-    switches it and sets `graph_safe`: an LSTM RNN packs its source by lengths read on the host,
-    and steps its encoder through every position instead (a GRU RNN is graph-safe as built).
+    sets the attribute `graph_safe = True` (the Transformer; the RNNs, whose encoder runs over
+    the padded source rather than packing it by lengths read on the host).
     """
 
     src_vocab_size: int

@@ -15,16 +15,11 @@ Parts, leaves first:
     LuongDecoder                one step: cell first, then context from s_t, attentional state
     RNNSeq2Seq                  the `contract.Seq2Seq` model
 
-The encoder never reads the source lengths on the host where it can help it: a
-waiting host cannot run ahead of the device, and a CUDA graph (`train.cuda_graphs`)
-can hold no such read, while every replay must serve other lengths than the
-recording's. A GRU runs each direction of a layer as one fused call over the padded
-source, the backward direction over each sentence reversed in place
-(`RNNEncoder._unpacked`). An LSTM's final cell state is not among its outputs, so it
-packs the source by its lengths (one fused call), or, made graph-safe
-(`RNNSeq2Seq.make_graph_safe`), steps through all S positions, both directions in
-one cell call a step, holding a sentence's state where it has no token
-(`RNNEncoder.stepped`).
+The encoder never reads the source lengths on the host: a host that waits cannot run
+ahead of the device, and a CUDA graph (`train.cuda_graphs`) can hold no such read
+while every replay must serve other lengths than the recording's. Each direction of
+a layer is one fused call over the padded source, the backward one over each
+sentence reversed in place (`RNNEncoder`).
 
 The decoder is a stack of cells stepped by hand: attention makes every
 step depend on the previous one anyway, and `decode` (teacher forcing) loops over
@@ -46,12 +41,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import Attention, build_attention
 from nmt.models.contract import Memory, index_select_batch
 
-# A GRU encoder hands cuDNN one direction of nn.GRU's weights at a time (`RNNEncoder._gru`), which cuDNN
+# The encoder hands cuDNN one direction of nn.GRU/nn.LSTM's weights at a time (`RNNEncoder._run`), which cuDNN
 # copies into a buffer of their own at each call: a copy of one layer's weights, small beside the layer's
 # work. Its warning that the module's weights should be flattened does not apply.
 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous", category=UserWarning)
@@ -79,23 +73,24 @@ class RNNState:
 
 
 class RNNEncoder(nn.Module):
-    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM.
+    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM, without the source lengths on the host.
 
     Each direction has H / 2 units when bidirectional, so states are H wide either way.
     Sources must be right-padded with at least one real token each. nn.GRU/nn.LSTM holds
-    the parameters; how they run depends on the cell, all without the lengths on the
-    host but for an eager LSTM:
+    the parameters, and each direction of a layer is one fused call of it over the padded
+    source (cuDNN's on a GPU):
 
-    - a GRU runs each direction of a layer as one fused call over the padded source
-      (`_unpacked`);
-    - an LSTM runs over the source packed by its lengths (one fused call), or, with
-      `stepped` set, steps through all S positions (`_step_through`): one cell call a
-      step for both directions of a layer, a sentence's state changing only at its own
-      tokens (the forward direction's stays after its last, the backward one's stays
-      zero until its last). That costs S cell calls per layer, so only recorded updates
-      step (`RNNSeq2Seq.make_graph_safe`).
+    - the forward direction reads a sentence's tokens before its padding, so its states
+      there are the ones packing the source by its lengths would give;
+    - the backward direction reads each sentence reversed in place (its tokens last to
+      first, then its padding), and its states are put back in place the same way;
+    - the final states are the states at each sentence's last step. A GRU's state is its
+      output; an LSTM's cell state is not among its outputs, and `_final_cells` rebuilds
+      it from them.
 
-    Every way gives the packed states, final states and gradients, up to rounding.
+    So the encoder never reads a length on the host: the host does not wait for the
+    device, and a CUDA graph (`train.cuda_graphs`) records it and replays it on batches of
+    other lengths. The padding costs its share of the fused calls.
 
     Args:
         embedding: source embedding (passed in so it can be shared).
@@ -123,132 +118,72 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             dropout=dropout if layers > 1 else 0.0,
         )
-        self.stepped = False
 
     def forward(self, src: Tensor, src_pad_mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
-        final h (B, Le, H), final c (B, Le, H) or None (GRU)."""
-        embedded = self.dropout(self.embedding(src))  # (B, S, E)
-        if not self.lstm:
-            return self._unpacked(embedded, ~src_pad_mask)
-        if self.stepped:
-            return self._step_through(embedded, ~src_pad_mask)
-        lengths = (~src_pad_mask).sum(dim=1).cpu()
-        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
-        output, (h, c) = self.rnn(packed)  # final states in the original batch order
-        states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
-        return states, self._batch_first(h), self._batch_first(c)
-
-    def _unpacked(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, None]:
-        """`forward` for a GRU: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns.
-
-        Each direction of a layer is one fused call over the padded source. The forward direction
-        reads a sentence's tokens before its padding, so its states there are packing's. The
-        backward direction reads each sentence reversed in place, its tokens last to first and
-        then its padding, and its states are put back in place the same way. A GRU's output is its
-        state, so the final states are the outputs of each sentence's last step. (An LSTM's final
-        cell state is not among its outputs.) The padding costs its share of the fused calls.
-        """
-        rnn, half = self.rnn, self.rnn.hidden_size  # each direction's width
-        B, S, _ = embedded.shape
+        final h (B, Le, H), final c (B, Le, H) or None (GRU); [fwd; bwd] halves."""
+        x = self.dropout(self.embedding(src))  # (B, S, E)
+        real = ~src_pad_mask  # (B, S): in either direction's reading order, as each reads its tokens first
+        B, S, _ = x.shape
         lengths = real.sum(dim=1, keepdim=True)  # (B, 1)
-        positions = torch.arange(S, device=real.device)
+        positions = torch.arange(S, device=src.device)
         reverse = torch.where(real, lengths - 1 - positions, positions)  # (B, S), its own inverse
-        last = (lengths - 1).unsqueeze(-1).expand(B, 1, half)  # (B, 1, H / dirs)
-        start = embedded.new_zeros(1, B, half)
-        x, final_h = embedded, []
+        last = (lengths - 1).unsqueeze(-1).expand(B, 1, self.rnn.hidden_size)  # (B, 1, H / dirs)
+        final_h, final_c = [], []
         for layer in range(self.layers):
-            if layer > 0:  # nn.GRU's dropout between layers
-                x = F.dropout(x, rnn.dropout, self.training)
-            forward = self._gru(x, start, layer, "")  # (B, S, H / dirs)
-            directions, finals = [forward], [forward.gather(1, last)]
-            if self.directions == 2:
-                backward = _at_positions(self._gru(_at_positions(x, reverse), start, layer, "_reverse"), reverse)
-                directions.append(backward)
-                finals.append(backward[:, :1])  # the backward direction reads position 0 last
-            x = torch.cat(directions, dim=-1)  # (B, S, H): [fwd; bwd] at each position
-            final_h.append(torch.cat(finals, dim=-1))  # (B, 1, H)
-        return x * real.unsqueeze(-1), torch.cat(final_h, dim=1), None  # zeros at padding, as unpacking leaves
+            if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
+                x = F.dropout(x, self.rnn.dropout, self.training)
+            inputs = [x, _at_positions(x, reverse)][: self.directions]  # each direction's, in its reading order
+            outputs = [self._run(xs, layer, suffix) for xs, suffix in zip(inputs, ("", "_reverse"))]
+            final_h.append(torch.cat([out.gather(1, last) for out in outputs], dim=-1))  # (B, 1, H)
+            if self.lstm:
+                final_c.append(self._final_cells(layer, inputs, outputs, real))  # (B, H)
+            x = torch.cat([outputs[0], *(_at_positions(out, reverse) for out in outputs[1:])], dim=-1)  # (B, S, H)
+        states = x * real.unsqueeze(-1)  # zeros at padding, as unpacking leaves them
+        return states, torch.cat(final_h, dim=1), torch.stack(final_c, dim=1) if self.lstm else None
 
-    def _gru(self, x: Tensor, start: Tensor, layer: int, suffix: str) -> Tensor:
-        """One direction (`suffix` "" or "_reverse") of `layer`, one fused call: x (B, S, I) -> states (B, S, H / dirs)."""
-        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        weights = [getattr(self.rnn, f"{name}_l{layer}{suffix}") for name in names]
-        # gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        return torch.gru(x, start, weights, True, 1, 0.0, self.training, False, True)[0]
+    def _weights(self, layer: int, suffix: str) -> list[Tensor]:
+        """One direction's (`suffix` "" or "_reverse") parameters of `layer`: w_ih, w_hh, b_ih, b_hh."""
+        return [getattr(self.rnn, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
 
-    def _step_through(self, embedded: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """`forward` for an LSTM by steps: embedded (B, S, E), real (B, S) true at tokens -> what `forward` returns.
+    def _run(self, x: Tensor, layer: int, suffix: str) -> Tensor:
+        """One direction of `layer`, one fused call from zero states: x (B, S, I) -> outputs (B, S, H / dirs)."""
+        weights = self._weights(layer, suffix)
+        zeros = x.new_zeros(1, x.size(0), self.rnn.hidden_size)
+        # gru/lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        if self.lstm:
+            return torch.lstm(x, (zeros, zeros), weights, True, 1, 0.0, self.training, False, True)[0]
+        return torch.gru(x, zeros, weights, True, 1, 0.0, self.training, False, True)[0]
 
-        Both directions of a layer take one cell call a step (`_both_directions`): step t reads
-        position t forwards and position S - 1 - t backwards, in a cell twice as wide.
+    def _final_cells(self, layer: int, inputs: list[Tensor], outputs: list[Tensor], real: Tensor) -> Tensor:
+        """An LSTM layer's cell states after each sentence's last token, (B, H), rebuilt from its outputs.
+
+        The gates at step t are a function of x_t and h_{t-1}, both known once the fused calls
+        have run: one matrix product gives every step's input, forget and candidate gates, and
+        c_t = f_t * c_{t-1} + i_t * g_t is one multiply-add a step, held where a sentence has no
+        token (f = 1, i * g = 0 there). Those are the cell states the fused calls computed, as
+        functions of the parameters too, so their gradients are the LSTM's.
         """
-        rnn, both = self.rnn, self.directions == 2
-        B, S, _ = embedded.shape
-        half = rnn.hidden_size  # each direction's width
-        holds = real.unsqueeze(-1).expand(B, S, half)  # (B, S, H / dirs)
-        if both:
-            holds = torch.cat([holds, holds.flip(1)], dim=-1)  # (B, S, H): the backward half read from the end
-        held = holds.unbind(1)  # S of (B, H)
-        x, final_h, final_c = embedded, [], []
-        for layer in range(self.layers):
-            if layer > 0:  # nn.LSTM's dropout between layers
-                x = F.dropout(x, rnn.dropout, self.training)
-            weights = self._cell_weights(layer)
-            steps = torch.cat([x, x.flip(1)], dim=-1) if both else x  # (B, S, dirs * I)
-            h = x.new_zeros(B, self.directions * half)
-            c = torch.zeros_like(h)
-            states = []
-            for t, inputs in enumerate(steps.unbind(1)):  # views whose gradients come back as one stack
-                new_h, new_c = torch.lstm_cell(inputs, (h, c), *weights)
-                c = torch.where(held[t], new_c, c)
-                h = torch.where(held[t], new_h, h)  # a sentence's state changes at its own tokens only
-                states.append(h)
-            x = torch.stack(states, dim=1)  # (B, S, H), the backward half from the end
-            if both:
-                x = torch.cat([x[..., :half], x[..., half:].flip(1)], dim=-1)  # (B, S, H): [fwd; bwd] at each position
-            final_h.append(h)  # (B, H): [fwd; bwd], as `_batch_first` lays packing's out
-            final_c.append(c)
-        states = x * real.unsqueeze(-1)  # (B, S, H): zeros at padding, as unpacking leaves them
-        return states, torch.stack(final_h, dim=1), torch.stack(final_c, dim=1)
-
-    def _cell_weights(self, layer: int) -> list[Tensor]:
-        """`layer`'s input and hidden weights and biases as one LSTM cell's: the nn.LSTM parameters
-        themselves with one direction, both directions' side by side with two (`_both_directions`)."""
-        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        forward = [getattr(self.rnn, f"{name}_l{layer}") for name in names]
-        if self.directions == 1:
-            return forward
-        backward = [getattr(self.rnn, f"{name}_l{layer}_reverse") for name in names]
-        return [_both_directions(f, b, gates=4) for f, b in zip(forward, backward, strict=True)]
-
-    def _batch_first(self, final: Tensor) -> Tensor:
-        _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
-        final = final.view(self.layers, self.directions, B, half)  # (Le, dirs, B, H / dirs)
-        final = final.permute(2, 0, 1, 3)  # (B, Le, dirs, H / dirs)
-        return final.reshape(B, self.layers, self.directions * half)  # (B, Le, H): [fwd; bwd]
+        half = self.rnn.hidden_size
+        forget, update = [], []
+        for x, out, suffix in zip(inputs, outputs, ("", "_reverse")):
+            w_ih, w_hh, b_ih, b_hh = (w[: 3 * half] for w in self._weights(layer, suffix))  # i, f, g (not o)
+            previous = F.pad(out[:, :-1], (0, 0, 1, 0))  # (B, S, H / dirs): h_{t-1}, zeros before the first
+            i, f, g = (F.linear(x, w_ih, b_ih) + F.linear(previous, w_hh, b_hh)).chunk(3, dim=-1)
+            forget.append(torch.sigmoid(f))
+            update.append(torch.sigmoid(i) * torch.tanh(g))
+        held = real.unsqueeze(-1)  # (B, S, 1)
+        forget = torch.where(held, torch.cat(forget, dim=-1), 1.0)  # (B, S, H): both directions side by side
+        update = torch.where(held, torch.cat(update, dim=-1), 0.0)
+        c = update[:, 0]  # c_0 = i_0 * g_0: every sentence has a token
+        for f_t, u_t in zip(forget.unbind(1)[1:], update.unbind(1)[1:]):
+            c = torch.addcmul(u_t, f_t, c)
+        return c
 
 
 def _at_positions(x: Tensor, positions: Tensor) -> Tensor:
     """x (B, S, D), positions (B, S) -> (B, S, D) whose [b, t] is x[b, positions[b, t]]."""
     return x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
-
-
-def _both_directions(forward: Tensor, backward: Tensor, gates: int) -> Tensor:
-    """Two directions' cell weights (gates * h, n) or biases (gates * h,) as one cell's of twice the width.
-
-    An LSTM cell acts on each hidden unit alone once its gates' inputs are summed, so one
-    cell of 2h units whose weights are block-diagonal, the forward direction's units reading the
-    first n inputs (and units) and the backward one's the last n, computes both directions at
-    once. Gate by gate, the forward direction's h rows come first: the cell splits its rows
-    into `gates` equal chunks, each then [fwd; bwd].
-    """
-    if forward.dim() == 1:
-        return torch.cat([part for pair in zip(forward.chunk(gates), backward.chunk(gates)) for part in pair])
-    rows, n = forward.shape[0] // gates, forward.shape[1]
-    zeros = forward.new_zeros(rows, n)
-    return torch.cat([torch.cat([torch.cat([f, zeros], dim=1), torch.cat([zeros, b], dim=1)])
-                      for f, b in zip(forward.chunk(gates), backward.chunk(gates))])
 
 
 # --------------------------------------------------------------------------- bridges
@@ -516,7 +451,7 @@ class RNNSeq2Seq(nn.Module):
 
     compile_by_step = True  # see `compile` and `contract.Seq2Seq`
     _teacher_step = None  # the compiled decoder step, once `compile` has run
-    graph_safe = False  # an LSTM's, until `make_graph_safe`: see `contract.Seq2Seq`
+    graph_safe = True  # its training forward never waits for the device (`RNNEncoder`; `contract.Seq2Seq`)
 
     def __init__(
         self, *, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, cell: str, embed_dim: int,
@@ -539,7 +474,6 @@ class RNNSeq2Seq(nn.Module):
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.pad_id = pad_id
         E, H, tied, lstm = embed_dim, hidden_size, tie_embeddings != "none", cell == "lstm"
-        self.graph_safe = not lstm  # a GRU encoder never reads the lengths on the host (`RNNEncoder`)
 
         src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
         self.encoder = RNNEncoder(
@@ -593,17 +527,10 @@ class RNNSeq2Seq(nn.Module):
         step's state may carry no gradient (a zero bridge, Luong's zero input feed)
         where the later ones' do. It serves `forward` and `decode`, what training runs;
         search (`decode_step`) keeps the eager step, as validation and translation run
-        every model uncompiled. The encoder stays eager: it is a fused call per layer (and
-        direction, for a GRU) already. Parameter names do not change.
+        every model uncompiled. The encoder stays eager: it is a fused call per layer and
+        direction already. Parameter names do not change.
         """
         self._teacher_step = torch.compile(_decoder_step, *args, **kwargs)  # a function, not a submodule
-
-    def make_graph_safe(self) -> None:
-        """Let `train.cuda_graphs` record this model's updates: an LSTM encoder steps through every position
-        (`RNNEncoder.stepped`) instead of packing the source by lengths read on the host. The results are
-        the same, up to rounding; the parameters and checkpoints too. A GRU model is graph-safe as built."""
-        self.encoder.stepped = self.encoder.lstm
-        self.graph_safe = True
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).

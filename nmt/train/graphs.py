@@ -38,8 +38,8 @@ update begins): a graph's own memory is only its own until the next one runs.
 
 Where it applies (`check_update_graphs`): CUDA, one process, fp32 or bf16 on the bf16 copy,
 static batch shapes, and a model whose training step never waits for the GPU (its
-`graph_safe` attribute, `contract.Seq2Seq`), or can be made so: an LSTM's encoder then
-steps through every source position instead of packing the source by its lengths.
+`graph_safe` attribute, `contract.Seq2Seq`): the Transformer and the RNNs, whose encoder
+reads no source length on the host.
 """
 
 from __future__ import annotations
@@ -81,17 +81,13 @@ class UpdateGraphs:
     `run_eagerly` and `record` are where CUDA comes in; everything else is the same on any device.
 
     Args:
-        t: what the updates update; its optimizer's learning rates become tensors on `device`, and the model
-            its updates run is made graph-safe where it is not (`contract.Seq2Seq`).
+        t: what the updates update; its optimizer's learning rates become tensors on `device`.
         tc: the training config.
         device: the training device.
     """
 
     def __init__(self, t: Trainable, tc: TrainConfig, device: torch.device) -> None:
         self.tc, self.device = tc, device
-        runner = t.half.copy if t.half is not None else t.model  # the model the updates run
-        if not getattr(runner, "graph_safe", False):
-            runner.make_graph_safe()  # one that offers it (`check_update_graphs`; `contract.Seq2Seq`)
         self.uses: Counter[tuple[object, ...]] = Counter()  # by what is recorded: an update or a part, its shape
         self.recorded: dict[tuple[object, ...], _Recorded] = {}
         self.in_parts = tc.accumulate > 1
@@ -220,7 +216,7 @@ def check_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, model:
     if ctx.enabled:
         raise UserError(f"train.cuda_graphs: true records the updates of one process, and this run has "
                         f"{ctx.world_size}; set train.cuda_graphs: false under torchrun")
-    if model is not None and not (getattr(model, "graph_safe", False) or hasattr(model, "make_graph_safe")):
+    if model is not None and not getattr(model, "graph_safe", False):
         raise UserError(f"train.cuda_graphs: true needs a model whose training step never waits for the GPU, and "
                         f"the {getattr(model, 'name', type(model).__name__)} model's does; set "
                         f"train.cuda_graphs: false")

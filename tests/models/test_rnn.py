@@ -188,12 +188,17 @@ def test_summary_is_the_final_state_of_both_directions():
 
 def _packed(encoder: RNNEncoder, src: torch.Tensor, mask: torch.Tensor) -> tuple:
     """What `encoder` computes, as its nn.GRU/nn.LSTM computes it over the source packed by its lengths."""
-    lengths = (~mask).sum(dim=1)
+    lengths = (~mask).sum(dim=1).cpu()
     packed = pack_padded_sequence(encoder.embedding(src), lengths, batch_first=True, enforce_sorted=False)
     output, final = encoder.rnn(packed)
     states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
+
+    def batch_first(final):  # (Le * dirs, B, H / dirs), layer-major -> (B, Le, H), [fwd; bwd]
+        _, B, half = final.shape
+        return final.view(encoder.layers, encoder.directions, B, half).permute(2, 0, 1, 3).reshape(B, encoder.layers, -1)
+
     h, c = final if isinstance(final, tuple) else (final, None)
-    return states, encoder._batch_first(h), None if c is None else encoder._batch_first(c)
+    return states, batch_first(h), None if c is None else batch_first(c)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
@@ -201,17 +206,12 @@ def _packed(encoder: RNNEncoder, src: torch.Tensor, mask: torch.Tensor) -> tuple
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_an_encoder_that_reads_no_lengths_on_the_host_gives_the_packed_states_and_gradients(
-        cell, bidirectional, layers, device):
-    """A GRU encoder as built (`RNNEncoder._unpacked`) and an LSTM one made graph-safe (stepped), against their
-    nn.GRU/nn.LSTM over the packed source: states, final states and the gradients of every parameter, for
-    sentences of 1 to 6 tokens (one as long as the batch), through randomly weighted sums of the outputs. On a
-    GPU both sides are cuDNN's (a GRU's fused calls take one direction's weights each), in full fp32."""
-    model = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train().to(device)
-    assert model.graph_safe == (cell == "gru") and not model.encoder.stepped
-    model.make_graph_safe()
-    assert model.graph_safe and model.encoder.stepped == (cell == "lstm")
-    encoder = model.encoder
+def test_the_encoder_gives_what_packing_gives_states_final_states_and_gradients(cell, bidirectional, layers, device):
+    """The encoder, which reads no source length on the host, against its nn.GRU/nn.LSTM over the packed source:
+    states, final states (an LSTM's cell states rebuilt) and the gradients of every parameter, for sentences of
+    1 to 6 tokens (one as long as the batch), through randomly weighted sums of the outputs. On a GPU both are
+    cuDNN's, in full fp32."""
+    encoder = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train().to(device).encoder
     src = torch.tensor([[3, 4, 5, 6, 7, 8], [9, PAD, PAD, PAD, PAD, PAD], [10, 11, 12, 3, PAD, PAD]], device=device)
     mask = pad_mask_from_tokens(src, PAD)
     results, weights = [], None
@@ -234,12 +234,10 @@ def test_an_encoder_that_reads_no_lengths_on_the_host_gives_the_packed_states_an
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_an_encoder_that_reads_no_lengths_on_the_host_drops_out_between_its_layers_in_training_only(cell, layers):
-    """nn.GRU/nn.LSTM's dropout between layers, which the encoder applies itself when it does not pack: with
-    the embeddings' dropout off, two training passes differ with two layers only."""
-    model = make(cell=cell, dropout=0.5, encoder_layers=layers)
-    model.make_graph_safe()
-    encoder = model.encoder
+def test_the_encoder_drops_out_between_its_layers_in_training_only(cell, layers):
+    """nn.GRU/nn.LSTM's dropout between layers, which the encoder applies itself: with the embeddings' dropout
+    off, two training passes differ with two layers only."""
+    encoder = make(cell=cell, dropout=0.5, encoder_layers=layers).encoder
     encoder.dropout.p = 0.0  # the embeddings'
     src, mask, _ = batch()
     encoder.train()
