@@ -15,11 +15,11 @@ Parts, leaves first:
     LuongDecoder                one step: cell first, then context from s_t, attentional state
     RNNSeq2Seq                  the `contract.Seq2Seq` model
 
-The encoder never reads the source lengths on the host: a host that waits cannot run
-ahead of the device, and a CUDA graph (`train.cuda_graphs`) can hold no such read
-while every replay must serve other lengths than the recording's. Each direction of
-a layer is one fused call over the padded source, the backward one over each
-sentence reversed in place (`RNNEncoder`).
+On a GPU the encoder never reads the source lengths on the host: a host that waits
+cannot run ahead of the device, and a CUDA graph (`train.cuda_graphs`) can hold no such
+read while every replay must serve other lengths than the recording's. Each direction
+of a layer is one fused call over the padded source, the backward one over each
+sentence reversed in place; on a CPU, where the lengths are, it packs (`RNNEncoder`).
 
 The decoder is a stack of cells stepped by hand: attention makes every
 step depend on the previous one anyway, and `decode` (teacher forcing) loops over
@@ -41,6 +41,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import Attention, build_attention
 from nmt.models.contract import Memory, index_select_batch
@@ -48,7 +49,8 @@ from nmt.models.contract import Memory, index_select_batch
 # The encoder hands cuDNN one direction of nn.GRU/nn.LSTM's weights at a time (`RNNEncoder._run`), which cuDNN
 # copies into a buffer of their own at each call: a copy of one layer's weights, small beside the layer's
 # work. Its warning that the module's weights should be flattened does not apply.
-warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous", category=UserWarning)
+warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous",
+                        category=UserWarning)
 
 
 @dataclass
@@ -73,24 +75,26 @@ class RNNState:
 
 
 class RNNEncoder(nn.Module):
-    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM, without the source lengths on the host.
+    """Embeddings, dropout, then an Le-layer (bidirectional) GRU or LSTM.
 
     Each direction has H / 2 units when bidirectional, so states are H wide either way.
     Sources must be right-padded with at least one real token each. nn.GRU/nn.LSTM holds
-    the parameters, and each direction of a layer is one fused call of it over the padded
-    source (cuDNN's on a GPU):
+    the parameters. Packing the source by its lengths skips the padding, but needs the
+    lengths on the host: free on a CPU, where they are, but on a GPU the host would wait for
+    the device at every batch, and a CUDA graph (`train.cuda_graphs`) can hold no such read
+    while every replay must serve other lengths than the recording's. So on a GPU
+    (`_unpacked`) each direction of a layer is one fused call of cuDNN over the padded source:
 
     - the forward direction reads a sentence's tokens before its padding, so its states
-      there are the ones packing the source by its lengths would give;
+      there are the ones packing would give;
     - the backward direction reads each sentence reversed in place (its tokens last to
       first, then its padding), and its states are put back in place the same way;
     - the final states are the states at each sentence's last step. A GRU's state is its
       output; an LSTM's cell state is not among its outputs, and `_final_cells` rebuilds
-      it from them.
+      it from them, at the cost of most of the LSTM's matrix products again.
 
-    So the encoder never reads a length on the host: the host does not wait for the
-    device, and a CUDA graph (`train.cuda_graphs`) records it and replays it on batches of
-    other lengths. The padding costs its share of the fused calls.
+    On a CPU the encoder packs (`_packed`), unless `pack_on_cpu` is unset (the tests run a
+    GPU's way there too). The two ways give the same numbers, up to rounding.
 
     Args:
         embedding: source embedding (passed in so it can be shared).
@@ -118,15 +122,36 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             dropout=dropout if layers > 1 else 0.0,
         )
+        self.pack_on_cpu = True
 
     def forward(self, src: Tensor, src_pad_mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
         final h (B, Le, H), final c (B, Le, H) or None (GRU); [fwd; bwd] halves."""
         x = self.dropout(self.embedding(src))  # (B, S, E)
-        real = ~src_pad_mask  # (B, S): in either direction's reading order, as each reads its tokens first
+        if self.pack_on_cpu and src.device.type == "cpu":
+            return self._packed(x, ~src_pad_mask)
+        return self._unpacked(x, ~src_pad_mask)
+
+    def _packed(self, x: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`forward` over the source packed by its lengths: x (B, S, E), real (B, S) true at tokens."""
+        packed = pack_padded_sequence(x, real.sum(dim=1).cpu(), batch_first=True, enforce_sorted=False)
+        output, final = self.rnn(packed)  # final states in the original batch order
+        states, _ = pad_packed_sequence(output, batch_first=True, total_length=x.size(1))
+        h, c = final if self.lstm else (final, None)
+        return states, self._batch_first(h), None if c is None else self._batch_first(c)
+
+    def _batch_first(self, final: Tensor) -> Tensor:
+        _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
+        final = final.view(self.layers, self.directions, B, half)  # (Le, dirs, B, H / dirs)
+        final = final.permute(2, 0, 1, 3)  # (B, Le, dirs, H / dirs)
+        return final.reshape(B, self.layers, self.directions * half)  # (B, Le, H): [fwd; bwd]
+
+    def _unpacked(self, x: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`forward` with no length read on the host: x (B, S, E), real (B, S) true at tokens, in
+        either direction's reading order, as each reads its tokens first."""
         B, S, _ = x.shape
         lengths = real.sum(dim=1, keepdim=True)  # (B, 1)
-        positions = torch.arange(S, device=src.device)
+        positions = torch.arange(S, device=x.device)
         reverse = torch.where(real, lengths - 1 - positions, positions)  # (B, S), its own inverse
         last = (lengths - 1).unsqueeze(-1).expand(B, 1, self.rnn.hidden_size)  # (B, 1, H / dirs)
         final_h, final_c = [], []
@@ -138,13 +163,15 @@ class RNNEncoder(nn.Module):
             final_h.append(torch.cat([out.gather(1, last) for out in outputs], dim=-1))  # (B, 1, H)
             if self.lstm:
                 final_c.append(self._final_cells(layer, inputs, outputs, real))  # (B, H)
-            x = torch.cat([outputs[0], *(_at_positions(out, reverse) for out in outputs[1:])], dim=-1)  # (B, S, H)
+            in_place = [outputs[0], *(_at_positions(out, reverse) for out in outputs[1:])]  # backward's put back
+            x = torch.cat(in_place, dim=-1)  # (B, S, H)
         states = x * real.unsqueeze(-1)  # zeros at padding, as unpacking leaves them
         return states, torch.cat(final_h, dim=1), torch.stack(final_c, dim=1) if self.lstm else None
 
     def _weights(self, layer: int, suffix: str) -> list[Tensor]:
         """One direction's (`suffix` "" or "_reverse") parameters of `layer`: w_ih, w_hh, b_ih, b_hh."""
-        return [getattr(self.rnn, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        return [getattr(self.rnn, f"{name}_l{layer}{suffix}") for name in names]
 
     def _run(self, x: Tensor, layer: int, suffix: str) -> Tensor:
         """One direction of `layer`, one fused call from zero states: x (B, S, I) -> outputs (B, S, H / dirs)."""
@@ -169,7 +196,8 @@ class RNNEncoder(nn.Module):
         for x, out, suffix in zip(inputs, outputs, ("", "_reverse")):
             w_ih, w_hh, b_ih, b_hh = (w[: 3 * half] for w in self._weights(layer, suffix))  # i, f, g (not o)
             previous = F.pad(out[:, :-1], (0, 0, 1, 0))  # (B, S, H / dirs): h_{t-1}, zeros before the first
-            i, f, g = (F.linear(x, w_ih, b_ih) + F.linear(previous, w_hh, b_hh)).chunk(3, dim=-1)
+            gates = F.linear(x, w_ih, b_ih) + F.linear(previous, w_hh, b_hh)  # (B, S, 3 H / dirs)
+            i, f, g = gates.float().chunk(3, dim=-1)  # the running sum in fp32, as fused kernels keep c
             forget.append(torch.sigmoid(f))
             update.append(torch.sigmoid(i) * torch.tanh(g))
         held = real.unsqueeze(-1)  # (B, S, 1)
@@ -178,7 +206,7 @@ class RNNEncoder(nn.Module):
         c = update[:, 0]  # c_0 = i_0 * g_0: every sentence has a token
         for f_t, u_t in zip(forget.unbind(1)[1:], update.unbind(1)[1:]):
             c = torch.addcmul(u_t, f_t, c)
-        return c
+        return c.to(outputs[0].dtype)
 
 
 def _at_positions(x: Tensor, positions: Tensor) -> Tensor:

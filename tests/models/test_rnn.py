@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import ATTENTION_KINDS
 from nmt.models.contract import Memory, Seq2Seq, State
 from nmt.models.masks import pad_mask_from_tokens
-from nmt.models.rnn import RNNEncoder, RNNSeq2Seq, RNNState
+from nmt.models.rnn import RNNSeq2Seq, RNNState
 
 PAD, BOS, EOS = 0, 1, 2
 BASE = dict(
@@ -186,38 +185,24 @@ def test_summary_is_the_final_state_of_both_directions():
     assert (states[mask] == 0).all()
 
 
-def _packed(encoder: RNNEncoder, src: torch.Tensor, mask: torch.Tensor) -> tuple:
-    """What `encoder` computes, as its nn.GRU/nn.LSTM computes it over the source packed by its lengths."""
-    lengths = (~mask).sum(dim=1).cpu()
-    packed = pack_padded_sequence(encoder.embedding(src), lengths, batch_first=True, enforce_sorted=False)
-    output, final = encoder.rnn(packed)
-    states, _ = pad_packed_sequence(output, batch_first=True, total_length=src.size(1))
-
-    def batch_first(final):  # (Le * dirs, B, H / dirs), layer-major -> (B, Le, H), [fwd; bwd]
-        _, B, half = final.shape
-        return final.view(encoder.layers, encoder.directions, B, half).permute(2, 0, 1, 3).reshape(B, encoder.layers, -1)
-
-    h, c = final if isinstance(final, tuple) else (final, None)
-    return states, batch_first(h), None if c is None else batch_first(c)
-
-
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
                                     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_the_encoder_gives_what_packing_gives_states_final_states_and_gradients(cell, bidirectional, layers, device):
-    """The encoder, which reads no source length on the host, against its nn.GRU/nn.LSTM over the packed source:
-    states, final states (an LSTM's cell states rebuilt) and the gradients of every parameter, for sentences of
-    1 to 6 tokens (one as long as the batch), through randomly weighted sums of the outputs. On a GPU both are
-    cuDNN's, in full fp32."""
-    encoder = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0).train().to(device).encoder
+    """The encoder as a GPU runs it, reading no source length on the host (`RNNEncoder._unpacked`), against its
+    nn.GRU/nn.LSTM over the source packed by its lengths (`_packed`, what a CPU runs): states, final states (an
+    LSTM's cell states rebuilt) and the gradients of every parameter, for sentences of 1 to 6 tokens (one as
+    long as the batch), through randomly weighted sums of the outputs. On a GPU both are cuDNN's, in full fp32."""
+    model = make(cell=cell, bidirectional=bidirectional, encoder_layers=layers, dropout=0.0)
+    encoder = model.train().to(device).encoder
     src = torch.tensor([[3, 4, 5, 6, 7, 8], [9, PAD, PAD, PAD, PAD, PAD], [10, 11, 12, 3, PAD, PAD]], device=device)
-    mask = pad_mask_from_tokens(src, PAD)
+    real = ~pad_mask_from_tokens(src, PAD)
     results, weights = [], None
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        for run in (encoder, lambda src, mask: _packed(encoder, src, mask)):
-            outputs = [x for x in run(src, mask) if x is not None]
+        for run in (encoder._unpacked, encoder._packed):
+            outputs = [x for x in run(encoder.embedding(src), real) if x is not None]
             weights = weights or [torch.randn_like(x) for x in outputs]
             encoder.zero_grad()
             sum((x * w).sum() for x, w in zip(outputs, weights, strict=True)).backward()
@@ -227,18 +212,19 @@ def test_the_encoder_gives_what_packing_gives_states_final_states_and_gradients(
     close = dict(rtol=1e-5, atol=1e-6)
     for x, y in zip(ours, packed, strict=True):
         torch.testing.assert_close(x, y, **close)
-    assert (ours[0][mask] == 0).all()  # zeros at padding, as unpacking leaves them
+    assert (ours[0][~real] == 0).all()  # zeros at padding, as unpacking leaves them
     for name, grad in packed_grads.items():
         torch.testing.assert_close(our_grads[name], grad, **close, msg=name)
 
 
+@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_the_encoder_drops_out_between_its_layers_in_training_only(cell, layers):
-    """nn.GRU/nn.LSTM's dropout between layers, which the encoder applies itself: with the embeddings' dropout
-    off, two training passes differ with two layers only."""
+def test_the_encoder_drops_out_between_its_layers_in_training_only(cell, layers, pack):
+    """nn.GRU/nn.LSTM's dropout between layers, which the unpacked encoder applies itself: with the embeddings'
+    dropout off, two training passes differ with two layers only, packed or not."""
     encoder = make(cell=cell, dropout=0.5, encoder_layers=layers).encoder
-    encoder.dropout.p = 0.0  # the embeddings'
+    encoder.dropout.p, encoder.pack_on_cpu = 0.0, pack  # no dropout on the embeddings
     src, mask, _ = batch()
     encoder.train()
     first, second = encoder(src, mask)[0], encoder(src, mask)[0]

@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.nn.utils.rnn import pack_padded_sequence
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, config_from_dict
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
+from nmt.models.rnn import RNNEncoder
 from nmt.runtime import Dist
 from nmt.train.data import batch_padding
 from nmt.train.graphs import (
@@ -127,9 +127,14 @@ class TracedUpdates(UpdateGraphs):
     by reference and every other number as it was, which is what a CUDA graph keeps. A replay runs those
     operations again, no Python of the update in between, so a number the host fixed at recording time (a
     token count, a float rate) stays fixed here too. Tracing runs the update once, so what it changed is put
-    back; eager updates just run. Traced and replayed updates run without oneDNN, whose LSTM backward reads a
-    workspace `make_fx` does not keep.
+    back; eager updates just run. An RNN's encoder runs as on a GPU, without packing its source (a recording
+    cannot keep lengths read on the host). Traced and replayed updates run without oneDNN, whose LSTM backward
+    reads a workspace `make_fx` does not keep.
     """
+
+    def __init__(self, t, tc, device):
+        super().__init__(t, tc, device)
+        _as_on_a_gpu(t)
 
     def run_eagerly(self, update_):
         return update_()
@@ -154,6 +159,13 @@ class TracedUpdates(UpdateGraphs):
                 results.copy_(traced())
 
         return replay, results
+
+
+def _as_on_a_gpu(t: Trainable) -> None:
+    """An RNN's encoder, in the model and its bf16 copy, does not pack its source on a CPU either."""
+    for model in (t.model, t.half.copy if t.half is not None else None):
+        if isinstance(getattr(model, "encoder", None), RNNEncoder):
+            model.encoder.pack_on_cpu = False
 
 
 @contextmanager
@@ -205,18 +217,16 @@ def _recorded_and_eager(precision: str, device: torch.device, *, compile: bool =
     else:
         prepare_step(recorded, replace(tc, cuda_graphs=False), device, Dist(), shapes=2)
         recorded.update_graphs = TracedUpdates(recorded, tc, device)
-    # a bug that a recording keeps (a rate, a token count) moves weights by about the rate (0.01) per update
-    # an RNN's recorded updates step its encoder where the eager ones pack it, on a GPU through cuDNN (which may
-    # round its products to TF32): other kernels, which round otherwise in bf16 or on a GPU
-    if rnn is None:
-        tight = precision == "fp32" or device.type == "cpu"
-    else:
-        tight = precision == "fp32" and device.type == "cpu"
+    _as_on_a_gpu(eager)  # as `TracedUpdates` runs the recorded one
+    # a bug that a recording keeps (a rate, a token count) moves weights by about the rate (0.01) per update;
+    # on a GPU, an RNN's cuDNN kernels may be other ones in a recording, and round otherwise
+    tight = device.type == "cpu" or (precision == "fp32" and rnn is None)
     close = dict(rtol=1e-4, atol=1e-4) if tight else dict(rtol=1e-2, atol=1e-3)
-    for group in groups:
-        e, r = train_step(eager, group, tc, device), train_step(recorded, group, tc, device)
-        assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
-        assert r.tokens == e.tokens == sum(b.ntokens for b in group) and not bool(r.skipped)
+    with _without_onednn():  # as `TracedUpdates` records and replays
+        for group in groups:
+            e, r = train_step(eager, group, tc, device), train_step(recorded, group, tc, device)
+            assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
+            assert r.tokens == e.tokens == sum(b.ntokens for b in group) and not bool(r.skipped)
     # each shape recorded after its eager uses; with accumulate, the update's end too
     assert recorded.update_graphs.count == (2 if accumulate == 1 else 3)
     assert all(n == EAGER_USES + 1 for n in recorded.update_graphs.uses.values())
@@ -279,7 +289,7 @@ def test_updates_of_a_model_with_sentences_side_by_side_are_recorded_and_train_a
 def test_updates_of_a_recurrent_model_are_recorded_and_train_as_eager_ones(device, precision, rnn, accumulate):
     """Two encoder layers, sentences of 3 to 9 source tokens in batches of 10 and 20 positions: a recording
     that kept the lengths it was recorded with would give every later batch of its shape the wrong encoder
-    states (`test_the_encoder_reads_no_length_on_the_host_so_a_recording_replays_on_other_sentences`). With
+    states (`test_an_encoder_that_packs_cannot_be_recorded_and_one_that_does_not_replays_on_other_sentences`). With
     `accumulate` 2, each batch shape's part and the update's end are recorded apart."""
     recorded, eager, _, close = _recorded_and_eager(precision, device, accumulate=accumulate,
                                                     rnn=dict(encoder_layers=2, **rnn))
@@ -288,11 +298,11 @@ def test_updates_of_a_recurrent_model_are_recorded_and_train_as_eager_ones(devic
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_the_encoder_reads_no_length_on_the_host_so_a_recording_replays_on_other_sentences(cell):
-    """Why the RNN encoder runs over the padded source: packing it reads its lengths on the host, which a
-    recording cannot hold (on a GPU that read waits for the device; `make_fx` refuses it, as it refuses
-    nn.LSTM over a packed sequence here). The encoder records, and a replay on other sentences of the shape
-    gives their own loss."""
+def test_an_encoder_that_packs_cannot_be_recorded_and_one_that_does_not_replays_on_other_sentences(cell):
+    """Why the RNN encoder does not pack its source on a GPU: packing reads the source lengths on the host,
+    which a recording cannot hold (on a GPU that read waits for the device; `make_fx` refuses it, as it does
+    here, on a CPU, where the encoder packs). Unpacked, the encoder records, and a replay on other sentences
+    of the shape gives their own loss."""
     cpu = torch.device("cpu")
     first, second = _filled(0, 5, 16, cpu), _filled(2, 5, 16, cpu)
     assert first.src.shape == second.src.shape and not torch.equal(first.src_pad_mask, second.src_pad_mask)
@@ -303,14 +313,10 @@ def test_the_encoder_reads_no_length_on_the_host_so_a_recording_replays_on_other
     def loss(b):
         return objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)[0]
 
-    def packed(b):
-        lengths = (~b.src_pad_mask).sum(dim=1).cpu()
-        embedded = model.encoder.embedding(b.src)
-        return model.encoder.rnn(pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False))
-
-    with torch.no_grad():
+    with torch.no_grad(), _without_onednn():
         with pytest.raises(RuntimeError, match="get value out of a tracing tensor"):
-            make_fx(lambda: packed(inputs))()
+            make_fx(lambda: loss(inputs))()
+        model.encoder.pack_on_cpu = False
         traced = make_fx(lambda: loss(inputs))()
         inputs.copy_(second)
         assert float(traced()) == pytest.approx(float(loss(second)), rel=1e-6)
