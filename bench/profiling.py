@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Profile:
@@ -127,3 +128,20 @@ def host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught)
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the aten operations dispatched under it (forward, backward, optimizer) that may launch a kernel."""
+
+    NO_KERNEL = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute",
+                           "expand", "unsqueeze", "squeeze", "slice", "select", "as_strided", "alias", "detach",
+                           "split", "split_with_sizes", "unbind", "chunk", "narrow", "lift_fresh", "empty",
+                           "empty_like", "empty_strided", "new_empty"})  # views and allocations
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.overloadpacket.__name__ not in self.NO_KERNEL
+        return func(*args, **(kwargs or {}))

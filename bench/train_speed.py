@@ -64,9 +64,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from profiling import Profile, host_syncs  # bench/profiling.py, beside this script
+from profiling import OpCount, Profile, host_syncs  # bench/profiling.py, beside this script
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import load_config
 from nmt.data.tokenizer import PAD_ID
@@ -248,7 +247,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     if device.type == "cuda":
         row.peak_mem_mib = torch.cuda.max_memory_allocated(device) / 2**20
     if not row.compiled and not row.cuda_graphs:  # a replayed update dispatches no operators to count
-        with _OpCount() as count:
+        with OpCount() as count:
             train_step(parts, [batches[0]], tc, device)
         row.ops = count.ops
     row.syncs = host_syncs(lambda: train_step(parts, [batches[warmup]], tc, device), device)
@@ -258,23 +257,6 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         print(f"{row.shape} {row.model} {row.precision} compile {row.how}: "
               f"{prof.summary(profile, 'update')}", file=sys.stderr, flush=True)
     return row
-
-
-class _OpCount(TorchDispatchMode):
-    """Counts the aten operations dispatched under it (forward, backward, optimizer) that may launch a kernel."""
-
-    NO_KERNEL = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute",
-                           "expand", "unsqueeze", "squeeze", "slice", "select", "as_strided", "alias", "detach",
-                           "split", "split_with_sizes", "unbind", "chunk", "narrow", "lift_fresh", "empty",
-                           "empty_like", "empty_strided", "new_empty"})  # views and allocations
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += func.overloadpacket.__name__ not in self.NO_KERNEL
-        return func(*args, **(kwargs or {}))
 
 
 def format_table(rows: list[Row]) -> str:
