@@ -201,7 +201,7 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
     # RNN trained at 98,689 target tokens/s in fp32 (its encoder then packed by lengths read on the host), bound
     # by the launches of its decoder's steps, and in 240 s side by side the RNNs did not converge (2026-11-27)
     # first the encoder alone: packed by lengths read on the host (the host waits), or over the padded source
-    # (a GPU's way since 2026-11-27: a cuDNN call a layer and direction, an LSTM's final cell states rebuilt)
+    # (CUDA's way since 2026-11-27: a cuDNN call a layer and direction, an LSTM's final cell states rebuilt)
     for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general; do
       run "$py" bench/rnn_encoder_speed.py configs/$e.yaml --device $device
     done

@@ -15,11 +15,12 @@ Parts, leaves first:
     LuongDecoder                one step: cell first, then context from s_t, attentional state
     RNNSeq2Seq                  the `contract.Seq2Seq` model
 
-On a GPU the encoder never reads the source lengths on the host: a host that waits
+On CUDA the encoder never reads the source lengths on the host: a host that waits
 cannot run ahead of the device, and a CUDA graph (`train.cuda_graphs`) can hold no such
 read while every replay must serve other lengths than the recording's. Each direction
 of a layer is one fused call over the padded source, the backward one over each
-sentence reversed in place; on a CPU, where the lengths are, it packs (`RNNEncoder`).
+sentence reversed in place; off CUDA (on a CPU, where the lengths are) it packs
+(`RNNEncoder`).
 
 The decoder is a stack of cells stepped by hand: attention makes every
 step depend on the previous one anyway, and `decode` (teacher forcing) loops over
@@ -80,9 +81,9 @@ class RNNEncoder(nn.Module):
     Each direction has H / 2 units when bidirectional, so states are H wide either way.
     Sources must be right-padded with at least one real token each. nn.GRU/nn.LSTM holds
     the parameters. Packing the source by its lengths skips the padding, but needs the
-    lengths on the host: free on a CPU, where they are, but on a GPU the host would wait for
-    the device at every batch, and a CUDA graph (`train.cuda_graphs`) can hold no such read
-    while every replay must serve other lengths than the recording's. So on a GPU
+    lengths on the host: free on a CPU, where they are, but on a CUDA GPU the host would wait
+    for the device at every batch, and a CUDA graph (`train.cuda_graphs`) can hold no such
+    read while every replay must serve other lengths than the recording's. So on CUDA
     (`_unpacked`) each direction of a layer is one fused call of cuDNN over the padded source:
 
     - the forward direction reads a sentence's tokens before its padding, so its states
@@ -91,10 +92,10 @@ class RNNEncoder(nn.Module):
       first, then its padding), and its states are put back in place the same way;
     - the final states are the states at each sentence's last step. A GRU's state is its
       output; an LSTM's cell state is not among its outputs, and `_final_cells` rebuilds
-      it from them, at the cost of most of the LSTM's matrix products again.
+      it from them, at the cost of three quarters of the LSTM's matrix products again.
 
-    On a CPU the encoder packs (`_packed`), unless `pack_on_cpu` is unset (the tests run a
-    GPU's way there too). The two ways give the same numbers, up to rounding.
+    Off CUDA the encoder packs (`_packed`), unless `pack_off_cuda` is unset (the tests run a
+    GPU's way on a CPU too). The two ways give the same numbers, up to rounding.
 
     Args:
         embedding: source embedding (passed in so it can be shared).
@@ -122,13 +123,13 @@ class RNNEncoder(nn.Module):
             bidirectional=bidirectional,
             dropout=dropout if layers > 1 else 0.0,
         )
-        self.pack_on_cpu = True
+        self.pack_off_cuda = True
 
     def forward(self, src: Tensor, src_pad_mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
         final h (B, Le, H), final c (B, Le, H) or None (GRU); [fwd; bwd] halves."""
         x = self.dropout(self.embedding(src))  # (B, S, E)
-        if self.pack_on_cpu and src.device.type == "cpu":
+        if self.pack_off_cuda and src.device.type != "cuda":
             return self._packed(x, ~src_pad_mask)
         return self._unpacked(x, ~src_pad_mask)
 
@@ -186,27 +187,29 @@ class RNNEncoder(nn.Module):
         """An LSTM layer's cell states after each sentence's last token, (B, H), rebuilt from its outputs.
 
         The gates at step t are a function of x_t and h_{t-1}, both known once the fused calls
-        have run: one matrix product gives every step's input, forget and candidate gates, and
-        c_t = f_t * c_{t-1} + i_t * g_t is one multiply-add a step, held where a sentence has no
-        token (f = 1, i * g = 0 there). Those are the cell states the fused calls computed, as
-        functions of the parameters too, so their gradients are the LSTM's.
+        have run: one matrix product gives every step's input, forget and candidate gates. Then
+        c_t = f_t * c_{t-1} + i_t * g_t from c_{-1} = 0 sums to c_T = sum_k i_k g_k prod_{k<j<=T} f_j,
+        the products taken in log space (running sums of log f, in fp64 so that the difference of
+        two long sums keeps its digits): a few operations whatever the length, where stepping
+        takes a multiply-add a step. Where a sentence has no token, f = 1 and i * g = 0. Those
+        are the cell states the fused calls computed, as functions of the parameters too, so their
+        gradients are the LSTM's.
         """
         half = self.rnn.hidden_size
-        forget, update = [], []
+        log_forget, update = [], []
         for x, out, suffix in zip(inputs, outputs, ("", "_reverse")):
             w_ih, w_hh, b_ih, b_hh = (w[: 3 * half] for w in self._weights(layer, suffix))  # i, f, g (not o)
             previous = F.pad(out[:, :-1], (0, 0, 1, 0))  # (B, S, H / dirs): h_{t-1}, zeros before the first
             gates = F.linear(x, w_ih, b_ih) + F.linear(previous, w_hh, b_hh)  # (B, S, 3 H / dirs)
-            i, f, g = gates.float().chunk(3, dim=-1)  # the running sum in fp32, as fused kernels keep c
-            forget.append(torch.sigmoid(f))
+            i, f, g = gates.float().chunk(3, dim=-1)  # the sum in fp32, as fused kernels keep c
+            log_forget.append(F.logsigmoid(f))
             update.append(torch.sigmoid(i) * torch.tanh(g))
         held = real.unsqueeze(-1)  # (B, S, 1)
-        forget = torch.where(held, torch.cat(forget, dim=-1), 1.0)  # (B, S, H): both directions side by side
+        log_forget = torch.where(held, torch.cat(log_forget, dim=-1), 0.0)  # (B, S, H): both directions
         update = torch.where(held, torch.cat(update, dim=-1), 0.0)
-        c = update[:, 0]  # c_0 = i_0 * g_0: every sentence has a token
-        for f_t, u_t in zip(forget.unbind(1)[1:], update.unbind(1)[1:]):
-            c = torch.addcmul(u_t, f_t, c)
-        return c.to(outputs[0].dtype)
+        running = log_forget.double().cumsum(dim=1)  # (B, S, H): log prod_{j<=t} f_j
+        decay = torch.exp(running[:, -1:] - running).float()  # prod_{t<j<=T} f_j, at most 1
+        return (update * decay).sum(dim=1).to(outputs[0].dtype)
 
 
 def _at_positions(x: Tensor, positions: Tensor) -> Tensor:

@@ -217,6 +217,30 @@ def test_the_encoder_gives_what_packing_gives_states_final_states_and_gradients(
         torch.testing.assert_close(our_grads[name], grad, **close, msg=name)
 
 
+@pytest.mark.parametrize(("forget_bias", "rtol"), [(-8.0, 1e-6), (-3.0, 1e-6), (0.0, 1e-6), (8.0, 2e-5)])
+def test_an_lstms_rebuilt_cell_states_keep_their_digits_over_a_long_sentence(forget_bias, rtol):
+    """The rebuilt cell states take running products of the forget gates as sums of their logarithms: over
+    1000 tokens with forget gates shut (log f near -8 a step), half-shut, between or open, they are nn.LSTM's
+    own, packed, to 1e-6 (with the sums in fp32 the half-shut and middle cases miss it); open, c sums a
+    thousand updates to some hundreds, each way rounding its own sum."""
+    model = make(cell="lstm", embed_dim=16, hidden_size=32, dropout=0.0, src_vocab_size=50)
+    encoder = model.encoder.train()
+    with torch.no_grad():
+        for name, p in encoder.rnn.named_parameters():
+            if name.startswith("bias_ih"):
+                p[p.numel() // 4: p.numel() // 2] = forget_bias  # rows i, f, g, o: the forget gate's
+    torch.manual_seed(1)
+    src = torch.randint(3, 50, (3, 1000))
+    src[1, 300:] = PAD
+    src[2, 1:] = PAD
+    real = ~pad_mask_from_tokens(src, PAD)
+    ours, packed = (way(encoder.embedding(src), real) for way in (encoder._unpacked, encoder._packed))
+    torch.testing.assert_close(ours[2], packed[2], rtol=rtol, atol=1e-6)  # the final cell states
+    for x, y in zip(ours[:2], packed[:2], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    assert packed[2].abs().max() > (20 if forget_bias > 0 else 0.1)  # open gates: c sums many updates
+
+
 @pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
@@ -224,7 +248,7 @@ def test_the_encoder_drops_out_between_its_layers_in_training_only(cell, layers,
     """nn.GRU/nn.LSTM's dropout between layers, which the unpacked encoder applies itself: with the embeddings'
     dropout off, two training passes differ with two layers only, packed or not."""
     encoder = make(cell=cell, dropout=0.5, encoder_layers=layers).encoder
-    encoder.dropout.p, encoder.pack_on_cpu = 0.0, pack  # no dropout on the embeddings
+    encoder.dropout.p, encoder.pack_off_cuda = 0.0, pack  # no dropout on the embeddings
     src, mask, _ = batch()
     encoder.train()
     first, second = encoder(src, mask)[0], encoder(src, mask)[0]

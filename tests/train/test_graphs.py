@@ -165,7 +165,7 @@ def _as_on_a_gpu(t: Trainable) -> None:
     """An RNN's encoder, in the model and its bf16 copy, does not pack its source on a CPU either."""
     for model in (t.model, t.half.copy if t.half is not None else None):
         if isinstance(getattr(model, "encoder", None), RNNEncoder):
-            model.encoder.pack_on_cpu = False
+            model.encoder.pack_off_cuda = False
 
 
 @contextmanager
@@ -316,7 +316,7 @@ def test_an_encoder_that_packs_cannot_be_recorded_and_one_that_does_not_replays_
     with torch.no_grad(), _without_onednn():
         with pytest.raises(RuntimeError, match="get value out of a tracing tensor"):
             make_fx(lambda: loss(inputs))()
-        model.encoder.pack_on_cpu = False
+        model.encoder.pack_off_cuda = False
         traced = make_fx(lambda: loss(inputs))()
         inputs.copy_(second)
         assert float(traced()) == pytest.approx(float(loss(second)), rel=1e-6)
