@@ -38,9 +38,9 @@
 #              of the loss, the kernels, the Transformer and recorded updates (the stage stops if the last
 #              fail); then a toy training with recorded updates, resumed, and one with train.accumulate 2
 #                                                                                        (about 8 min)
-#   rnn-updates  the RNN encoder packed and unpacked (bench/rnn_encoder_speed.py); the Bahdanau (GRU) and
-#              Luong (LSTM) RNNs in fp32 and bf16, eager and with train.cuda_graphs, with profiles; the GPU
-#              tests of the encoder and of the RNNs' recorded updates; a toy
+#   rnn-updates  the RNN encoder packed and unpacked (bench/rnn_encoder_speed.py) and its GPU tests; the
+#              Bahdanau (GRU) and Luong (LSTM) RNNs in fp32 and bf16, eager and with train.cuda_graphs, with
+#              profiles; the GPU tests of the RNNs' recorded updates; a toy
 #              RNN trained with recorded updates, then resumed; then the Bahdanau RNN's recorded updates over
 #              its compiled decoder step                                                  (about 5 min)
 #   updates-compiled  train.cuda_graphs over a compiled model (default mode, a compilation per batch
@@ -205,11 +205,11 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
     for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general; do
       run "$py" bench/rnn_encoder_speed.py configs/$e.yaml --device $device
     done
+    run "$py" -m pytest -q -rs tests/models/test_rnn.py -k "what_packing_gives and cuda" || exit 1
     for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general; do
       run "$py" bench/train_speed.py configs/$e.yaml --precisions fp32,bf16 --compile off --update-graphs off,on \
         --steps 20 --profile 5 --json "$out/updates_$e.json" ${TRAIN_ARGS:-}
     done
-    run "$py" -m pytest -q -rs tests/models/test_rnn.py -k "what_packing_gives and cuda" || exit 1
     run "$py" -m pytest -q -rs tests/train/test_graphs.py -k "(recurrent and not cpu) or packs or rnn" || exit 1
     recorded_and_resumed configs/toy_rnn_luong_general.yaml /tmp/gpu_rnn_updates "$out/rnn_updates_metrics.jsonl"
     # last, as it compiles: recorded updates over a compiled decoder step (its attention, cell and readout fused),
