@@ -159,7 +159,7 @@ class RNNEncoder(nn.Module):
         for layer in range(self.layers):
             if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
                 x = F.dropout(x, self.rnn.dropout, self.training)
-            inputs = [x, _at_positions(x, reverse)][: self.directions]  # each direction's, in its reading order
+            inputs = [x] if self.directions == 1 else [x, _at_positions(x, reverse)]  # in each one's reading order
             outputs = [self._run(xs, layer, suffix) for xs, suffix in zip(inputs, ("", "_reverse"))]
             final_h.append(torch.cat([out.gather(1, last) for out in outputs], dim=-1))  # (B, 1, H)
             if self.lstm:
