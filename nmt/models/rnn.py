@@ -36,6 +36,7 @@ unrolled, a graph per target length.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -97,6 +98,10 @@ class RNNEncoder(nn.Module):
     Off CUDA the encoder packs (`_packed`), unless `pack_off_cuda` is unset (the tests run a
     GPU's way on a CPU too). The two ways give the same numbers, up to rounding.
 
+    An LSTM encoder returns the final cell states of `cell_layers` only, the layers its model's
+    bridge reads: on CUDA each is a rebuild, which the others would cost for nothing (a learned
+    bridge to one decoder layer reads the top encoder layer's, a zero bridge none).
+
     Args:
         embedding: source embedding (passed in so it can be shared).
         cell: "gru" or "lstm".
@@ -104,16 +109,24 @@ class RNNEncoder(nn.Module):
         layers: Le.
         bidirectional: run a backward RNN too and concatenate.
         dropout: on embeddings and between layers.
+        cell_layers: an LSTM's layers whose final cell states `forward` returns, in this
+            order (default: every layer). Ignored for a GRU.
+
+    Raises:
+        ValueError: a cell layer outside 0..Le-1, or not in increasing order.
     """
 
     def __init__(
         self, *, embedding: nn.Embedding, cell: str, hidden_size: int, layers: int,
-        bidirectional: bool, dropout: float,
+        bidirectional: bool, dropout: float, cell_layers: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.embedding = embedding
         self.dropout = nn.Dropout(dropout)
         self.layers, self.directions, self.lstm = layers, 2 if bidirectional else 1, cell == "lstm"
+        self.cell_layers = tuple(range(layers)) if cell_layers is None else tuple(cell_layers)
+        if list(self.cell_layers) != sorted(set(self.cell_layers) & set(range(layers))):
+            raise ValueError(f"cell_layers {self.cell_layers} must be increasing layers of 0..{layers - 1}")
         rnn_class = nn.LSTM if self.lstm else nn.GRU
         self.rnn = rnn_class(
             embedding.embedding_dim,
@@ -126,8 +139,9 @@ class RNNEncoder(nn.Module):
         self.pack_off_cuda = True
 
     def forward(self, src: Tensor, src_pad_mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding),
-        final h (B, Le, H), final c (B, Le, H) or None (GRU); [fwd; bwd] halves."""
+        """src (B, S), src_pad_mask (B, S) -> states (B, S, H) (zeros at padding), final h
+        (B, Le, H), final c (B, Lc, H) of the Lc `cell_layers` or None (a GRU, or no cell
+        layers); [fwd; bwd] halves."""
         x = self.dropout(self.embedding(src))  # (B, S, E)
         if self.pack_off_cuda and src.device.type != "cuda":
             return self._packed(x, ~src_pad_mask)
@@ -139,7 +153,9 @@ class RNNEncoder(nn.Module):
         output, final = self.rnn(packed)  # final states in the original batch order
         states, _ = pad_packed_sequence(output, batch_first=True, total_length=x.size(1))
         h, c = final if self.lstm else (final, None)
-        return states, self._batch_first(h), None if c is None else self._batch_first(c)
+        if c is None or not self.cell_layers:
+            return states, self._batch_first(h), None
+        return states, self._batch_first(h), self._batch_first(c)[:, self.cell_layers]
 
     def _batch_first(self, final: Tensor) -> Tensor:
         _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
@@ -162,12 +178,12 @@ class RNNEncoder(nn.Module):
             inputs = [x] if self.directions == 1 else [x, _at_positions(x, reverse)]  # in each one's reading order
             outputs = [self._run(xs, layer, suffix) for xs, suffix in zip(inputs, ("", "_reverse"))]
             final_h.append(torch.cat([out.gather(1, last) for out in outputs], dim=-1))  # (B, 1, H)
-            if self.lstm:
+            if self.lstm and layer in self.cell_layers:
                 final_c.append(self._final_cells(layer, inputs, outputs, real))  # (B, H)
             in_place = [outputs[0], *(_at_positions(out, reverse) for out in outputs[1:])]  # backward's put back
             x = torch.cat(in_place, dim=-1)  # (B, S, H)
         states = x * real.unsqueeze(-1)  # zeros at padding, as unpacking leaves them
-        return states, torch.cat(final_h, dim=1), torch.stack(final_c, dim=1) if self.lstm else None
+        return states, torch.cat(final_h, dim=1), torch.stack(final_c, dim=1) if final_c else None
 
     def _weights(self, layer: int, suffix: str) -> list[Tensor]:
         """One direction's (`suffix` "" or "_reverse") parameters of `layer`: w_ih, w_hh, b_ih, b_hh."""
@@ -220,6 +236,11 @@ def _at_positions(x: Tensor, positions: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- bridges
 
 
+def bridge_sources(encoder_layers: int, decoder_layers: int) -> list[int]:
+    """The encoder layer each decoder layer starts from with a learned bridge (`LearnedBridge`)."""
+    return [max(0, encoder_layers - decoder_layers + layer) for layer in range(decoder_layers)]
+
+
 class ZeroBridge(nn.Module):
     """The decoder starts from zeros."""
 
@@ -228,7 +249,7 @@ class ZeroBridge(nn.Module):
         self.decoder_layers, self.lstm = decoder_layers, lstm
 
     def forward(self, final_h: Tensor, final_c: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """final_h (B, Le, H) -> h0 (B, Ld, H), c0 (B, Ld, H) or None."""
+        """final_h (B, Le, H) -> h0 (B, Ld, H), c0 (B, Ld, H) or None; final_c is not read."""
         B, _, H = final_h.shape
         zeros = final_h.new_zeros(B, self.decoder_layers, H)  # (B, Ld, H)
         return zeros, zeros.clone() if self.lstm else None
@@ -241,27 +262,33 @@ class LearnedBridge(nn.Module):
     max(0, Le - Ld + l), so the top decoder layer always sees the top encoder
     layer (the most abstract summary), equal depths map one to one, and extra
     lower decoder layers reuse encoder layer 0. Each decoder layer has its own
-    projection; for an LSTM, c gets projections of its own from the encoder's c.
+    projection; for an LSTM, c gets projections of its own from the encoder's c, of which
+    the encoder gives the layers decoder layers start from only (`RNNEncoder.cell_layers`).
     """
 
     def __init__(
         self, *, encoder_layers: int, decoder_layers: int, hidden_size: int, lstm: bool
     ) -> None:
         super().__init__()
-        offset, H = encoder_layers - decoder_layers, hidden_size
-        self.sources = [max(0, offset + layer) for layer in range(decoder_layers)]
+        H = hidden_size
+        self.sources = bridge_sources(encoder_layers, decoder_layers)
+        cell_layers = sorted(set(self.sources))  # the encoder's final c holds these, in this order
+        self.cell_sources = [cell_layers.index(src) for src in self.sources]
         self.h_proj = nn.ModuleList(nn.Linear(H, H) for _ in self.sources)
         self.c_proj = nn.ModuleList(nn.Linear(H, H) for _ in self.sources) if lstm else None
 
-    def _project(self, projections: nn.ModuleList, final: Tensor) -> Tensor:
-        layers = [torch.tanh(proj(final[:, src])) for proj, src in zip(projections, self.sources)]
+    @staticmethod
+    def _project(projections: nn.ModuleList, final: Tensor, sources: list[int]) -> Tensor:
+        layers = [torch.tanh(proj(final[:, src])) for proj, src in zip(projections, sources)]
         return torch.stack(layers, dim=1)  # (B, Ld, H)
 
     def forward(self, final_h: Tensor, final_c: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """final_h, final_c (B, Le, H) -> h0 (B, Ld, H), c0 (B, Ld, H) or None."""
+        """final_h (B, Le, H), final_c (B, Lc, H) of the Lc layers decoder layers start from
+        (in increasing order) or None -> h0 (B, Ld, H), c0 (B, Ld, H) or None."""
+        h0 = self._project(self.h_proj, final_h, self.sources)
         if self.c_proj is None or final_c is None:
-            return self._project(self.h_proj, final_h), None
-        return self._project(self.h_proj, final_h), self._project(self.c_proj, final_c)
+            return h0, None
+        return h0, self._project(self.c_proj, final_c, self.cell_sources)
 
 
 # --------------------------------------------------------------------------- decoder parts
@@ -506,25 +533,26 @@ class RNNSeq2Seq(nn.Module):
         self.pad_id = pad_id
         E, H, tied, lstm = embed_dim, hidden_size, tie_embeddings != "none", cell == "lstm"
 
+        if bridge not in ("zeros", "learned"):
+            raise ValueError(f"bridge {bridge!r} must be 'zeros' or 'learned'")
+        # the encoder layers whose final cell states the bridge reads (the bridge is built after the
+        # encoder, so that the parameters draw their initial values in the same order as ever)
+        cell_layers = sorted(set(bridge_sources(encoder_layers, decoder_layers))) if bridge == "learned" else []
         src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
         self.encoder = RNNEncoder(
             embedding=src_embed, cell=cell, hidden_size=H, layers=encoder_layers,
-            bidirectional=bidirectional, dropout=dropout,
+            bidirectional=bidirectional, dropout=dropout, cell_layers=cell_layers,
         )  # fmt: skip
         if tie_embeddings == "all":
             self.tgt_embed = src_embed
         else:
             self.tgt_embed = nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id)
-        match bridge:
-            case "zeros":
-                self.bridge: nn.Module = ZeroBridge(decoder_layers=decoder_layers, lstm=lstm)
-            case "learned":
-                self.bridge = LearnedBridge(
-                    encoder_layers=encoder_layers, decoder_layers=decoder_layers,
-                    hidden_size=H, lstm=lstm,
-                )  # fmt: skip
-            case _:
-                raise ValueError(f"bridge {bridge!r} must be 'zeros' or 'learned'")
+        if bridge == "zeros":
+            self.bridge: nn.Module = ZeroBridge(decoder_layers=decoder_layers, lstm=lstm)
+        else:
+            self.bridge = LearnedBridge(
+                encoder_layers=encoder_layers, decoder_layers=decoder_layers, hidden_size=H, lstm=lstm,
+            )  # fmt: skip
         self.decoder = build_decoder(
             decoder, cell=cell, embed_dim=E, hidden_size=H, layers=decoder_layers, dropout=dropout,
             attention=attention, attention_heads=attention_heads, local_window=local_window,
@@ -566,7 +594,8 @@ class RNNSeq2Seq(nn.Module):
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).
 
-        extra holds "final_h" (B, Le, H), "final_c" (B, Le, H) for an LSTM, "summary"
+        extra holds "final_h" (B, Le, H), for an LSTM "final_c" (B, Lc, H) of the encoder
+        layers the bridge reads (`RNNEncoder.cell_layers`; absent where it reads none), "summary"
         (B, H) (the top layer's final state) and, with attention, the per-sentence
         "attn_keys" and "attn_values" (B, heads, S, .) from `Attention.prepare`.
         """

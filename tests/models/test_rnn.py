@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from nmt.models.attention import ATTENTION_KINDS
 from nmt.models.contract import Memory, Seq2Seq, State
 from nmt.models.masks import pad_mask_from_tokens
-from nmt.models.rnn import RNNSeq2Seq, RNNState
+from nmt.models.rnn import RNNEncoder, RNNSeq2Seq, RNNState
 
 PAD, BOS, EOS = 0, 1, 2
 BASE = dict(
@@ -156,7 +156,10 @@ def test_bridge_layer_counts(bridge, layers):
     )
     src, mask, tgt_in = batch()
     memory = model.encode(src, mask)
-    assert memory.extra["final_h"].shape == memory.extra["final_c"].shape == (3, encoder_layers, 8)
+    assert memory.extra["final_h"].shape == (3, encoder_layers, 8)
+    # the final cell states of the encoder layers the bridge reads only: the top ones, or none
+    read = 0 if bridge == "zeros" else min(encoder_layers, decoder_layers)
+    assert memory.extra.get("final_c", torch.empty(3, 0, 8)).shape == (3, read, 8)
     torch.testing.assert_close(memory.extra["summary"], memory.extra["final_h"][:, -1])
     state = model.init_state(memory)
     assert state.hidden.shape == state.cell.shape == (3, decoder_layers, 8)
@@ -239,6 +242,35 @@ def test_an_lstms_rebuilt_cell_states_keep_their_digits_over_a_long_sentence(for
     for x, y in zip(ours[:2], packed[:2], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     assert packed[2].abs().max() > (20 if forget_bias > 0 else 0.1)  # open gates: c sums many updates
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("layers", [(3, 1), (3, 2), (1, 3), (2, 3)])
+def test_an_lstm_encoder_gives_the_cell_states_its_learned_bridge_reads_and_no_others(layers, pack):
+    """On CUDA each final cell state is rebuilt, so the encoder gives those of the layers decoder layers start
+    from only (with fewer decoder layers, the top ones; with more, every one, layer 0 once): the decoder's first
+    cell states are the bridge's projections of those the same encoder gives with every layer's."""
+    encoder_layers, decoder_layers = layers
+    model = make(cell="lstm", encoder_layers=encoder_layers, decoder_layers=decoder_layers, dropout=0.0)
+    model.encoder.pack_off_cuda = pack
+    src, mask, _ = batch()
+    expected = sorted({max(0, encoder_layers - decoder_layers + layer) for layer in range(decoder_layers)})
+    assert list(model.encoder.cell_layers) == expected
+    state = model.init_state(model.encode(src, mask))
+    model.encoder.cell_layers = tuple(range(encoder_layers))
+    every = model.encoder(src, mask)[2]  # (B, Le, H)
+    sources = [max(0, encoder_layers - decoder_layers + layer) for layer in range(decoder_layers)]
+    for layer, source in enumerate(sources):
+        projected = model.bridge.c_proj[layer](every[:, source]).tanh()
+        torch.testing.assert_close(state.cell[:, layer], projected, rtol=0, atol=0)
+
+
+def test_an_encoder_refuses_cell_layers_it_does_not_have_or_out_of_order():
+    embedding = torch.nn.Embedding(10, 6)
+    for cell_layers in ([2], [-1], [1, 0], [0, 0]):
+        with pytest.raises(ValueError, match=rf"cell_layers \({', '.join(map(str, cell_layers))},?\) must be"):
+            RNNEncoder(embedding=embedding, cell="lstm", hidden_size=8, layers=2, bidirectional=True, dropout=0.0,
+                       cell_layers=cell_layers)
 
 
 @pytest.mark.parametrize("pack", [True, False])
