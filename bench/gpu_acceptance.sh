@@ -29,7 +29,8 @@
 #              Multi30k shape in bf16 with lengths not rounded up (a graph per length)  (about 9 min)
 #   updates    first the rows that decide the targets: train.cuda_graphs (each batch shape's whole update
 #              recorded as one CUDA graph) against eager at the Multi30k shape in fp32 and bf16, with
-#              profiles; Transformer-base in bf16 with it; both bf16 rows with sentences side by side in
+#              profiles; Transformer-base in bf16 with it, on Multi30k's sentences then on pairs of them joined
+#              (bench/train_speed.py --join 2: news corpora's lengths); both bf16 rows with sentences side by side in
 #              rows of 128 positions (model.transformer.attention_pack). Then flash, memory-efficient,
 #              variable-length, packed-row and side-by-side attention alone at Transformer-base's batches
 #              of 16 to 512 positions (bench/attention_speed.py); the bf16 rows with flash tried first,
@@ -159,6 +160,10 @@ case $stage in
     # Transformer-base with recorded updates
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
       --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+    # the same at the lengths of news corpora (WMT, about 30 tokens a sentence), Multi30k's pairs joined two by two:
+    # Transformer-base's users train on those, and its attention calls are then less short
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --join 2 --json "$out/updates_base_join2.json" ${TRAIN_ARGS:-}
     # the bf16 rows again with sentences side by side in each attention call's rows of up to 128 positions
     # (model.transformer.attention_pack): what the attention bench's rows kernel (below) gains in a whole update
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \

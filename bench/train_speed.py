@@ -10,6 +10,10 @@ real batches (the config's training data and tokenizer), with what `nmt train`
 uses: the model, loss, optimizer and schedule from `nmt.train.setup.build_trainable`,
 readied by `prepare_step` (the bf16 copy, `torch.compile`), batches cut and padded as training
 does (`train.pad_to_multiple`, `train.batch_shapes`), and `nmt.train.step.train_step`.
+`--join K` trains on sentences K times as long: each K consecutive training pairs of the
+config's corpus joined into one (written under `--work`), with `data.max_len` K times the
+config's. Multi30k's sentences are short (about 13 words); joined by 2 or 4, they have the
+lengths of news or web corpora (WMT), where attention fills more of a kernel's tiles.
 `--compile` takes off, on (the config's `train.compile_mode`) or a mode's name, e.g.
 reduce-overhead (CUDA graphs, with static batch shapes unless `train.batch_shapes: free`);
 a compiled row first runs each batch shape of its timed updates three times, so that
@@ -54,6 +58,7 @@ decoder step, which every target length reuses.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -67,7 +72,8 @@ import torch
 from profiling import OpCount, Profile, host_syncs  # bench/profiling.py, beside this script
 from torch import nn
 
-from nmt.config import load_config
+from nmt.config import CorpusConfig, load_config
+from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
 from nmt.models import count_parameters
@@ -163,6 +169,29 @@ class Row:
     def how(self) -> str:
         """The compile mode, `+update` with update graphs."""
         return self.compile + ("+update" if self.cuda_graphs else "")
+
+
+def joined_corpus(cfg, k: int, folder: Path):
+    """`cfg` training on its corpus with each k consecutive pairs joined into one (text files in `folder`,
+    written once), `data.max_len` k times as large."""
+    prefix = folder / "joined"
+    src_file, tgt_file = (Path(f"{prefix}.{lang}.gz") for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
+    if not tgt_file.exists():
+        for spec in cfg.data.train_corpora:
+            if spec.weight != 1.0:
+                raise UserError(f"--join: the training corpus {spec.paths[0]} has weight {spec.weight}; "
+                                "join a config whose corpora have weight 1")
+        pairs = [load_pairs(spec, src_lang=cfg.data.src_lang, tgt_lang=cfg.data.tgt_lang, cache_dir=folder / "cache")
+                 for spec in cfg.data.train_corpora]
+        for column, file in (("src", src_file), ("tgt", tgt_file)):
+            lines = [line.strip() for corpus in pairs for line in corpus[column]]
+            joined = (" ".join(lines[i: i + k]) for i in range(0, len(lines) - k + 1, k))
+            with gzip.open(f"{file}.tmp", "wt", encoding="utf-8") as out:
+                out.writelines(line + "\n" for line in joined)
+        for file in (src_file, tgt_file):  # the target last: its presence says both are whole
+            Path(f"{file}.tmp").replace(file)
+    data = replace(cfg.data, train=CorpusConfig(kind="text", path=str(prefix)), max_len=cfg.data.max_len * k)
+    return replace(cfg, data=data)
 
 
 def _sync(device: torch.device) -> None:
@@ -305,10 +334,14 @@ def main(argv: list[str] | None = None) -> None:
                          "to plain matrix products and softmax, which a compiled row fuses. `cudnn` (which torch "
                          "prefers where allowed) plans every new shape once, a cost that static batch shapes pay "
                          "only once per length bucket.")
+    ap.add_argument("--join", type=int, default=1, metavar="K",
+                    help="Train on each K consecutive training pairs joined into one: sentences K times as long.")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args(argv)
 
     cfg = load_config(args.config, args.overrides)
+    if args.join < 1:
+        ap.error(f"--join {args.join}: give 1 (the corpus as it is) or more")
     if cfg.model.type != "transformer" and ("base" in args.shapes or args.reference):
         ap.error("--shapes base and --reference need a Transformer config")
     device = pick_device(cfg.train.device)
@@ -320,8 +353,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--attention {args.attention!r}: use a comma-separated choice of {', '.join(SDPA_KERNELS)}, "
                  "each once, in the order to try them")
     set_attention_kernels(kernels)
-    run_dir = Path(args.work) / Path(args.config).stem
+    run_dir = Path(args.work) / (Path(args.config).stem + (f"-join{args.join}" if args.join > 1 else ""))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if args.join > 1:
+        cfg = joined_corpus(cfg, args.join, run_dir)
     data = prepare_run(cfg, run_dir)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = next((v for k, v in _PEAK_BF16.items() if k in name), None)
@@ -330,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.steps} timed steps after {args.warmup} warm-up, batch {padding.rounding} (the config's; rows "
           f"with update graphs may differ)" + (f", attention kernels {args.attention}" if device.type == "cuda" else ""),
           flush=True)
+    src_lens, tgt_lens = length_arrays(data.train)
+    print(f"{len(tgt_lens):,} training pairs" + (f" (the corpus's joined by {args.join})" if args.join > 1 else "")
+          + f", mean tokens a pair: source {src_lens.mean():.1f}, target {tgt_lens.mean():.1f}", flush=True)
 
     rows: list[Row] = []
     for shape in args.shapes.split(","):

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,27 @@ def test_the_batch_speed_bench_builds_the_same_batches_both_ways(tmp_path: Path)
     assert all(r["identical"] and r["batches"] == 3 and r["dataset_ms"] > 0 and r["idcolumns_ms"] > 0
                and r["from_worker_ms"] > 0 for r in rows)
     assert rows[1]["pairs_per_batch"] > rows[0]["pairs_per_batch"]
+
+
+def test_the_train_speed_bench_joins_consecutive_pairs_into_longer_sentences(tmp_path: Path) -> None:
+    """`--join K`: sentences K times as long, as news corpora have them, from the config's own corpus."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from train_speed import joined_corpus
+
+    from nmt.config import CorpusConfig, load_config
+    from nmt.data.corpus import load_pairs
+    from nmt.errors import UserError
+
+    cfg = load_config(ROOT / "configs" / "toy_transformer.yaml")
+    joined = joined_corpus(cfg, 3, tmp_path)
+    assert joined.data.max_len == 3 * cfg.data.max_len and joined.model == cfg.model
+    langs = dict(src_lang=cfg.data.src_lang, tgt_lang=cfg.data.tgt_lang)
+    original = load_pairs(cfg.data.train, **langs, cache_dir=tmp_path / "original")
+    ours = load_pairs(joined.data.train, **langs, cache_dir=tmp_path / "ours")
+    assert len(ours) == len(original) // 3 > 100
+    for i in (0, len(ours) // 2, len(ours) - 1):
+        for column in ("src", "tgt"):
+            assert ours[i][column] == " ".join(original[3 * i + j][column].strip() for j in range(3))
+    heavier = replace(cfg, data=replace(cfg.data, train=CorpusConfig(kind="text", path=cfg.data.train.path, weight=2)))
+    with pytest.raises(UserError, match=r"has weight 2\b"):
+        joined_corpus(heavier, 2, tmp_path / "again")
