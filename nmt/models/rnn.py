@@ -155,7 +155,7 @@ class RNNEncoder(nn.Module):
         h, c = final if self.lstm else (final, None)
         if c is None or not self.cell_layers:
             return states, self._batch_first(h), None
-        return states, self._batch_first(h), self._batch_first(c)[:, self.cell_layers]
+        return states, self._batch_first(h), self._batch_first(c)[:, list(self.cell_layers)]
 
     def _batch_first(self, final: Tensor) -> Tensor:
         _, B, half = final.shape  # (Le * dirs, B, H / dirs), layer-major
