@@ -296,7 +296,7 @@ class RNNConfig:
     local_window: int = num(0, lo=0)
     """Luong's local-p attention: half-width D of the Gaussian window; 0 means global attention."""
     input_feeding: bool = True
-    """Luong decoder: feed the previous attentional state into the cell."""
+    """Luong decoder: feed the previous attentional state into the cell. Without it (and with `decoder: none`), no step's input depends on the step before, and training runs the decoder's cells over all target positions at once, one fused call a layer, then attends with every query at once."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -333,7 +333,7 @@ class TrainConfig:
     half_weights: bool = True
     """With bf16: run the forward and backward passes on a bf16 copy of the model while the optimizer updates the fp32 weights (checkpoints and validation keep fp32), which saves autocast's cast at every use of a weight (a third of the operations of a small Transformer's update); false: autocast."""
     compile: bool = False
-    """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); an RNN compiles its decoder step, one graph for every target length, which on an H200 ran slower than eager; where compiling fails, training goes on uncompiled with a warning."""
+    """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); an RNN compiles its decoder step, one graph for every target length, which on an H200 ran slower than eager (a decoder whose steps run at once, `none` or `luong` without input feeding, has no step to compile and stays eager); where compiling fails, training goes on uncompiled with a warning."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile). On an H200, reduce-overhead made the Multi30k Transformer's updates 1.9-2.8x faster than eager ones in fp32 (`bench/train_speed.py`; not yet timed in a whole training run)."""
     compile_dynamic: Literal["auto", True, False] = "auto"

@@ -323,6 +323,29 @@ class CellStack(nn.Module):
             hs.append(x)
         return torch.stack(hs, dim=1), torch.stack(cs, dim=1) if self.lstm else None
 
+    def over_time(self, x: Tensor, hidden: Tensor, cell: Tensor | None) -> Tensor:
+        """Every step at once, where no step's input depends on an earlier step's output:
+        x (B, T, I), the first hidden and cell (B, Ld, H) -> the top layer's outputs (B, T, H).
+
+        Each layer is one fused call on its cell's own parameters (nn.GRUCell/nn.LSTMCell
+        order their gates as torch.gru/torch.lstm do), so a GPU runs T steps as one kernel
+        sequence instead of T launches a layer; the numbers are the steps', up to rounding.
+        Dropout between layers draws its masks for all steps at once, as stepping draws them
+        step by step.
+        """
+        for layer, rnn in enumerate(self.cells):
+            if layer > 0:
+                x = self.dropout(x)
+            weights = [rnn.weight_ih, rnn.weight_hh, rnn.bias_ih, rnn.bias_hh]
+            h0 = hidden[:, layer].unsqueeze(0).contiguous()  # (1, B, H)
+            # gru/lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+            if self.lstm:
+                hx = (h0, cell[:, layer].unsqueeze(0).contiguous())
+                x = torch.lstm(x, hx, weights, True, 1, 0.0, self.training, False, True)[0]
+            else:
+                x = torch.gru(x, h0, weights, True, 1, 0.0, self.training, False, True)[0]
+        return x  # (B, T, H)
+
 
 class FixedContext(nn.Module):
     """No attention (`decoder: none`): every step gets the same source summary.
@@ -377,7 +400,8 @@ class BahdanauDecoder(nn.Module):
         o_t = tanh(W_o [s_t; c_t; E y_{t-1}] + b_o)
 
     o_t is a deep output layer conditioned on all three inputs of eq. 4; tanh
-    replaces the paper's maxout, a simplification.
+    replaces the paper's maxout, a simplification. With a fixed context (`decoder:
+    none`) no step's input depends on an earlier step: `over_time` runs them all at once.
     """
 
     def __init__(
@@ -401,6 +425,18 @@ class BahdanauDecoder(nn.Module):
         output = torch.tanh(self.readout(readout_in))  # (B, H)
         return output, RNNState(hidden=hidden, cell=cell), attn
 
+    @property
+    def steps_at_once(self) -> bool:
+        """Whether `over_time` can run teacher forcing's steps at once: with a fixed context."""
+        return isinstance(self.context, FixedContext)
+
+    def over_time(self, embedded: Tensor, memory: Memory, state: RNNState) -> Tensor:
+        """Every step of teacher forcing at once (`steps_at_once`): embedded (B, T, E) -> outputs (B, T, H)."""
+        context, _ = self.context(state.hidden[:, -1], memory)  # (B, C): the same at every step
+        context = context.unsqueeze(1).expand(-1, embedded.size(1), -1)  # (B, T, C)
+        top = self.cells.over_time(torch.cat([embedded, context], dim=-1), state.hidden, state.cell)  # (B, T, H)
+        return torch.tanh(self.readout(torch.cat([top, context, embedded], dim=-1)))  # (B, T, H)
+
 
 class LuongDecoder(nn.Module):
     """Cell first, then attention (Luong et al., 2015, sec. 3 and 3.3).
@@ -410,7 +446,8 @@ class LuongDecoder(nn.Module):
         h~_t = tanh(W_c [c_t; s_t])                      (eq. 5)
 
     h~_t predicts y_t (eq. 6). Input feeding (sec. 3.3) tells the cell where it
-    attended before; h~_0 = 0.
+    attended before; h~_0 = 0. Without it no step's input depends on an earlier step:
+    `over_time` runs the cell over all of them at once, then attends with every query at once.
     """
 
     def __init__(
@@ -436,6 +473,19 @@ class LuongDecoder(nn.Module):
         output = torch.tanh(self.W_c(torch.cat([context, top], dim=-1)))  # (B, H)
         feed = output if self.input_feeding else None
         return output, RNNState(hidden=hidden, cell=cell, feed=feed), attn
+
+    @property
+    def steps_at_once(self) -> bool:
+        """Whether `over_time` can run teacher forcing's steps at once: without input feeding."""
+        return not self.input_feeding
+
+    def over_time(self, embedded: Tensor, memory: Memory, state: RNNState) -> Tensor:
+        """Every step of teacher forcing at once (`steps_at_once`): embedded (B, T, E) -> outputs (B, T, H)."""
+        top = self.cells.over_time(embedded, state.hidden, state.cell)  # (B, T, H)
+        extra = memory.extra
+        attention = self.context.attention
+        context, _ = attention.attend(top, extra["attn_keys"], extra["attn_values"], memory.pad_mask)  # (B, T, C)
+        return torch.tanh(self.W_c(torch.cat([context, top], dim=-1)))  # (B, T, H)
 
 
 # --------------------------------------------------------------------------- model
@@ -587,9 +637,12 @@ class RNNSeq2Seq(nn.Module):
         where the later ones' do. It serves `forward` and `decode`, what training runs;
         search (`decode_step`) keeps the eager step, as validation and translation run
         every model uncompiled. The encoder stays eager: it is a fused call per layer and
-        direction already. Parameter names do not change.
+        direction already, and so is a decoder whose steps run at once (`steps_at_once`: no
+        attention, or Luong's without input feeding), which is then left uncompiled. Parameter
+        names do not change.
         """
-        self._teacher_step = torch.compile(_decoder_step, *args, **kwargs)  # a function, not a submodule
+        if not self.decoder.steps_at_once:
+            self._teacher_step = torch.compile(_decoder_step, *args, **kwargs)  # a function, not a submodule
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Memory:
         """src (B, S), src_pad_mask (B, S) -> Memory(states (B, S, H), pad_mask, extra).
@@ -615,9 +668,12 @@ class RNNSeq2Seq(nn.Module):
         return self.decoder.start(hidden, cell)
 
     def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
-        """tgt_in (B, T) -> logits (B, T, V), looping over the step `decode_step` uses."""
+        """tgt_in (B, T) -> logits (B, T, V), looping over the step `decode_step` uses, or with every
+        step at once where no step's input depends on an earlier one's output (`steps_at_once`)."""
         state = self.init_state(memory)
         embedded = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+        if self.decoder.steps_at_once:  # no attention, or Luong's without input feeding
+            return self._logits(self.decoder.over_time(embedded, memory, state))  # (B, T, V)
         step = self.decoder if self._teacher_step is None else partial(self._teacher_step, self.decoder)
         outputs = []
         for inputs in embedded.unbind(1):  # views whose gradients come back as one stack, not T full-size sums

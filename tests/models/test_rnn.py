@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -242,6 +244,50 @@ def test_an_lstms_rebuilt_cell_states_keep_their_digits_over_a_long_sentence(for
     for x, y in zip(ours[:2], packed[:2], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     assert packed[2].abs().max() > (20 if forget_bias > 0 else 0.1)  # open gates: c sums many updates
+
+
+def stepped_logits(model, src, mask, tgt_in):
+    """Teacher forcing one decoder step after another, as a decoder that feeds its outputs back must."""
+    memory = model.encode(src, mask)
+    state, outputs = model.init_state(memory), []
+    for embedded in model.dropout(model.tgt_embed(tgt_in)).unbind(1):
+        output, state, _ = model.decoder(embedded, memory, state)
+        outputs.append(output)
+    return model._logits(torch.stack(outputs, dim=1))
+
+
+AT_ONCE = {
+    "none": dict(decoder="none"),
+    "luong-general": dict(decoder="luong", input_feeding=False),
+    "luong-additive-local": dict(decoder="luong", input_feeding=False, attention="additive", local_window=2),
+    "luong-multihead": dict(decoder="luong", input_feeding=False, attention="multihead"),
+}
+
+
+@pytest.mark.parametrize("decoder_layers", [1, 2])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("decoder", list(AT_ONCE))
+def test_a_decoder_fed_no_output_of_its_own_runs_teacher_forcing_at_once_as_its_steps_would(decoder, cell,
+                                                                                           decoder_layers):
+    """No attention, or Luong's without input feeding: every step's input is known before the first, so
+    `forward` runs the cells over all steps as one fused call a layer (then attends with all queries at once),
+    giving the logits and the gradients of every parameter that stepping gives. Bahdanau's decoder and input
+    feeding read the step before: those step."""
+    model = make(cell=cell, decoder_layers=decoder_layers, dropout=0.0, **AT_ONCE[decoder]).train()
+    assert model.decoder.steps_at_once
+    assert not make(decoder="luong", input_feeding=True).decoder.steps_at_once
+    assert not make(decoder="bahdanau", attention="additive").decoder.steps_at_once
+    src, mask, tgt_in = batch()
+    results = []
+    for run in (model, partial(stepped_logits, model)):
+        model.zero_grad()
+        logits = run(src, mask, tgt_in)
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        results.append((logits, {name: p.grad.clone() for name, p in model.named_parameters()}))
+    (at_once, grads), (stepped, stepped_grads) = results
+    torch.testing.assert_close(at_once, stepped, rtol=1e-5, atol=1e-6)
+    for name, grad in stepped_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("pack", [True, False])

@@ -178,10 +178,11 @@ def test_a_recurrent_model_compiled_per_batch_shape_may_keep_two_step_graphs_per
     assert t.model._teacher_step is not None and torch._dynamo.config.recompile_limit >= 30
 
 
-@pytest.mark.parametrize("rnn", [dict(decoder="none"), dict(decoder="luong", cell="lstm", decoder_layers=2,
-                                                                 input_feeding=True, attention="general"),
+@pytest.mark.parametrize("rnn", [dict(decoder="bahdanau", attention="additive"),
+                                 dict(decoder="luong", cell="lstm", decoder_layers=2, input_feeding=True,
+                                      attention="general"),
                                  dict(decoder="luong", attention="dot", local_window=2)],
-                         ids=["none", "luong-lstm-input-feeding", "luong-local"])
+                         ids=["bahdanau", "luong-lstm-input-feeding", "luong-local"])
 def test_a_compiled_decoder_step_gives_the_eager_losses_and_gradients_and_leaves_search_eager(rnn, fresh_compiler):
     eager = Objective(_rnn(**rnn), pad_id=PAD_ID, smoothing=0.1)
     compiled = Objective(compile_model(copy.deepcopy(eager.model), backend="aot_eager", in_place=True),
@@ -367,3 +368,16 @@ def test_schedule_unstep_takes_back_one_step():
     sched.step()
     sched.unstep()
     assert sched.get_last_lr() == first and sched.steps == 0
+
+
+@pytest.mark.parametrize("rnn", [dict(decoder="none"), dict(decoder="luong", input_feeding=False)],
+                         ids=["none", "luong-without-input-feeding"])
+def test_a_decoder_whose_steps_run_at_once_is_left_uncompiled(rnn, fresh_compiler):
+    """Teacher forcing runs such a decoder's steps as one fused call a layer (`steps_at_once`): no step to compile."""
+    eager = Objective(_rnn(**rnn), pad_id=PAD_ID, smoothing=0.1)
+    compiled = Objective(compile_model(copy.deepcopy(eager.model), backend="aot_eager", in_place=True),
+                         pad_id=PAD_ID, smoothing=0.1)
+    assert compiled.model.decoder.steps_at_once and compiled.model._teacher_step is None
+    frames = counters["frames"]["ok"]
+    _same_loss_and_gradients(eager, compiled, _batches_of_new_target_lengths())
+    assert counters["frames"]["ok"] == frames
