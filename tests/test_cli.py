@@ -29,6 +29,7 @@ def test_train_translate_eval_in_process(tiny_config_file, small_corpus, tmp_pat
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["event"] for r in records} == {"train", "valid", "summary"}
     assert [r["step"] for r in records if r["event"] == "valid"] == [3, 6]
+    assert all(r["seconds"] > 0 for r in records if r["event"] == "valid")  # validation's own time
     assert load_checkpoint(run / "best.pt")["progress"]["step"] in (3, 6)
 
     # one output line per input line, empty lines stay empty

@@ -350,7 +350,9 @@ class _Loop:
     def _validate_and_save(self) -> None:
         """Validate, track the best metric and plateaus, and write checkpoints."""
         p = self.p
+        t0 = time.perf_counter()
         result = p.last_valid = validate(self.model, self.data, self.cfg, self.device, self.ctx)
+        seconds = time.perf_counter() - t0  # time away from training, a share that grows as updates get faster
         metric = result[self.metric.name]
         improved = self.metric.better(metric, p.best_metric)
         if improved:
@@ -359,10 +361,10 @@ class _Loop:
             p.bad_validations += 1
         p.validated_step = p.step
         lowered = self.scheduler.observe(metric, higher_is_better=self.metric.higher_is_better)
-        self.metrics.write({"event": "valid", "step": p.step, **result, "best": improved})
+        self.metrics.write({"event": "valid", "step": p.step, **result, "best": improved, "seconds": round(seconds, 2)})
         if self.ctx.is_main:
-            log.info("step %d valid: %s%s", p.step, " ".join(f"{k}={v}" for k, v in result.items()),
-                     " (best)" if improved else "")
+            log.info("step %d valid: %s%s, %.1f s", p.step, " ".join(f"{k}={v}" for k, v in result.items()),
+                     " (best)" if improved else "", seconds)
             if lowered:
                 log.info("plateau: learning rate lowered to %.3g", self.scheduler.get_last_lr()[0])
         self._save(best=improved)
