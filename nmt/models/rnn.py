@@ -321,7 +321,7 @@ class CellStack(nn.Module):
             else:
                 x = rnn(x, hidden[:, layer])  # (B, H)
             hs.append(x)
-        return torch.stack(hs, dim=1), torch.stack(cs, dim=1) if self.lstm else None
+        return _layers(hs), _layers(cs) if self.lstm else None
 
     def over_time(self, x: Tensor, hidden: Tensor, cell: Tensor | None) -> Tensor:
         """Every step at once, where no step's input depends on an earlier step's output:
@@ -345,6 +345,12 @@ class CellStack(nn.Module):
             else:
                 x = torch.gru(x, h0, weights, True, 1, 0.0, self.training, False, True)[0]
         return x  # (B, T, H)
+
+
+def _layers(states: list[Tensor]) -> Tensor:
+    """Each layer's state (B, H) -> (B, Ld, H); one layer's as a view, since a GPU launches a copy for each
+    step's stack."""
+    return states[0].unsqueeze(1) if len(states) == 1 else torch.stack(states, dim=1)
 
 
 class FixedContext(nn.Module):
