@@ -192,12 +192,8 @@ class RNNEncoder(nn.Module):
 
     def _run(self, x: Tensor, layer: int, suffix: str) -> Tensor:
         """One direction of `layer`, one fused call from zero states: x (B, S, I) -> outputs (B, S, H / dirs)."""
-        weights = self._weights(layer, suffix)
         zeros = x.new_zeros(1, x.size(0), self.rnn.hidden_size)
-        # gru/lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        if self.lstm:
-            return torch.lstm(x, (zeros, zeros), weights, True, 1, 0.0, self.training, False, True)[0]
-        return torch.gru(x, zeros, weights, True, 1, 0.0, self.training, False, True)[0]
+        return _fused_layer(x, self._weights(layer, suffix), zeros, zeros if self.lstm else None, self.training)
 
     def _final_cells(self, layer: int, inputs: list[Tensor], outputs: list[Tensor], real: Tensor) -> Tensor:
         """An LSTM layer's cell states after each sentence's last token, (B, H), rebuilt from its outputs.
@@ -228,6 +224,15 @@ class RNNEncoder(nn.Module):
         return (update * decay).sum(dim=1).to(outputs[0].dtype)
 
 
+def _fused_layer(x: Tensor, weights: list[Tensor], h0: Tensor, c0: Tensor | None, training: bool) -> Tensor:
+    """One layer and direction of a GRU, or of an LSTM (with `c0`), as one fused call from the states h0
+    (and c0), (1, B, H): x (B, T, I) -> outputs (B, T, H). `weights`: w_ih, w_hh, b_ih, b_hh."""
+    # gru/lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    if c0 is not None:
+        return torch.lstm(x, (h0, c0), weights, True, 1, 0.0, training, False, True)[0]
+    return torch.gru(x, h0, weights, True, 1, 0.0, training, False, True)[0]
+
+
 def _at_positions(x: Tensor, positions: Tensor) -> Tensor:
     """x (B, S, D), positions (B, S) -> (B, S, D) whose [b, t] is x[b, positions[b, t]]."""
     return x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
@@ -239,6 +244,12 @@ def _at_positions(x: Tensor, positions: Tensor) -> Tensor:
 def bridge_sources(encoder_layers: int, decoder_layers: int) -> list[int]:
     """The encoder layer each decoder layer starts from with a learned bridge (`LearnedBridge`)."""
     return [max(0, encoder_layers - decoder_layers + layer) for layer in range(decoder_layers)]
+
+
+def bridge_cell_layers(encoder_layers: int, decoder_layers: int) -> list[int]:
+    """The encoder layers whose final cell states a learned bridge reads, each once, in increasing order:
+    what the encoder's final c holds (`RNNEncoder.cell_layers`)."""
+    return sorted(set(bridge_sources(encoder_layers, decoder_layers)))
 
 
 class ZeroBridge(nn.Module):
@@ -272,7 +283,7 @@ class LearnedBridge(nn.Module):
         super().__init__()
         H = hidden_size
         self.sources = bridge_sources(encoder_layers, decoder_layers)
-        cell_layers = sorted(set(self.sources))  # the encoder's final c holds these, in this order
+        cell_layers = bridge_cell_layers(encoder_layers, decoder_layers)  # what the encoder's final c holds
         self.cell_sources = [cell_layers.index(src) for src in self.sources]
         self.h_proj = nn.ModuleList(nn.Linear(H, H) for _ in self.sources)
         self.c_proj = nn.ModuleList(nn.Linear(H, H) for _ in self.sources) if lstm else None
@@ -337,13 +348,8 @@ class CellStack(nn.Module):
             if layer > 0:
                 x = self.dropout(x)
             weights = [rnn.weight_ih, rnn.weight_hh, rnn.bias_ih, rnn.bias_hh]
-            h0 = hidden[:, layer].unsqueeze(0).contiguous()  # (1, B, H)
-            # gru/lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-            if self.lstm:
-                hx = (h0, cell[:, layer].unsqueeze(0).contiguous())
-                x = torch.lstm(x, hx, weights, True, 1, 0.0, self.training, False, True)[0]
-            else:
-                x = torch.gru(x, h0, weights, True, 1, 0.0, self.training, False, True)[0]
+            h0, c0 = (None if s is None else s[:, layer].unsqueeze(0).contiguous() for s in (hidden, cell))  # (1, B, H)
+            x = _fused_layer(x, weights, h0, c0, self.training)
         return x  # (B, T, H)
 
 
@@ -391,11 +397,13 @@ class SourceAttention(nn.Module):
 
     def forward(self, query: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
         """query (B, Dq) -> context (B, C), weights (B, S)."""
-        extra = memory.extra
-        context, weights = self.attention.attend(
-            query.unsqueeze(1), extra["attn_keys"], extra["attn_values"], memory.pad_mask
-        )  # (B, 1, C), (B, 1, S)
+        context, weights = self.over_time(query.unsqueeze(1), memory)  # (B, 1, C), (B, 1, S)
         return context.squeeze(1), weights.squeeze(1)
+
+    def over_time(self, queries: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
+        """queries (B, T, Dq) -> contexts (B, T, C), weights (B, T, S)."""
+        extra = memory.extra
+        return self.attention.attend(queries, extra["attn_keys"], extra["attn_values"], memory.pad_mask)
 
 
 class BahdanauDecoder(nn.Module):
@@ -488,9 +496,7 @@ class LuongDecoder(nn.Module):
     def over_time(self, embedded: Tensor, memory: Memory, state: RNNState) -> Tensor:
         """Every step of teacher forcing at once (`steps_at_once`): embedded (B, T, E) -> outputs (B, T, H)."""
         top = self.cells.over_time(embedded, state.hidden, state.cell)  # (B, T, H)
-        extra = memory.extra
-        attention = self.context.attention
-        context, _ = attention.attend(top, extra["attn_keys"], extra["attn_values"], memory.pad_mask)  # (B, T, C)
+        context, _ = self.context.over_time(top, memory)  # (B, T, C)
         return torch.tanh(self.W_c(torch.cat([context, top], dim=-1)))  # (B, T, H)
 
 
@@ -593,7 +599,7 @@ class RNNSeq2Seq(nn.Module):
             raise ValueError(f"bridge {bridge!r} must be 'zeros' or 'learned'")
         # the encoder layers whose final cell states the bridge reads (the bridge is built after the
         # encoder, so that the parameters draw their initial values in the same order as ever)
-        cell_layers = sorted(set(bridge_sources(encoder_layers, decoder_layers))) if bridge == "learned" else []
+        cell_layers = bridge_cell_layers(encoder_layers, decoder_layers) if bridge == "learned" else []
         src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
         self.encoder = RNNEncoder(
             embedding=src_embed, cell=cell, hidden_size=H, layers=encoder_layers,
