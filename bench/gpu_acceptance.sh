@@ -15,6 +15,10 @@
 # Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
 # is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
 #
+#   first      for a session of 15 device minutes, with DEADLINE=500: the first three rows of updates (the
+#              targets), every test marked gpu, the RNN encoder bench, the Bahdanau, Luong and no-attention
+#              RNNs eager and recorded (as rnn-updates), then updates' packed and flash-first rows
+#                                                                          (about 9 min, DEADLINE trims it)
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
 #              and bf16 with lengths not rounded up, then in relative steps; the host time of the bf16
@@ -66,17 +70,20 @@
 # DEVICE (default cuda), TRAIN_SECONDS (default 270; 480 in experiments) and STEPS (timed updates per speed
 # row, default 50) let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
 # TRAIN_ARGS adds --set options to every stage's training, e.g. TRAIN_ARGS="--set train.pad_to_multiple=1".
+# DEADLINE (seconds since the stage began) skips, and names, the commands a stage would start after it: a stage
+# that would outrun its call still ends well, its files packed.
 #
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
 set -uo pipefail
-stage=${1:?usage: bench/gpu_acceptance.sh speed|compiled|graphs|updates|rnn-updates|updates-compiled|multi30k|experiments|tests [OUT]}
+stage=${1:?usage: bench/gpu_acceptance.sh first|speed|compiled|graphs|updates|rnn-updates|updates-compiled|multi30k|experiments|tests [OUT]}
 out=${2:-${OUT:-results/gpu}}
 py=${PYTHON:-python3}
 data=${NMT_DATA:-../shared/data/multi30k}
 device=${DEVICE:-cuda}
 seconds=${TRAIN_SECONDS:-270}
 steps=${STEPS:-50}
+deadline=${DEADLINE:-0}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
@@ -97,6 +104,7 @@ pack() {
 }
 trap pack EXIT
 run() {
+  if ((deadline && SECONDS >= deadline)); then log "skipped, past DEADLINE=${deadline}s: $*"; return 0; fi
   log "$*"
   "$@" 2>&1 | tee -a "$out/$stage.log"
   local rc=${PIPESTATUS[0]}
@@ -152,6 +160,34 @@ case $stage in
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions bf16 \
       --compile reduce-overhead --steps $steps --set train.pad_to_multiple=1 --json "$out/graphs_multiple1.json" \
       ${TRAIN_ARGS:-} ;;
+  first)
+    # a session of 15 device minutes: the rows that decide the targets and the GPU tests of the newest code, in
+    # one call (run it with DEADLINE, which leaves out what the call has no time for). bf16 against fp32 at the
+    # Multi30k shape, eager and recorded; Transformer-base recorded, on Multi30k's sentences and joined by two
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --join 2 --json "$out/updates_base_join2.json" ${TRAIN_ARGS:-}
+    # every test that needs CUDA (the RNN encoder's and decoders' fused calls, recorded updates, kernels, loss)
+    run "$py" -m pytest -q -rs -m gpu tests
+    # the RNN encoder packed and unpacked, then the three RNN experiments' updates eager and recorded
+    for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general; do
+      run "$py" bench/rnn_encoder_speed.py configs/$e.yaml --device $device
+    done
+    for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general multi30k_rnn_noattn; do
+      run "$py" bench/train_speed.py configs/$e.yaml --precisions fp32,bf16 --compile off --update-graphs off,on \
+        --steps 20 --json "$out/updates_$e.json" ${TRAIN_ARGS:-}
+    done
+    # what sentences side by side in attention rows of 128 positions gain, then flash tried before the
+    # memory-efficient kernel
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --set model.transformer.attention_pack=128 \
+      --json "$out/updates_packed.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
+      --compile off --update-graphs on --attention flash,efficient,math --steps $steps \
+      --json "$out/updates_flash_first.json" ${TRAIN_ARGS:-} ;;
   updates)
     # first what decides the targets, should the call run out of time: bf16 against fp32 at the Multi30k shape,
     # eager and with each batch shape's whole update recorded
@@ -288,6 +324,6 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     # what a validation's save costs the loop with the state on the GPU: written in its thread, or in the background
     run "$py" bench/checkpoint_speed.py configs/multi30k_transformer.yaml --device "$device" ;;
   *)
-    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use speed, compiled, graphs, updates, rnn-updates, updates-compiled, multi30k, experiments or tests" >&2
+    echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use first, speed, compiled, graphs, updates, rnn-updates, updates-compiled, multi30k, experiments or tests" >&2
     exit 2 ;;
 esac

@@ -264,26 +264,30 @@ AT_ONCE = {
 }
 
 
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
+                                    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("decoder_layers", [1, 2])
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("decoder", list(AT_ONCE))
 def test_a_decoder_fed_no_output_of_its_own_runs_teacher_forcing_at_once_as_its_steps_would(decoder, cell,
-                                                                                           decoder_layers):
+                                                                                           decoder_layers, device):
     """No attention, or Luong's without input feeding: every step's input is known before the first, so
     `forward` runs the cells over all steps as one fused call a layer (then attends with all queries at once),
     giving the logits and the gradients of every parameter that stepping gives. Bahdanau's decoder and input
-    feeding read the step before: those step."""
-    model = make(cell=cell, decoder_layers=decoder_layers, dropout=0.0, **AT_ONCE[decoder]).train()
+    feeding read the step before: those step. On a GPU the fused call is cuDNN's, the steps cuBLAS's, in full
+    fp32."""
+    model = make(cell=cell, decoder_layers=decoder_layers, dropout=0.0, **AT_ONCE[decoder]).train().to(device)
     assert model.decoder.steps_at_once
     assert not make(decoder="luong", input_feeding=True).decoder.steps_at_once
     assert not make(decoder="bahdanau", attention="additive").decoder.steps_at_once
-    src, mask, tgt_in = batch()
+    src, mask, tgt_in = (x.to(device) for x in batch())
     results = []
-    for run in (model, partial(stepped_logits, model)):
-        model.zero_grad()
-        logits = run(src, mask, tgt_in)
-        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
-        results.append((logits, {name: p.grad.clone() for name, p in model.named_parameters()}))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for run in (model, partial(stepped_logits, model)):
+            model.zero_grad()
+            logits = run(src, mask, tgt_in)
+            (logits * torch.linspace(-1, 1, logits.numel(), device=device).view_as(logits)).sum().backward()
+            results.append((logits, {name: p.grad.clone() for name, p in model.named_parameters()}))
     (at_once, grads), (stepped, stepped_grads) = results
     torch.testing.assert_close(at_once, stepped, rtol=1e-5, atol=1e-6)
     for name, grad in stepped_grads.items():
