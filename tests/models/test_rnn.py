@@ -214,12 +214,13 @@ def test_the_encoder_gives_what_packing_gives_states_final_states_and_gradients(
             results.append((outputs, {name: p.grad.clone() for name, p in encoder.named_parameters()}))
     (ours, our_grads), (packed, packed_grads) = results
     assert len(ours) == len(packed) == (3 if cell == "lstm" else 2)  # states, final h (and c)
-    close = dict(rtol=1e-5, atol=1e-6)
+    # cuDNN's kernels for padded and packed input sum in other orders: up to 8e-6 apart on an H200 (2026-11-27)
+    close = dict(rtol=1e-5, atol=1e-6 if device == "cpu" else 5e-5)
     for x, y in zip(ours, packed, strict=True):
         torch.testing.assert_close(x, y, **close)
     assert (ours[0][~real] == 0).all()  # zeros at padding, as unpacking leaves them
     for name, grad in packed_grads.items():
-        torch.testing.assert_close(our_grads[name], grad, **close, msg=name)
+        torch.testing.assert_close(our_grads[name], grad, **close, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize(("forget_bias", "rtol"), [(-8.0, 1e-6), (-3.0, 1e-6), (0.0, 1e-6), (8.0, 2e-5)])
@@ -289,9 +290,11 @@ def test_a_decoder_fed_no_output_of_its_own_runs_teacher_forcing_at_once_as_its_
             (logits * torch.linspace(-1, 1, logits.numel(), device=device).view_as(logits)).sum().backward()
             results.append((logits, {name: p.grad.clone() for name, p in model.named_parameters()}))
     (at_once, grads), (stepped, stepped_grads) = results
-    torch.testing.assert_close(at_once, stepped, rtol=1e-5, atol=1e-6)
+    # cuDNN's fused layer and the cell's steps sum in other orders: up to 5e-6 apart on an H200 (2026-11-27)
+    close = dict(rtol=1e-5, atol=1e-6 if device == "cpu" else 5e-5)
+    torch.testing.assert_close(at_once, stepped, **close)
     for name, grad in stepped_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(grads[name], grad, **close, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("pack", [True, False])

@@ -297,6 +297,52 @@ def test_updates_of_a_recurrent_model_are_recorded_and_train_as_eager_ones(devic
         assert torch.allclose(q, p, **close), name
 
 
+def test_recorded_updates_and_the_eager_uses_before_them_run_without_cudnn():
+    """cuDNN's RNN kernels recorded in a graph replayed wrongly once an eager cuDNN call (validation's) had run
+    between replays (`without_cudnn`): the updates that are recorded, and their eager uses before, which set
+    up what the recording uses, run with cuDNN off and leave it as it was; an eager update keeps it."""
+    cpu = torch.device("cpu")
+    tc = TrainConfig(warmup_steps=3, lr=0.01, batch_shapes="static", max_tokens=12 * 16, cuda_graphs=True)
+    t = _trainable(0, tc, cpu, rnn=dict(encoder_layers=2))
+    prepare_step(t, replace(tc, cuda_graphs=False), cpu, Dist(), shapes=1)
+    t.update_graphs = TracedUpdates(t, tc, cpu)
+    seen = []
+    t.model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cudnn.enabled))
+    batch = _filled(0, 5, 10, cpu)
+    assert torch.backends.cudnn.enabled
+    with _without_onednn():
+        for _ in range(EAGER_USES + 3):
+            train_step(t, [batch], tc, cpu)
+    assert t.update_graphs.count == 1
+    assert seen == [False] * (EAGER_USES + 1)  # the eager uses, then the recording: replays run no Python
+    assert torch.backends.cudnn.enabled
+    update(t, [batch], tc, cpu)
+    assert seen[-1] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_recorded_rnn_updates_train_as_eager_ones_after_eager_cudnn_calls_between_replays(cell):
+    """What validation did on an H200: eager cuDNN RNN calls in inference, over batches of other sizes than the
+    recorded ones, between two runs of replays. Recorded updates with cuDNN's kernels then went wrong; without
+    them (`without_cudnn`) the updates after stay the eager ones'."""
+    recorded, eager, groups, close = _recorded_and_eager("fp32", CUDA, rnn=dict(encoder_layers=2, cell=cell))
+    with torch.no_grad():
+        for seed, n in ((20, 3), (21, 7), (22, 9)):  # as a validation's batches
+            b = _filled(seed, n, 14, CUDA)
+            for t in (eager, recorded):
+                t.model.eval()
+                t.model(b.src, b.src_pad_mask, b.tgt_in)
+                t.model.train()
+    tc = replace(eager.scheduler.cfg, cuda_graphs=True)
+    for group in groups:
+        e, r = train_step(eager, group, tc, CUDA), train_step(recorded, group, tc, CUDA)
+        assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
+    assert recorded.update_graphs.count == 2  # replays only
+    for (name, p), q in zip(eager.model.named_parameters(), recorded.model.parameters(), strict=True):
+        assert torch.allclose(q, p, **close), name
+
+
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_an_encoder_that_packs_cannot_be_recorded_and_one_that_does_not_replays_on_other_sentences(cell):
     """Why the RNN encoder does not pack its source on a GPU: packing reads the source lengths on the host,
