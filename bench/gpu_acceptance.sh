@@ -8,10 +8,13 @@
 # on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
 # auto now chooses); updates (its speed rows, to the Transformer-base ones) and experiments (TRAIN_SECONDS=240)
-# on 2026-11-27. Run updates next (the memory-efficient attention kernel before flash, attention_pack, its GPU
-# tests, the toy trainings), then rnn-updates, updates-compiled, graphs, speed, multi30k (again, with update
-# graphs), experiments (with TRAIN_ARGS="--set train.cuda_graphs=true" if rnn-updates says the RNNs gain),
-# tests and compiled.
+# on 2026-11-27; in a second session that day, first (287 s) and experiments with recorded updates in bf16, whose
+# RNNs went wrong after their first validation (recorded cuDNN kernels; recorded updates now run without
+# cuDNN). Run first next (DEADLINE=480: its GPU tests and RNN rows check that change), then the RNNs again with
+# EXPERIMENTS="multi30k_rnn_bahdanau multi30k_rnn_luong_general multi30k_rnn_noattn" TRAIN_ARGS="--set
+# train.cuda_graphs=true --set train.precision=bf16" experiments, then updates (its toy trainings, the rows
+# over lengths a multiple of 8, the reduction bench), rnn-updates, updates-compiled, graphs, speed, multi30k
+# (again, with update graphs), tests and compiled.
 # Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
 # is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
 #
