@@ -200,10 +200,11 @@ def without_cudnn() -> Iterator[None]:
     cuDNN's RNN kernels, recorded in a graph, replayed wrongly once cuDNN's RNN had run eagerly in between, as
     validation runs it: on an H200 (2026-11-27) the recorded updates of Multi30k's no-attention RNN trained
     as its eager ones up to its first validation, then its loss rose (5.85 to 6.24 fifty updates later, in
-    bf16; in fp32 too), and it went NaN some hundred updates on. Without cuDNN, torch's own fused cell kernels
-    run each step, a replay launches them all at once, and the same run trained as the eager one (loss 4.60
-    against 4.56 at update 700, BLEU 8.5 against 8.1). The RNNs are the only models here with cuDNN kernels;
-    eager updates keep them."""
+    bf16; in fp32 too), and it went NaN some hundred updates on. Without cuDNN in the whole process, torch's
+    own fused cell kernels run each step, a replay launches them all at once, and the same run trained as the
+    eager one (loss 4.60 against 4.56 at update 700, BLEU 8.5 against 8.1); without it in the recorded updates
+    alone, as here, it has not yet run on a GPU. The RNNs are the only models here with cuDNN kernels; eager
+    updates and validation keep them."""
     enabled = torch.backends.cudnn.enabled
     torch.backends.cudnn.enabled = False
     try:
