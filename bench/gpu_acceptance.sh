@@ -14,7 +14,7 @@
 # EXPERIMENTS="multi30k_rnn_bahdanau multi30k_rnn_luong_general multi30k_rnn_noattn" TRAIN_ARGS="--set
 # train.cuda_graphs=true --set train.precision=bf16" experiments, then updates (its toy trainings, the rows
 # over lengths a multiple of 8, the reduction bench), rnn-updates, updates-compiled, graphs, speed, multi30k
-# (again, with update graphs), tests and compiled.
+# (again: its Transformer now records its updates by default, train.cuda_graphs auto), tests and compiled.
 # Where OUT is the device tool's $OUT, which brings back at most 8 files, what a stage writes besides its log
 # is packed into OUT/STAGE-files.tar.gz as it ends. Stages:
 #

@@ -338,8 +338,8 @@ class TrainConfig:
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile). On an H200, reduce-overhead made the Multi30k Transformer's updates 1.9-2.8x faster than eager ones in fp32 (`bench/train_speed.py`; not yet timed in a whole training run)."""
     compile_dynamic: Literal["auto", True, False] = "auto"
     """With `compile: true`: true, one graph with symbolic sizes serves every batch shape; false, a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` and compiles once per length bucket in the first steps; `auto`: false exactly where batch shapes are static (`batch_shapes: static`, or `auto` in `reduce-overhead` mode on CUDA). On an H200, CUDA graphs over the graph with symbolic sizes killed training with a segmentation fault in the compiled backward pass; a graph per static shape trained."""
-    cuda_graphs: bool = False
-    """Record each batch shape's whole update (forward, backward, clipping, the optimizer, the bf16 copy's bookkeeping) as one CUDA graph after two eager uses of that shape, then replay it with one launch, so that a small model's step is no longer bound by the host's kernel launches (`compile_mode: reduce-overhead` records the forward and backward passes only). With `accumulate` above 1, each batch shape's forward and backward pass is recorded apart, and the update's end (clipping, the optimizer) once. Needs CUDA, one process, fp32 or bf16 on the bf16 copy, batch shapes that are not `free` (`auto` makes them static), and no compile mode with graphs of its own (`default` and `max-autotune-no-cudagraphs` go with it). On an H200 the Multi30k Transformer's updates ran at 724,000-730,000 target tokens/s in fp32 and 937,000-941,000 in bf16 this way, against about 200,000 eager (`bench/train_speed.py --update-graphs off,on`), and a whole bf16 run with it, beside five other runs on the same GPU, reached 41.5 BLEU on test_2016_flickr in 3.3 minutes. Recorded updates run without cuDNN, whose recorded RNN kernels went wrong once validation had run cuDNN eagerly; with cuDNN off in the whole process, an RNN's recorded updates trained as its eager ones did (700 updates on an H200), and with cuDNN off in the recorded updates alone (what training does) they are not yet run on a GPU."""
+    cuda_graphs: Literal["auto", True, False] = "auto"
+    """Record each batch shape's whole update (forward, backward, clipping, the optimizer, the bf16 copy's bookkeeping) as one CUDA graph after two eager uses of that shape, then replay it with one launch, so that a small model's step is no longer bound by the host's kernel launches (`compile_mode: reduce-overhead` records the forward and backward passes only). With `accumulate` above 1, each batch shape's forward and backward pass is recorded apart, and the update's end (clipping, the optimizer) once. Needs CUDA, one process, fp32 or bf16 on the bf16 copy, batch shapes that are not `free` (`auto` makes them static), and no compile mode with graphs of its own (`default` and `max-autotune-no-cudagraphs` go with it). On an H200 the Multi30k Transformer's updates ran at 724,000-730,000 target tokens/s in fp32 and 937,000-941,000 in bf16 this way, against about 200,000 eager (`bench/train_speed.py --update-graphs off,on`), and a whole bf16 run with it, beside five other runs on the same GPU, reached 41.5 BLEU on test_2016_flickr in 3.3 minutes. `auto`: on where a whole run with it has been measured, a Transformer on one CUDA device with settings it can record (the training log says so, or why not); off on a CPU, under torchrun, with fp16 or autocast, with free batch shapes, with a compile mode that records graphs of its own, and for the RNNs. Recorded updates run without cuDNN, whose recorded RNN kernels went wrong once validation had run cuDNN eagerly; with cuDNN off in the whole process, an RNN's recorded updates trained as its eager ones did (700 updates on an H200), and with cuDNN off in the recorded updates alone (what training does) they are not yet run on a GPU."""
     pad_to_multiple: int = num(0, lo=0)
     """Pad batch lengths (source and target) to a multiple of this (with `length_buckets: relative`, in steps of at most this), so kernels and compiled graphs see few distinct shapes (tensor cores want multiples of 8); 0: 8 on CUDA, 1 (no extra padding) elsewhere."""
     length_buckets: Literal["auto", "multiple", "relative"] = "auto"
@@ -411,7 +411,7 @@ class TrainConfig:
         if self.compile_dynamic is False and self.batch_shapes == "free":
             raise ValueError("compile_dynamic false compiles a graph per batch shape, so it needs batch_shapes "
                              "static (one shape per length bucket), not free")
-        if self.cuda_graphs:
+        if self.cuda_graphs is True:
             self._check_cuda_graphs()
         if self.average_last > self.keep_last:
             raise ValueError(f"average_last ({self.average_last}) needs keep_last >= {self.average_last} "
@@ -420,6 +420,14 @@ class TrainConfig:
     def _check_cuda_graphs(self) -> None:
         """What `cuda_graphs: true` needs of the other settings (the device and the model are checked when
         training starts: `nmt.train.graphs.check_update_graphs`)."""
+        needs = self.cuda_graphs_needs()
+        if needs:
+            raise ValueError(f"cuda_graphs true records one whole update per batch shape, which needs "
+                             f"{'; '.join(needs)}")
+
+    def cuda_graphs_needs(self) -> list[str]:
+        """What recording whole updates (`cuda_graphs`) needs of the other settings and they lack, each in a
+        phrase; empty where they allow it."""
         needs = []
         if self.precision == "fp16" or (self.precision == "bf16" and not self.half_weights):
             needs.append(f"precision fp32, or bf16 with half_weights: true (now {self.precision}"
@@ -429,9 +437,7 @@ class TrainConfig:
         if self.compile and self.compile_mode in ("reduce-overhead", "max-autotune"):
             needs.append(f"a compile_mode without CUDA graphs of its own, default or max-autotune-no-cudagraphs "
                          f"(now {self.compile_mode})")
-        if needs:
-            raise ValueError(f"cuda_graphs true records one whole update per batch shape, which needs "
-                             f"{'; '.join(needs)}")
+        return needs
 
 
 @dataclass

@@ -115,9 +115,9 @@ def batch_padding(tc: TrainConfig, device: torch.device, model: ModelConfig | No
     """How training batches are padded on `device`, the `auto` settings resolved; static shapes fill whole
     attention rows where `model` is a Transformer with `attention_pack` (`Padding.pack`).
 
-    `train.batch_shapes` auto means static where CUDA graphs are recorded (`train.cuda_graphs`,
-    or compiled in `reduce-overhead` mode), on CUDA: a graph is recorded for each distinct batch
-    shape, and static shapes leave one per length bucket.
+    `train.batch_shapes` auto means static where CUDA graphs are recorded (`train.cuda_graphs` true,
+    which training makes of auto where it applies, or compiled in `reduce-overhead` mode), on CUDA: a
+    graph is recorded for each distinct batch shape, and static shapes leave one per length bucket.
 
     `train.pad_to_multiple` 0 means 8 on CUDA (tensor-core tiles, few shapes), 1 elsewhere.
     `train.length_buckets` auto means relative steps (`Rounding`) with static shapes and no
@@ -129,7 +129,7 @@ def batch_padding(tc: TrainConfig, device: torch.device, model: ModelConfig | No
     own longest pair.
     """
     multiple = tc.pad_to_multiple or (8 if device.type == "cuda" else 1)
-    graphs = tc.cuda_graphs or (tc.compile and tc.compile_mode == "reduce-overhead")
+    graphs = tc.cuda_graphs is True or (tc.compile and tc.compile_mode == "reduce-overhead")
     static = tc.batch_shapes == "static" or (tc.batch_shapes == "auto" and graphs and device.type == "cuda")
     relative = multiple > 1 and (tc.length_buckets == "relative"
                                  or (tc.length_buckets == "auto" and static and not tc.compile))

@@ -11,6 +11,7 @@ need no run directory: `bench/train_speed.py` uses them to measure exactly what
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from nmt.runtime import (
 )
 from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
-from nmt.train.graphs import EAGER_USES, UpdateGraphs, check_update_graphs
+from nmt.train.graphs import EAGER_USES, UpdateGraphs, check_update_graphs, resolve_update_graphs
 from nmt.train.half import HalfCopy
 from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
@@ -141,7 +142,7 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
         # (where compiling is unavailable, marking each update's start for CUDA graphs does nothing)
         t.graphs = tc.compile_mode == "reduce-overhead" and device.type == "cuda"
     t.objective = objective
-    if tc.cuda_graphs:
+    if tc.cuda_graphs is True:  # auto is decided by `build_run` (`resolve_update_graphs`); unresolved, it is off
         check_update_graphs(tc, device, ctx, t.model)
         t.update_graphs = UpdateGraphs(t, tc, device)
 
@@ -186,10 +187,15 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     """
     start = starting_point(cfg)  # a bad init_from or tokenizer.model fails before anything is written
     cfg = start.cfg
-    tc, run_dir = cfg.train, Path(cfg.run_dir)
+    run_dir = Path(cfg.run_dir)
     owns_group = not (dist.is_available() and dist.is_initialized())
-    ctx = init_distributed(tc.device)
-    device = pick_device(tc.device)
+    ctx = init_distributed(cfg.train.device)
+    device = pick_device(cfg.train.device)
+    # the run's settings: train.cuda_graphs auto decided for this device and process count (config.yaml keeps
+    # the given config, auto included, so the run directory resumes anywhere as it was asked)
+    graphs, why_not = resolve_update_graphs(cfg.train, device, ctx, cfg.model.type)
+    given, cfg = cfg, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=graphs))
+    tc = cfg.train
     if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
         check_update_graphs(tc, device, ctx)
     enable_fast_math(device)
@@ -199,7 +205,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             logging.getLogger("nmt").setLevel(logging.WARNING)
         # rank 0 first, the others waiting: no races on the run directory, the tokenizer or the
         # caches; a bad corpus or setting stops every rank with rank 0's error
-        data = on_main(lambda: _prepare_first(cfg, run_dir, restart, start.tokenizer), ctx)
+        data = on_main(lambda: _prepare_first(given, run_dir, restart, start.tokenizer), ctx)
         if not ctx.is_main:
             data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
 
@@ -232,8 +238,11 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
                 log.info("static batch shapes: %d, one per length bucket (%s)", shapes,
                          batch_padding(tc, device).rounding)
             if tc.cuda_graphs:
-                log.info("train.cuda_graphs: each batch shape's update runs eagerly %d times, then is recorded as "
-                         "a CUDA graph and replayed", EAGER_USES)
+                log.info("train.cuda_graphs%s: each batch shape's update runs eagerly %d times, then is recorded "
+                         "as a CUDA graph and replayed", " (auto)" if given.train.cuda_graphs == "auto" else "",
+                         EAGER_USES)
+            elif why_not and device.type == "cuda":  # auto, off: a GPU user may want to know why
+                log.info("train.cuda_graphs auto: updates not recorded (%s)", why_not)
         return run
     except BaseException:
         try:

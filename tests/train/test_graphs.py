@@ -25,6 +25,7 @@ from nmt.train.graphs import (
     _as_without_graphs,
     _results,
     check_update_graphs,
+    resolve_update_graphs,
 )
 from nmt.train.loop import train_run
 from nmt.train.loss import Objective
@@ -61,6 +62,45 @@ def test_update_graphs_are_refused_off_cuda_under_torchrun_and_for_a_model_that_
         check_update_graphs(tc, CUDA, Dist(), torch.nn.Linear(2, 2))
     check_update_graphs(tc, CUDA, Dist(), tiny_model())  # the Transformer can be recorded
     check_update_graphs(tc, CUDA, Dist(), tiny_model("rnn", rnn=dict(cell="lstm")))  # and the RNNs
+
+
+@pytest.mark.parametrize(("settings", "device", "processes", "model", "why_not"), [
+    ({}, CUDA, 1, "transformer", ""),
+    (dict(precision="bf16"), CUDA, 1, "transformer", ""),  # on the bf16 copy
+    (dict(accumulate=2), CUDA, 1, "transformer", ""),
+    ({}, torch.device("cpu"), 1, "transformer", "training runs on cpu"),
+    ({}, CUDA, 2, "transformer", "2 processes"),
+    ({}, CUDA, 1, "rnn", "the rnn model (auto records the Transformer's updates only)"),
+    (dict(precision="fp16"), CUDA, 1, "transformer", "recording needs precision fp32, or bf16"),
+    (dict(precision="bf16", half_weights=False), CUDA, 1, "transformer", "under autocast"),
+    (dict(batch_shapes="free"), CUDA, 1, "transformer", "batch_shapes auto or static (now free)"),
+    (dict(compile=True, compile_mode="reduce-overhead"), CUDA, 1, "transformer", "without CUDA graphs of its own"),
+])
+def test_auto_records_the_updates_of_a_transformer_on_one_cuda_device_with_settings_it_can_record(
+        settings, device, processes, model, why_not):
+    tc = TrainConfig(**settings)
+    assert tc.cuda_graphs == "auto"
+    on, reason = resolve_update_graphs(tc, device, Dist(world_size=processes), model)
+    assert on is (why_not == "") and why_not in reason and bool(reason) is not on
+    assert batch_padding(tc, CUDA) == batch_padding(replace(tc, cuda_graphs=False), CUDA)  # unresolved: off
+
+
+def test_a_given_true_or_false_is_kept_whatever_the_device_and_model():
+    for given in (True, False):
+        for device, model in ((CUDA, "rnn"), (torch.device("cpu"), "transformer")):
+            assert resolve_update_graphs(TrainConfig(cuda_graphs=given), device, Dist(), model) == (given, "")
+
+
+def test_a_run_on_a_cpu_decides_auto_off_and_its_run_directory_keeps_auto(small_corpus, tmp_path):
+    cfg = config_from_dict(tiny_raw(small_corpus, tmp_path / "run", max_steps=1))
+    assert cfg.train.cuda_graphs == "auto"
+    run = build_run(cfg)
+    try:
+        assert run.cfg.train.cuda_graphs is False and run.trainable.update_graphs is None
+        assert run.sampler.batch_list(0)  # free shapes: batches cut as eager updates take them
+    finally:
+        run.close()
+    assert "cuda_graphs: auto" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 def test_update_graphs_make_auto_batch_shapes_static_on_cuda_only():
