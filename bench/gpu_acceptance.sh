@@ -116,6 +116,18 @@ run() {
   elif ((rc != 0)); then log "exit status $rc"; fi
   return $rc
 }
+# the rows that decide the targets: bf16 against fp32 at the Multi30k shape, eager and with each batch shape's whole
+# update recorded; Transformer-base with recorded updates, on Multi30k's sentences, then at the lengths of news
+# corpora (WMT, about 30 tokens a sentence: Multi30k's pairs joined two by two), which Transformer-base's users
+# train on and where its attention calls are less short
+target_rows() {
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
+      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
+      --compile off --update-graphs on --steps $steps --join 2 --json "$out/updates_base_join2.json" ${TRAIN_ARGS:-}
+}
 # CONFIG STEPS: trains CONFIG for STEPS updates in bf16, validating every 200, eagerly and with recorded updates side
 # by side, and prints both runs' log lines: recorded RNN updates went wrong after a validation once (2026-11-27)
 recorded_against_eager() {
@@ -181,14 +193,8 @@ case $stage in
       ${TRAIN_ARGS:-} ;;
   first)
     # a session of 15 device minutes: the rows that decide the targets and the GPU tests of the newest code, in
-    # one call (run it with DEADLINE, which leaves out what the call has no time for). bf16 against fp32 at the
-    # Multi30k shape, eager and recorded; Transformer-base recorded, on Multi30k's sentences and joined by two
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
-      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --join 2 --json "$out/updates_base_join2.json" ${TRAIN_ARGS:-}
+    # one call (run it with DEADLINE, which leaves out what the call has no time for)
+    target_rows
     # every test that needs CUDA (the RNN encoder's and decoders' fused calls, recorded updates, kernels, loss)
     run "$py" -m pytest -q -rs -m gpu tests
     # the no-attention RNN (its first validation broke recorded updates with cuDNN's kernels), eager and recorded
@@ -210,17 +216,8 @@ case $stage in
       --compile off --update-graphs on --attention flash,efficient,math --steps $steps \
       --json "$out/updates_flash_first.json" ${TRAIN_ARGS:-} ;;
   updates)
-    # first what decides the targets, should the call run out of time: bf16 against fp32 at the Multi30k shape,
-    # eager and with each batch shape's whole update recorded
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp32,bf16 \
-      --compile off --update-graphs off,on --steps $steps --profile 10 --json "$out/updates.json" ${TRAIN_ARGS:-}
-    # Transformer-base with recorded updates
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --profile 5 --json "$out/updates_base.json" ${TRAIN_ARGS:-}
-    # the same at the lengths of news corpora (WMT, about 30 tokens a sentence), Multi30k's pairs joined two by two:
-    # Transformer-base's users train on those, and its attention calls are then less short
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes base --precisions bf16 \
-      --compile off --update-graphs on --steps $steps --join 2 --json "$out/updates_base_join2.json" ${TRAIN_ARGS:-}
+    # first what decides the targets, should the call run out of time
+    target_rows
     # the bf16 rows again with sentences side by side in each attention call's rows of up to 128 positions
     # (model.transformer.attention_pack): what the attention bench's rows kernel (below) gains in a whole update
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \

@@ -205,12 +205,19 @@ def without_cudnn() -> Iterator[None]:
     eager one (loss 4.60 against 4.56 at update 700, BLEU 8.5 against 8.1); without it in the recorded updates
     alone, as here, it has not yet run on a GPU. The RNNs are the only models here with cuDNN kernels; eager
     updates and validation keep them."""
-    enabled = torch.backends.cudnn.enabled
-    torch.backends.cudnn.enabled = False
+    with switched_off(torch.backends.cudnn):
+        yield
+
+
+@contextmanager
+def switched_off(backend: Any) -> Iterator[None]:
+    """`backend` (a module of `torch.backends` with an `enabled` switch: cudnn, mkldnn) off under it, then as it was."""
+    enabled = backend.enabled
+    backend.enabled = False
     try:
         yield
     finally:
-        torch.backends.cudnn.enabled = enabled
+        backend.enabled = enabled
 
 
 def _results(r: StepResult) -> Tensor:

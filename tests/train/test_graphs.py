@@ -4,7 +4,6 @@ graphs, and on a CPU with the updates recorded by `make_fx` (`TracedUpdates`), w
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -26,6 +25,7 @@ from nmt.train.graphs import (
     _results,
     check_update_graphs,
     resolve_update_graphs,
+    switched_off,
 )
 from nmt.train.loop import train_run
 from nmt.train.loss import Objective
@@ -208,14 +208,8 @@ def _as_on_a_gpu(t: Trainable) -> None:
             model.encoder.pack_off_cuda = False
 
 
-@contextmanager
 def _without_onednn():
-    enabled = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = enabled
+    return switched_off(torch.backends.mkldnn)
 
 
 def _noting_output(x: torch.Tensor, outputs: list) -> torch.Tensor:
