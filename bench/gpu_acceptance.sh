@@ -63,8 +63,9 @@
 #              chunks sized by the batch budget and in chunks of 2,000 lines            (about 8 min)
 #   experiments  the six Multi30k experiments of `make multi30k-all` (the Transformer with dropout 0.3 and
 #              0.1, en-de Transformer, Bahdanau, Luong and no-attention RNNs) side by side on the one GPU,
-#              each `nmt experiment` in fp32 for TRAIN_SECONDS (default 480 here: 240 s on 2026-11-27
-#              left the RNNs still improving; the whole stage took 30 s more than its training) with its
+#              each `nmt experiment` in fp32 (a Transformer's updates recorded: train.cuda_graphs auto) for
+#              TRAIN_SECONDS (default 480 here: 240 s on 2026-11-27 left the RNNs still improving; the whole
+#              stage took 30 s more than its training) with its
 #              log in OUT/NAME.log, scored on both test sets; then their results table. EXPERIMENTS names
 #              others                                                                   (about 9 min)
 #   tests      the tests that only run on CUDA, the distributed tests on one GPU, training with
