@@ -136,12 +136,11 @@ class UpdateGraphs:
         recorded = self.recorded.get(key)
         if recorded is None:
             self.uses[key] += 1
-            if self.uses[key] <= EAGER_USES:
-                with without_cudnn():
-                    return self.run_eagerly(lambda: run(batch))
-            inputs = batch.clone() if batch is not None else None  # the shape's inputs for good: later batches
             with without_cudnn():
-                replay, results = self.record(t, lambda: run(inputs))  # are copied into them
+                if self.uses[key] <= EAGER_USES:
+                    return self.run_eagerly(lambda: run(batch))
+                inputs = batch.clone() if batch is not None else None  # the shape's inputs for good: later
+                replay, results = self.record(t, lambda: run(inputs))  # batches are copied into them
             recorded = self.recorded[key] = _Recorded(replay=replay, batch=inputs, results=results)
         elif batch is not None:
             assert recorded.batch is not None

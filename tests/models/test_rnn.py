@@ -190,6 +190,12 @@ def test_summary_is_the_final_state_of_both_directions():
     assert (states[mask] == 0).all()
 
 
+def fp32_close(device: str) -> dict:
+    """Tolerances for two fp32 computations of the same RNN: on a GPU, cuDNN's kernels (padded or packed input, a
+    fused layer or the cell's steps) sum in other orders, up to 8e-6 apart on an H200 (2026-11-27)."""
+    return dict(rtol=1e-5, atol=1e-6 if device == "cpu" else 5e-5)
+
+
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
                                     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("layers", [1, 2])
@@ -214,8 +220,7 @@ def test_the_encoder_gives_what_packing_gives_states_final_states_and_gradients(
             results.append((outputs, {name: p.grad.clone() for name, p in encoder.named_parameters()}))
     (ours, our_grads), (packed, packed_grads) = results
     assert len(ours) == len(packed) == (3 if cell == "lstm" else 2)  # states, final h (and c)
-    # cuDNN's kernels for padded and packed input sum in other orders: up to 8e-6 apart on an H200 (2026-11-27)
-    close = dict(rtol=1e-5, atol=1e-6 if device == "cpu" else 5e-5)
+    close = fp32_close(device)
     for x, y in zip(ours, packed, strict=True):
         torch.testing.assert_close(x, y, **close)
     assert (ours[0][~real] == 0).all()  # zeros at padding, as unpacking leaves them
@@ -290,8 +295,7 @@ def test_a_decoder_fed_no_output_of_its_own_runs_teacher_forcing_at_once_as_its_
             (logits * torch.linspace(-1, 1, logits.numel(), device=device).view_as(logits)).sum().backward()
             results.append((logits, {name: p.grad.clone() for name, p in model.named_parameters()}))
     (at_once, grads), (stepped, stepped_grads) = results
-    # cuDNN's fused layer and the cell's steps sum in other orders: up to 5e-6 apart on an H200 (2026-11-27)
-    close = dict(rtol=1e-5, atol=1e-6 if device == "cpu" else 5e-5)
+    close = fp32_close(device)
     torch.testing.assert_close(at_once, stepped, **close)
     for name, grad in stepped_grads.items():
         torch.testing.assert_close(grads[name], grad, **close, msg=lambda m, name=name: f"{name}: {m}")
