@@ -20,10 +20,12 @@ What a graph records is fixed: shapes, and every number the host passes to a ker
 So the update counts its target tokens on the device (`update(tokens_on_device=True)`),
 the learning rate is a tensor on the device that the schedule writes into
 (`Schedule._apply`), and a skipped update is decided on the device by the fused
-optimizer (`step_unless`). The graphs of all shapes share one memory pool; what an
-update returns is copied out of the pool before the next replay can overwrite it. An
-RNN's recorded updates run without cuDNN, whose recorded kernels an eager cuDNN call
-in between (validation) left wrong (`without_cudnn`).
+optimizer (`step_unless`); in fp16 by the gradient scaler, whose loss scale, checks and
+growth are tensors and kernels on the device too (it hands the fused optimizer its
+`found_inf`). The graphs of all shapes share one memory pool; what an update returns is
+copied out of the pool before the next replay can overwrite it. An RNN's recorded updates
+run without cuDNN, whose recorded kernels an eager cuDNN call in between (validation)
+left wrong (`without_cudnn`).
 
 With `train.accumulate` above 1 an update is several batches, of shapes in any order, so
 it is recorded in parts, each with its own uses and recording as above:
@@ -38,8 +40,8 @@ it is recorded in parts, each with its own uses and recording as above:
 The gradients and sums outlive the graphs (every parameter keeps its `.grad`, zero where an
 update begins): a graph's own memory is only its own until the next one runs.
 
-Where it applies (`check_update_graphs`): CUDA, one process, fp32 or bf16 on the bf16 copy,
-static batch shapes, and a model whose training step never waits for the GPU (its
+Where it applies (`check_update_graphs`): CUDA, one process, any precision (autocast's casts are
+kernels like any other), static batch shapes, and a model whose training step never waits for the GPU (its
 `graph_safe` attribute, `contract.Seq2Seq`): the Transformer and the RNNs, whose encoder
 reads no source length on the host.
 """
@@ -59,7 +61,14 @@ from nmt.config import TrainConfig
 from nmt.data.batching import Batch
 from nmt.errors import UserError
 from nmt.runtime import Dist
-from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update
+from nmt.train.step import (
+    StepResult,
+    Trainable,
+    apply_gradients,
+    autocast_precision,
+    forward_backward,
+    update,
+)
 
 # Eager updates of a batch shape before its graph is recorded: the first sets up the optimizer's state and
 # the kernel libraries' choices, the second runs with all of it in place, as the recording will.
@@ -150,7 +159,7 @@ class UpdateGraphs:
 
     def _add_batch(self, t: Trainable, b: Batch) -> Tensor:
         """A batch of an update of several: its gradients added to the fp32 `.grad`s, its loss to the sums."""
-        loss, nll = forward_backward(t, b, self.device, "fp32", self.weight)  # fp32, or the bf16 copy
+        loss, nll = forward_backward(t, b, self.device, autocast_precision(t, self.tc), self.weight)
         if t.half is not None:
             t.half.add_grads_to_master()
         self.sums.add_(torch.stack([loss, nll]))
@@ -239,8 +248,9 @@ def resolve_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, mode
     """Whether a run records its updates, `train.cuda_graphs` auto decided, and why not where it does not (""
     where it does, or where the config says false).
 
-    Auto records where whole runs were measured with it: the Transformer on one CUDA device, with settings an
-    update can be recorded with (`TrainConfig.cuda_graphs_needs`). On an H200 its recorded updates ran 3.6x
+    Auto records where whole runs were measured with it: the Transformer on one CUDA device, in fp32 or bf16 on
+    the bf16 copy, with settings an update can be recorded with (`TrainConfig.cuda_graphs_needs`); fp16 and
+    autocast are recorded where the config says true. On an H200 its recorded updates ran 3.6x
     (fp32) and 4.5x (bf16) as fast as eager ones, and three Multi30k Transformers trained to early stopping
     with them (2026-11-27). The RNNs' recorded updates went wrong there with cuDNN's kernels, and their runs
     without them are not yet repeated on a GPU, so auto leaves them eager.
@@ -253,6 +263,9 @@ def resolve_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, mode
         return False, f"{ctx.world_size} processes (recorded updates are one process's)"
     if model_type != "transformer":
         return False, f"the {model_type} model (auto records the Transformer's updates only)"
+    if tc.precision == "fp16" or (tc.precision == "bf16" and not tc.half_weights):
+        return False, (f"precision {tc.precision}{' under autocast' if tc.precision == 'bf16' else ''} (auto records "
+                       f"fp32 and bf16 on the bf16 copy, the precisions whole runs were measured with)")
     needs = tc.cuda_graphs_needs()
     if needs:
         return False, f"recording needs {'; '.join(needs)}"

@@ -111,7 +111,7 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     recorded with for every batch it replays.
     """
     objective, optimizer, half = t.objective, t.optimizer, t.half
-    precision = "fp32" if half is not None else tc.precision  # the copy is bf16 already: no autocast
+    precision = autocast_precision(t, tc)
     tokens = sum(b.ntokens for b in group)
     if tokens_on_device:  # one process (graphs record no collective)
         counted = sum(b.tgt_out.ne(PAD_ID).sum() for b in group)
@@ -138,6 +138,12 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
         else:
             optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm, skipped)
+
+
+def autocast_precision(t: Trainable, tc: TrainConfig) -> str:
+    """The precision the passes autocast to: `train.precision`, but none (fp32) on a bf16 copy, which is bf16
+    already."""
+    return "fp32" if t.half is not None else tc.precision
 
 
 def forward_backward(t: Trainable, b: Batch, device: torch.device, precision: str,
