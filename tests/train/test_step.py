@@ -54,7 +54,10 @@ def _same_loss_and_gradients(eager: Objective, compiled: torch.nn.Module, batche
         c_loss.backward()
         assert torch.allclose(c_loss, loss, rtol=1e-5) and torch.allclose(c_nll, nll, rtol=1e-5)
     for (name, p), c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
-        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6), name
+        # an element summed from terms of the tensor's largest size that cancel keeps their rounding, which
+        # another order of summation (the compiled backward's) changes: 1.9e-6 in an embedding row's
+        # gradient of -0.006 beside elements of 4, on one CPU
+        assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6 * (1 + float(p.grad.abs().max()))), name
 
 
 def test_compiled_objective_gives_the_eager_loss_and_gradients_and_takes_new_shapes_without_recompiling():
