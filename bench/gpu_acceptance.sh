@@ -21,8 +21,8 @@
 #   first      for a session of 15 device minutes, with DEADLINE=480: the first three rows of updates (the
 #              targets), every test marked gpu, the no-attention RNN trained 700 updates eagerly and with
 #              recorded updates side by side, the RNN encoder bench, the Bahdanau, Luong and no-attention
-#              RNNs eager and recorded (as rnn-updates), the Multi30k shape in fp16 and bf16 under autocast
-#              eager and recorded, then updates' packed and flash-first rows
+#              RNNs eager and recorded (as rnn-updates), the Multi30k shape in fp16 (autocast, then on an
+#              fp16 copy) and bf16 under autocast, eager and recorded, then updates' packed and flash-first rows
 #                                                                          (about 9 min, DEADLINE trims it)
 #   speed      train_speed eager rows: Multi30k shape and Transformer-base, fp32 / bf16 (bf16 copy of the
 #              weights) / bf16-autocast, with a 10-update profile of each row; the Multi30k shape's fp32
@@ -209,10 +209,12 @@ case $stage in
       run "$py" bench/train_speed.py configs/$e.yaml --precisions fp32,bf16 --compile off --update-graphs off,on \
         --steps 20 --json "$out/updates_$e.json" ${TRAIN_ARGS:-}
     done
-    # fp16 (GPUs without bf16: its gradient scaler recorded with the update) and bf16 under autocast, eager and
-    # recorded, which train.cuda_graphs true allows since 2026-11-27 and auto leaves eager until timed here
-    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config --precisions fp16,bf16-autocast \
-      --compile off --update-graphs off,on --steps $steps --json "$out/updates_fp16.json" ${TRAIN_ARGS:-}
+    # fp16 (GPUs without bf16) under autocast and on an fp16 copy (train.half_weights: true), and bf16 under
+    # autocast, eager and recorded (the gradient scaler recorded with the update), which train.cuda_graphs true
+    # allows since 2026-11-27 and auto leaves eager until timed here
+    run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config \
+      --precisions fp16,fp16-copy,bf16-autocast --compile off --update-graphs off,on --steps $steps \
+      --json "$out/updates_fp16.json" ${TRAIN_ARGS:-}
     # what sentences side by side in attention rows of 128 positions gain, then flash tried before the
     # memory-efficient kernel
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \

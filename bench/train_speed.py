@@ -22,8 +22,9 @@ shape's whole update as a CUDA graph (`train.cuda_graphs`; its compile column re
 after the eager uses training gives a shape first. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
 FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
-torch.nn.Transformer of each shape (eager) as a yardstick. Precision `bf16` trains
-on a bf16 copy of the weights (`train.half_weights`), `bf16-autocast` under autocast.
+torch.nn.Transformer of each shape (eager) as a yardstick. Precisions `bf16` and `fp16` train as
+`train.half_weights: auto` does (bf16 on a bf16 copy of the weights, fp16 under autocast); a suffix
+chooses: `bf16-autocast`, `fp16-copy` (an fp16 copy of the weights).
 
 `shapes` is the number of distinct batch shapes among the timed updates, `real %` the share of their
 target positions that hold a real token rather than padding (the rest is computed for nothing: static
@@ -199,11 +200,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# what a precision's suffix makes `train.half_weights`: none as training's default, -copy, -autocast
+HALF_WAYS = {"": "auto", "copy": True, "autocast": False}
+
+
 def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: int, reference: bool,
             peak: float | None, profile: int = 0, trace: Path | None = None) -> Row:
     """Train `steps` timed updates after `warmup` ones; fill in the row's figures."""
-    precision, _, variant = row.precision.partition("-")  # bf16-autocast: bf16 without the bf16 copy
-    tc = replace(cfg.train, precision=precision, half_weights=variant != "autocast", max_tokens=row.max_tokens,
+    precision, _, way = row.precision.partition("-")  # bf16-autocast: bf16 without the bf16 copy
+    tc = replace(cfg.train, precision=precision, half_weights=HALF_WAYS[way], max_tokens=row.max_tokens,
                  compile=row.compiled, compile_mode=row.compile if row.compiled else cfg.train.compile_mode,
                  cuda_graphs=row.cuda_graphs)
     t = cfg.model.transformer
@@ -312,7 +317,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--shapes", default="config", help="Comma-separated: config, base.")
-    ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, bf16-autocast, fp16 (default: the config's).")
+    ap.add_argument("--precisions", default=None, help="Comma-separated: fp32, bf16, fp16, each half precision "
+                                                        "with -copy or -autocast (default: the config's).")
     ap.add_argument("--compile", default="off", help="Comma-separated: off, on (train.compile_mode), or a mode: "
                                                       "default, reduce-overhead, max-autotune(-no-cudagraphs).")
     ap.add_argument("--update-graphs", default="off", help="Comma-separated: off, on (train.cuda_graphs: each "
@@ -348,6 +354,11 @@ def main(argv: list[str] | None = None) -> None:
     enable_fast_math(device)
     if not set(args.update_graphs.split(",")) <= {"off", "on"}:
         ap.error(f"--update-graphs {args.update_graphs!r}: use off, on or off,on")
+    for precision in args.precisions.split(",") if args.precisions else ():
+        name, _, way = precision.partition("-")
+        if name not in ("fp32", "bf16", "fp16") or way not in HALF_WAYS or (name == "fp32" and way):
+            ap.error(f"--precisions: {precision!r} is none of fp32, bf16, fp16, bf16-copy, bf16-autocast, "
+                     f"fp16-copy, fp16-autocast")
     kernels = args.attention.split(",")
     if not set(kernels) <= set(SDPA_KERNELS) or len(set(kernels)) < len(kernels):
         ap.error(f"--attention {args.attention!r}: use a comma-separated choice of {', '.join(SDPA_KERNELS)}, "

@@ -329,9 +329,9 @@ class TrainConfig:
     device: Device = "auto"
     """`auto` picks CUDA, then MPS, then CPU. Under torchrun each process takes the GPU of its LOCAL_RANK."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Training precision. bf16: on a bf16 copy of the weights (`half_weights`) or under autocast; fp16: autocast with a gradient scaler. On a GPU, bf16 pays for large models (Transformer-base); a model of Multi30k's size, whose eager step is bound by kernel launches rather than arithmetic, trains about as fast in fp32 (TF32 matrix products) when eager, and faster in bf16 with `train.cuda_graphs` (941k against 730k target tokens/s on an H200). On a CPU, bf16 pays only with bf16 instructions (AVX512-BF16 or AMX); without them (AVX2 only) it is many times slower than fp32, and training warns. fp16 runs on a CPU but is slow."""
-    half_weights: bool = True
-    """With bf16: run the forward and backward passes on a bf16 copy of the model while the optimizer updates the fp32 weights (checkpoints and validation keep fp32), which saves autocast's cast at every use of a weight (a third of the operations of a small Transformer's update); false: autocast."""
+    """Training precision. bf16 and fp16: on a copy of the weights in that precision or under autocast (`half_weights`); fp16 with a gradient scaler. On a GPU, bf16 pays for large models (Transformer-base); a model of Multi30k's size, whose eager step is bound by kernel launches rather than arithmetic, trains about as fast in fp32 (TF32 matrix products) when eager, and faster in bf16 with `train.cuda_graphs` (941k against 730k target tokens/s on an H200). On a CPU, bf16 pays only with bf16 instructions (AVX512-BF16 or AMX); without them (AVX2 only) it is many times slower than fp32, and training warns. fp16 runs on a CPU but is slow."""
+    half_weights: Literal["auto", True, False] = "auto"
+    """With bf16 or fp16: true runs the forward and backward passes on a copy of the model in that precision while the optimizer updates the fp32 weights (checkpoints and validation keep fp32), which saves autocast's cast at every use of a weight (a third of the operations of an update: the Multi30k Transformer's dispatches 387 on a bf16 copy against 580 under autocast, 397 on an fp16 copy against 590, 381 in fp32; `bench/train_speed.py`, ops/update); false: autocast. On the copy the residual stream and the activations between kernels are half precision too, where autocast keeps LayerNorm's and softmax's outputs and the loss in fp32. `auto`: the copy for bf16, autocast for fp16, whose range (up to 65,504) autocast guards better; fp16 on the copy is what fairseq's --fp16 does, and has not yet been timed on a GPU."""
     compile: bool = False
     """Compile the model and the loss with `torch.compile` (pays off on GPUs in long runs; the first steps are slow while it compiles); an RNN compiles its decoder step, one graph for every target length, which on an H200 ran slower than eager (a decoder whose steps run at once, `none` or `luong` without input feeding, has no step to compile and stays eager); where compiling fails, training goes on uncompiled with a warning."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
@@ -424,6 +424,13 @@ class TrainConfig:
         if needs:
             raise ValueError(f"cuda_graphs true records one whole update per batch shape, which needs "
                              f"{'; '.join(needs)}")
+
+    def on_half_copy(self) -> bool:
+        """Whether the passes run on a copy of the model in `precision` (`half_weights`), rather than under
+        autocast or in fp32."""
+        if self.precision == "fp32":
+            return False
+        return self.half_weights is True or (self.half_weights == "auto" and self.precision == "bf16")
 
     def cuda_graphs_needs(self) -> list[str]:
         """What recording whole updates (`cuda_graphs`) needs of the other settings and they lack, each in a

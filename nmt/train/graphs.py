@@ -263,9 +263,10 @@ def resolve_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, mode
         return False, f"{ctx.world_size} processes (recorded updates are one process's)"
     if model_type != "transformer":
         return False, f"the {model_type} model (auto records the Transformer's updates only)"
-    if tc.precision == "fp16" or (tc.precision == "bf16" and not tc.half_weights):
-        return False, (f"precision {tc.precision}{' under autocast' if tc.precision == 'bf16' else ''} (auto records "
-                       f"fp32 and bf16 on the bf16 copy, the precisions whole runs were measured with)")
+    if tc.precision == "fp16" or (tc.precision == "bf16" and not tc.on_half_copy()):
+        how = "on an fp16 copy" if tc.on_half_copy() else "under autocast"
+        return False, (f"precision {tc.precision} {how} (auto records fp32 and bf16 on the bf16 copy, the "
+                       f"precisions whole runs were measured with)")
     needs = tc.cuda_graphs_needs()
     if needs:
         return False, f"recording needs {'; '.join(needs)}"

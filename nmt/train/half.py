@@ -1,4 +1,4 @@
-"""bf16 training on a bf16 copy of the model, with the fp32 model as the master weights.
+"""bf16 (or fp16) training on a copy of the model in that precision, with the fp32 model as the master weights.
 
 Autocast keeps the weights in fp32 and casts each one to bf16 where it is used,
 and casts the gradients back in the backward pass: when this module was written,
@@ -20,6 +20,10 @@ Each of the two is one multi-tensor (`torch._foreach_*`) operation (two for the 
 stream then runs in bf16 too, where autocast kept it in fp32; LayerNorm, softmax
 and the loss still accumulate in fp32 inside their kernels.
 
+fp16 (`train.half_weights: true`) runs the same way on an fp16 copy, under the gradient scaler: the
+copy's scaled gradients, cast, are what the scaler unscales and checks in the fp32 `.grad`s, so a
+gradient that overflowed fp16 arrives there as inf and skips the update.
+
 Under DDP the copy is what DDP wraps, so gradients are all-reduced in bf16, and
 the micro-batches of `train.accumulate` add up in the copy's bf16 gradients
 before the one all-reduce; in a single process each micro-batch's gradients move
@@ -39,7 +43,7 @@ class HalfCopy:
 
     Args:
         model: the fp32 model (its parameters are the optimizer's).
-        dtype: the copy's dtype, torch.bfloat16.
+        dtype: the copy's dtype, torch.bfloat16 or torch.float16.
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
@@ -96,14 +100,14 @@ class HalfCopy:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the fp32 weights into the bf16 copy (after every optimizer update, applied or skipped)."""
+        """Copy the fp32 weights into the half copy (after every optimizer update, applied or skipped)."""
         torch._foreach_copy_(self.halves, self.masters)
         self._first = True  # the next gradients begin a new update
 
 
 def _add(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """fp32 += bf16 for each (fp32, bf16) pair, in a few multi-tensor launches: a bf16 list added to an fp32 one
-    takes one launch per tensor on CUDA, two fp32 lists one launch, so the bf16 ones are widened first."""
+    """fp32 += half for each (fp32, bf16 or fp16) pair, in a few multi-tensor launches: a half list added to an
+    fp32 one takes one launch per tensor on CUDA, two fp32 lists one launch, so the half ones are widened first."""
     if not pairs:
         return
     widened = [torch.empty_like(total) for total, _ in pairs]

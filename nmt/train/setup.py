@@ -27,6 +27,7 @@ from nmt.data.tokenizer import PAD_ID, Tokenizer
 from nmt.errors import UserError
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
+    HALF_DTYPES,
     Dist,
     compile_model,
     enable_fast_math,
@@ -102,7 +103,7 @@ def build_trainable(cfg: ExperimentConfig, tokenizer: Tokenizer, device: torch.d
 def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist, *, shapes: int = 0) -> None:
     """Make `t.objective` what a training step calls, once the weights are loaded.
 
-    With bf16 and `train.half_weights` it runs on a bf16 copy of the model
+    With bf16 or fp16 on a copy (`train.half_weights`) it runs on a copy of the model in that precision
     (`t.half`); under DDP when there are several processes; compiled when `train.compile`,
     a graph per batch shape where `train.compile_dynamic` is false, or auto with static batch
     shapes (`shapes` of them), else one graph with symbolic sizes: the objective, or for a
@@ -114,8 +115,8 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
             `train.cuda_graphs` where updates cannot be recorded.
     """
     objective = t.objective
-    if tc.precision == "bf16" and tc.half_weights:
-        t.half = HalfCopy(t.model, torch.bfloat16)
+    if tc.on_half_copy():
+        t.half = HalfCopy(t.model, HALF_DTYPES[tc.precision])
         objective = Objective(t.half.copy, pad_id=objective.pad_id, smoothing=objective.smoothing)
     if ctx.enabled:
         objective = torch.nn.parallel.DistributedDataParallel(
@@ -231,8 +232,9 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
             for i, (rows, weight) in enumerate(parts if len(parts) > 1 else []):  # one corpus: the line above
                 log.info("data.train[%d]: %d pairs, weight %g: about %d pairs per epoch", i, rows, weight,
                          round(rows * weight))
+            how = "" if tc.precision == "fp32" else " on a copy of the weights" if tc.on_half_copy() else " under autocast"
             log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
-                     "%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, device)
+                     "%s%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, how, device)
             warn_if_slow_precision(device, tc.precision, "train.precision:")
             if shapes:
                 log.info("static batch shapes: %d, one per length bucket (%s)", shapes,

@@ -40,7 +40,7 @@ class Trainable:
         model: the raw module, whose state dict checkpoints hold.
         objective: the module a step calls: the model (or its bf16 copy) with its loss
             (`Objective`), wrapped by DDP and compiled as the config asks (`prepare_step`).
-        half: the bf16 copy the objective runs on (`train.half_weights`), else None.
+        half: the bf16 or fp16 copy the objective runs on (`train.half_weights`), else None.
         graphs: the objective replays CUDA graphs (compiled in `reduce-overhead` mode on CUDA).
     """
 
@@ -98,7 +98,7 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     times larger. Under DDP, gradients are synchronised only on the last batch.
     A non-finite gradient norm skips the optimizer on the device (for fp16 the
     scaler also lowers its scale); the norm is the same on every rank, so is the
-    choice. With a bf16 copy (`t.half`) the passes run on it without autocast, its
+    choice. With a half copy (`t.half`) the passes run on it without autocast, its
     gradients move to the fp32 weights after each synchronised backward, and the
     updated weights back to it after the optimizer. The learning rate is the
     schedule's as it stands: `train_step` steps the schedule after the update, in
@@ -141,8 +141,8 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
 
 
 def autocast_precision(t: Trainable, tc: TrainConfig) -> str:
-    """The precision the passes autocast to: `train.precision`, but none (fp32) on a bf16 copy, which is bf16
-    already."""
+    """The precision the passes autocast to: `train.precision`, but none (fp32) on a half copy, which is in
+    that precision already."""
     return "fp32" if t.half is not None else tc.precision
 
 
@@ -150,7 +150,7 @@ def forward_backward(t: Trainable, b: Batch, device: torch.device, precision: st
                      weight: float | Tensor) -> tuple[Tensor, Tensor]:
     """The forward and backward passes of one batch, its loss weighted by `weight`; its summed loss and NLL (fp32).
 
-    Gradients add to those already there: the model's `.grad`s, or the bf16 copy's (`t.half`), which the
+    Gradients add to those already there: the model's `.grad`s, or the half copy's (`t.half`), which the
     caller moves to the fp32 weights.
     """
     with autocast(device, precision):

@@ -1,24 +1,28 @@
-"""bf16 training on a bf16 copy of the model: no casts in the passes, fp32 master weights, autocast's gradients."""
+"""bf16 (and fp16) training on a half copy of the model: no casts in the passes, fp32 master weights, autocast's
+gradients; fp16's gradient scaler on the fp32 gradients."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 
-from nmt.config import TrainConfig
+from nmt.checkpoint import load_checkpoint
+from nmt.config import TrainConfig, config_from_dict
 from nmt.data.batching import collate
 from nmt.data.tokenizer import PAD_ID
-from nmt.runtime import Dist, autocast
+from nmt.runtime import HALF_DTYPES, Dist, autocast, grad_scaler
 from nmt.train.half import HalfCopy
+from nmt.train.loop import train
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.setup import prepare_step
 from nmt.train.step import Trainable, train_step
 from tests.models.tiny import tiny_model
 from tests.op_counts import OpCounter
-from tests.train.helpers import random_rows
+from tests.train.helpers import random_rows, tiny_raw, weights
 
 CPU = torch.device("cpu")
 
@@ -34,7 +38,7 @@ def _batch(seed: int = 0, n: int = 6) -> list[dict]:
 def _trainable(model: torch.nn.Module, tc: TrainConfig, optimizer: torch.optim.Optimizer | None = None) -> Trainable:
     optimizer = optimizer or build_optimizer(model, tc, CPU)
     t = Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=0.1), optimizer=optimizer,
-                  scheduler=build_scheduler(optimizer, tc), scaler=torch.amp.GradScaler("cpu", enabled=False))
+                  scheduler=build_scheduler(optimizer, tc), scaler=grad_scaler(CPU, tc.precision))
     prepare_step(t, tc, CPU, Dist())
     return t
 
@@ -79,11 +83,13 @@ def test_the_copy_shares_the_models_tying_and_follows_its_weights():
 
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
-def test_a_bf16_step_on_the_copy_is_as_close_to_fp32_as_autocast(kind):
-    """The gradients reaching the fp32 weights match fp32 training's as well as autocast's do."""
+@pytest.mark.parametrize("half", ["bf16", "fp16"])
+def test_a_half_step_on_the_copy_is_as_close_to_fp32_as_autocast(kind, half):
+    """The gradients reaching the fp32 weights match fp32 training's as well as autocast's do (in fp16, through
+    the gradient scaler, which scales the loss and unscales the fp32 gradients)."""
     batch = [collate(_batch(1))]
     grads = {}
-    for name, precision, half_weights in (("fp32", "fp32", True), ("half", "bf16", True), ("autocast", "bf16", False)):
+    for name, precision, half_weights in (("fp32", "fp32", True), ("half", half, True), ("autocast", half, False)):
         tc = TrainConfig(precision=precision, half_weights=half_weights, clip_norm=0.0, warmup_steps=0, lr=1.0)
         model = _model(kind)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -95,11 +101,13 @@ def test_a_bf16_step_on_the_copy_is_as_close_to_fp32_as_autocast(kind):
         grads[name] = torch.cat([(before[n] - p.detach()).flatten() for n, p in model.named_parameters()])
         if t.half is not None:  # the copy holds the updated weights, and no gradients of its own
             for p, h in zip(t.half.masters, t.half.halves, strict=True):
-                assert torch.equal(h, p.detach().to(torch.bfloat16)) and h.grad is None
+                assert torch.equal(h, p.detach().to(HALF_DTYPES[half])) and h.grad is None
+        if half == "fp16" and name != "fp32":
+            assert t.scaler.is_enabled() and t.scaler.get_scale() == 2.0**16  # scaled, no overflow
     exact = grads["fp32"]
     half_error = float((grads["half"] - exact).norm() / exact.norm())
     autocast_error = float((grads["autocast"] - exact).norm() / exact.norm())
-    assert 0 < half_error < 0.05  # bf16 rounding, nothing worse
+    assert 0 < half_error < 0.05  # bf16's or fp16's rounding, nothing worse
     assert half_error < 2 * autocast_error
 
 
@@ -146,8 +154,9 @@ def test_each_update_writes_over_the_last_updates_fp32_gradients_in_the_same_ten
     assert all(h.grad is None for h in half.halves)
 
 
-def test_a_skipped_bf16_update_leaves_weights_and_copy_alone():
-    tc = TrainConfig(precision="bf16", lr=1e-3, warmup_steps=0, clip_norm=1.0)
+@pytest.mark.parametrize("half", ["bf16", "fp16"])
+def test_a_skipped_half_update_leaves_weights_and_copy_alone(half):
+    tc = TrainConfig(precision=half, half_weights=True, lr=1e-3, warmup_steps=0, clip_norm=1.0)
     model = _model()
     t = _trainable(model, tc)
     assert train_step(t, [collate(_batch(1))], tc, CPU).updated
@@ -157,18 +166,38 @@ def test_a_skipped_bf16_update_leaves_weights_and_copy_alone():
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), before[n]), n
     for p, h in zip(t.half.masters, t.half.halves, strict=True):
-        assert torch.equal(h, p.detach().to(torch.bfloat16))
+        assert torch.equal(h, p.detach().to(HALF_DTYPES[half]))
+    if half == "fp16":
+        assert t.scaler.get_scale() == 2.0**15  # lowered once
 
 
-def test_bf16_training_on_the_copy_learns_a_batch_as_fp32_does():
+def test_fp16_gradients_that_overflow_on_the_copy_skip_the_update_and_lower_the_scale_until_they_fit():
+    """A loss scale far too large makes the copy's fp16 gradients inf; they reach the fp32 gradients as inf, the
+    scaler skips those updates and halves its scale each time, and the first update that fits is applied."""
+    tc = TrainConfig(precision="fp16", half_weights=True, lr=1e-3, warmup_steps=0)
+    model = _model()
+    t = _trainable(model, tc)
+    t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    batch = [collate(_batch(1))]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    updated = [train_step(t, batch, tc, CPU).updated for _ in range(40)]
+    skipped = updated.index(True)
+    assert skipped > 10 and all(updated[skipped:])  # halved until the scaled gradients fit in fp16
+    assert t.scaler.get_scale() == 2.0 ** (40 - skipped)
+    assert not any(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if p.ndim > 1)
+
+
+def test_half_training_on_the_copy_learns_a_batch_as_fp32_does():
     batch = [collate(_batch(3))]
     curves = {}
-    for precision in ("fp32", "bf16"):
-        tc = TrainConfig(precision=precision, lr=1e-2, warmup_steps=0)
+    for precision in ("fp32", "bf16", "fp16"):
+        tc = TrainConfig(precision=precision, half_weights=True, lr=1e-2, warmup_steps=0)
         t = _trainable(_model(), tc)
+        assert (t.half is None) == (precision == "fp32")
         curves[precision] = [float(train_step(t, batch, tc, CPU).loss) for _ in range(40)]
-    assert curves["bf16"][-1] < 0.5 * curves["bf16"][0]
-    assert curves["bf16"][-1] == pytest.approx(curves["fp32"][-1], rel=0.05)
+    for half in ("bf16", "fp16"):
+        assert curves[half][-1] < 0.5 * curves[half][0]
+        assert curves[half][-1] == pytest.approx(curves["fp32"][-1], rel=0.05)
 
 
 def test_a_compiled_bf16_copy_gives_the_eager_copys_loss_and_gradients():
@@ -189,3 +218,19 @@ def test_a_compiled_bf16_copy_gives_the_eager_copys_loss_and_gradients():
     torch.testing.assert_close(c_nll, nll, rtol=2e-2, atol=0.0)
     exact = torch.cat([g.flatten() for g in grads])
     assert float((torch.cat([g.flatten() for g in c_grads]) - exact).norm() / exact.norm()) < 0.03
+
+
+def test_a_run_on_an_fp16_copy_says_so_saves_its_loss_scale_and_resumes(small_corpus, tmp_path, caplog):
+    """`train.half_weights: true` with fp16, through `nmt.train.loop.train`: the log names the copy, the checkpoints
+    hold the fp32 weights and the scaler's state, and the run resumes from them on the copy."""
+    raw = tiny_raw(small_corpus, tmp_path / "run", max_steps=6, precision="fp16", half_weights=True)
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        train(config_from_dict(raw))
+    assert "tokens per update; fp16 on a copy of the weights on cpu" in caplog.text
+    saved = load_checkpoint(tmp_path / "run" / "ckpt_6.pt")
+    assert saved["scaler"]["scale"] == 2.0**16 and saved["scaler"]["_growth_tracker"] == 6  # six updates, none skipped
+    assert all(w.dtype == torch.float32 for w in weights(tmp_path / "run" / "ckpt_6.pt").values())
+    raw["train"]["max_steps"] = 9
+    summary = train(config_from_dict(raw))
+    assert summary["step"] == 9
+    assert load_checkpoint(tmp_path / "run" / "ckpt_9.pt")["scaler"]["_growth_tracker"] == 9  # carried on
