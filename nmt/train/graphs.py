@@ -61,14 +61,7 @@ from nmt.config import TrainConfig
 from nmt.data.batching import Batch
 from nmt.errors import UserError
 from nmt.runtime import Dist
-from nmt.train.step import (
-    StepResult,
-    Trainable,
-    apply_gradients,
-    autocast_precision,
-    forward_backward,
-    update,
-)
+from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update
 
 # Eager updates of a batch shape before its graph is recorded: the first sets up the optimizer's state and
 # the kernel libraries' choices, the second runs with all of it in place, as the recording will.
@@ -159,7 +152,7 @@ class UpdateGraphs:
 
     def _add_batch(self, t: Trainable, b: Batch) -> Tensor:
         """A batch of an update of several: its gradients added to the fp32 `.grad`s, its loss to the sums."""
-        loss, nll = forward_backward(t, b, self.device, autocast_precision(t, self.tc), self.weight)
+        loss, nll = forward_backward(t, b, self.device, self.tc.precision, self.weight)
         if t.half is not None:
             t.half.add_grads_to_master()
         self.sums.add_(torch.stack([loss, nll]))

@@ -111,7 +111,6 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     recorded with for every batch it replays.
     """
     objective, optimizer, half = t.objective, t.optimizer, t.half
-    precision = autocast_precision(t, tc)
     tokens = sum(b.ntokens for b in group)
     if tokens_on_device:  # one process (graphs record no collective)
         counted = sum(b.tgt_out.ne(PAD_ID).sum() for b in group)
@@ -127,7 +126,7 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     for i, b in enumerate(group):  # the phases are labelled for torch.profiler (bench/train_speed.py --profile)
         synced = not ctx.enabled or i == len(group) - 1  # DDP all-reduces the last backward only
         with record_function("nmt.forward_backward"), contextlib.nullcontext() if synced else objective.no_sync():
-            loss, nll = forward_backward(t, b, device, precision, weight)
+            loss, nll = forward_backward(t, b, device, tc.precision, weight)
         if half is not None and synced:
             half.grads_to_master()
         loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
@@ -140,20 +139,16 @@ def update(t: Trainable, group: list[Batch], tc: TrainConfig, device: torch.devi
     return StepResult(loss_sum, nll_sum, tokens, update_tokens, grad_norm, skipped)
 
 
-def autocast_precision(t: Trainable, tc: TrainConfig) -> str:
-    """The precision the passes autocast to: `train.precision`, but none (fp32) on a half copy, which is in
-    that precision already."""
-    return "fp32" if t.half is not None else tc.precision
-
-
 def forward_backward(t: Trainable, b: Batch, device: torch.device, precision: str,
                      weight: float | Tensor) -> tuple[Tensor, Tensor]:
-    """The forward and backward passes of one batch, its loss weighted by `weight`; its summed loss and NLL (fp32).
+    """The forward and backward passes of one batch in `precision` (`train.precision`), its loss weighted by
+    `weight`; its summed loss and NLL (fp32).
 
-    Gradients add to those already there: the model's `.grad`s, or the half copy's (`t.half`), which the
-    caller moves to the fp32 weights.
+    They autocast to `precision`, except on a half copy (`t.half`), which is in that precision already.
+    Gradients add to those already there: the model's `.grad`s, or the half copy's, which the caller moves
+    to the fp32 weights.
     """
-    with autocast(device, precision):
+    with autocast(device, "fp32" if t.half is not None else precision):
         loss, nll = t.objective(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
     t.scaler.scale(loss * weight).backward()
     return loss.detach().float(), nll.detach().float()
