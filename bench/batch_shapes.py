@@ -14,6 +14,10 @@ For each token budget, it cuts an epoch of the config's training data as `nmt tr
     static 4, 2     the same with finer buckets
     static rel 8    buckets in relative steps of at most 8 (`Rounding(8, relative=True)`: CUDA graphs
                     of an uncompiled model, `train.cuda_graphs`)
+    packed 128, 256 not built in nmt, the bound it would reach: pairs laid back to back in rows of
+                    128 (256) source and 128 (256) target positions, in the epoch's shuffled order, a
+                    pair that fits on neither side opening a new row (next fit); max_tokens // N rows a
+                    batch, so one shape whatever the lengths
 
 and prints the batches in the epoch, the distinct batch shapes (what static shapes record a CUDA
 graph, and a compiled model a compilation, for), the target tokens per batch, and the share of
@@ -26,8 +30,10 @@ order, joined 1, 2, 2, 4, 1, 2, ... at a time into one pair (written to the run 
 its own tokenizer): Multi30k's mean length doubles, about that of WMT's news sentences. Lines joined
 may need a larger `data.max_len` (`--set data.max_len=250`).
 
-At scale: point `--run-dir` at `bench/data_scale.py`'s run directory (`WORK/run-N`) and
-`--set data.train=...` at its corpus; the tokenizer and tokenized cache are reused.
+At scale: `--repeat K` measures the corpus's lengths K times over, a corpus K times as large with the
+same lengths (`--repeat 35`: a million pairs of Multi30k's lengths), where each batch of a sorted epoch
+spans fewer lengths; or point `--run-dir` at `bench/data_scale.py`'s run directory (`WORK/run-N`) and
+`--set data.train=...` at its corpus, whose tokenizer and tokenized cache are then reused.
 """
 
 from __future__ import annotations
@@ -51,6 +57,32 @@ PADDINGS = {  # name: (multiple, static, relative)
     "static 2": (2, True, False),
     "static rel 8": (8, True, True),
 }
+PACKED = (128, 256)  # row widths of the `packed N` rows
+
+
+def packed_rows(src_lens: np.ndarray, tgt_lens: np.ndarray, width: int) -> np.ndarray:
+    """The row of each pair, (N,), when pairs of these lengths are laid back to back in this order into rows of
+    `width` source and `width` target positions: each pair in the current row if both its sides fit, else in a new
+    one (next fit); a pair longer than `width` on a side is a row of its own. A loop over the pairs: about a second
+    for a million."""
+    rows = np.empty(len(src_lens), dtype=np.int64)
+    row, src_used, tgt_used = -1, width, width  # as if a full row were open: the first pair opens one
+    for i, (s, t) in enumerate(zip(src_lens.tolist(), tgt_lens.tolist())):
+        if src_used + s > width or tgt_used + t > width:
+            row, src_used, tgt_used = row + 1, 0, 0
+        rows[i], src_used, tgt_used = row, src_used + s, tgt_used + t
+    return rows
+
+
+def measure_packed(src_lens: np.ndarray, tgt_lens: np.ndarray, width: int, max_tokens: int, seed: int) -> dict:
+    """What packing pairs back to back (`packed_rows`) in an epoch's shuffled order would compute: batches of
+    `max_tokens // width` rows, every one of one shape."""
+    order = np.random.default_rng(seed).permutation(len(src_lens))
+    rows = int(packed_rows(src_lens[order], tgt_lens[order], width)[-1]) + 1 if len(order) else 0
+    batches = -(-rows // max(max_tokens // width, 1))
+    real_src, real_tgt = int(src_lens.sum()), int(tgt_lens.sum())
+    return {"batches": batches, "shapes": 1, "tgt_tokens_per_batch": real_tgt / max(batches, 1),
+            "real_src": real_src / max(rows * width, 1), "real_tgt": real_tgt / max(rows * width, 1)}
 
 
 def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, padding: Padding, max_tokens: int, seed: int) -> dict:
@@ -92,22 +124,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("config")
     ap.add_argument("--max-tokens", default="4096,32768", help="Comma-separated token budgets.")
     ap.add_argument("--run-dir", default=None, help="Where the tokenizer and tokenized cache live "
-                                                     "(default: results/bench/batch_shapes/CONFIG).")
+                                                     "(default: runs/bench/batch_shapes/CONFIG).")
     ap.add_argument("--join", default=None, help="Comma-separated counts of pairs joined into one, in turn "
                                                   "(e.g. 1,2,2,4): measure longer sentences made of the corpus's.")
+    ap.add_argument("--repeat", type=int, default=1, metavar="K",
+                    help="Measure the corpus's pair lengths K times over: a corpus K times as large.")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Config override.")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: give 1 (the corpus as it is) or more")
     cfg = load_config(args.config, args.set)
     joined = f"-joined-{args.join.replace(',', '-')}" if args.join else ""
-    run_dir = Path(args.run_dir or Path("results/bench/batch_shapes") / (Path(args.config).stem + joined))
+    run_dir = Path(args.run_dir or Path("runs/bench/batch_shapes") / (Path(args.config).stem + joined))
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.join:
         prefix = write_joined(cfg, [int(k) for k in args.join.split(",")], run_dir)
         cfg = load_config(args.config, [*args.set, f"data.train={{kind: text, path: {prefix}}}"])
     ds = prepare_run(cfg, run_dir).train
-    src_lens, tgt_lens = (a.astype(np.int64) for a in length_arrays(ds))
-    print(f"{len(ds)} training pairs; mean length {src_lens.mean():.1f} source, {tgt_lens.mean():.1f} target "
+    src_lens, tgt_lens = (np.tile(a.astype(np.int64), args.repeat) for a in length_arrays(ds))
+    times = f" (the corpus {args.repeat} times)" if args.repeat > 1 else ""
+    print(f"{len(src_lens)} training pairs{times}; mean length {src_lens.mean():.1f} source, {tgt_lens.mean():.1f} target "
           f"(ids + 1), longest {src_lens.max()} / {tgt_lens.max()}")
     head = (f"{'max_tokens':>10s} {'padding':13s} {'batches':>7s} {'shapes':>6s} {'tgt tok/batch':>13s} "
             f"{'real src %':>10s} {'real tgt %':>10s}")
@@ -121,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
             results.append(r)
             print(f"{max_tokens:10d} {name:13s} {r['batches']:7d} {r['shapes']:6d} {r['tgt_tokens_per_batch']:13.0f} "
                   f"{100 * r['real_src']:10.1f} {100 * r['real_tgt']:10.1f}", flush=True)
+        for width in PACKED:
+            r = {"max_tokens": max_tokens, "padding": f"packed {width}",
+                 **measure_packed(src_lens, tgt_lens, width, max_tokens, cfg.train.seed)}
+            results.append(r)
+            print(f"{max_tokens:10d} {r['padding']:13s} {r['batches']:7d} {r['shapes']:6d} "
+                  f"{r['tgt_tokens_per_batch']:13.0f} {100 * r['real_src']:10.1f} {100 * r['real_tgt']:10.1f}",
+                  flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nmt.config import load_config
@@ -24,11 +25,14 @@ def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {(r["max_tokens"], r["padding"]): r for r in json.loads(out.read_text())}
-    assert len(rows) == 2 * 6 and "real tgt %" in proc.stdout
+    assert len(rows) == 2 * 8 and "real tgt %" in proc.stdout
     for budget in (400, 2000):
         free, static, relative = (rows[budget, name] for name in ("free 1", "static 8", "static rel 8"))
         assert free["real_tgt"] > relative["real_tgt"] > static["real_tgt"]  # finer buckets pad less
         assert relative["shapes"] > static["shapes"]  # for more shapes
+        narrow, wide = rows[budget, "packed 128"], rows[budget, "packed 256"]
+        assert narrow["shapes"] == wide["shapes"] == 1
+        assert wide["real_tgt"] > narrow["real_tgt"] > static["real_tgt"]  # wider rows leave less at their ends
     # the static relative row again, from batches collated as training collates them
     cfg = load_config(ROOT / "configs/toy_transformer.yaml")
     ds = prepare_run(cfg, run_dir).train  # the bench's tokenizer and cache
@@ -39,6 +43,36 @@ def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path
     assert real == rows[400, "static rel 8"]["real_tgt"]
     assert len({tuple(b.src.shape) for b in batches}) == rows[400, "static rel 8"]["shapes"]
     assert int(length_arrays(ds)[1].sum()) == sum(b.ntokens for b in batches)  # every pair once
+    # the corpus's lengths three times over: three times the pairs and the batches, the same shares when packed
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml",
+                           "--max-tokens", "2000", "--run-dir", str(run_dir), "--json", str(out), "--repeat", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"{3 * len(ds)} training pairs (the corpus 3 times)")
+    tripled = {r["padding"]: r for r in json.loads(out.read_text())}
+    assert tripled["free 1"]["batches"] == pytest.approx(3 * rows[2000, "free 1"]["batches"], rel=0.05)
+    assert tripled["packed 256"]["real_tgt"] == pytest.approx(rows[2000, "packed 256"]["real_tgt"], abs=0.02)
+
+
+def test_pairs_packed_back_to_back_open_a_row_only_for_a_pair_the_last_one_cannot_hold() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from batch_shapes import packed_rows  # bench/batch_shapes.py
+
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 40, 2000), rng.integers(1, 40, 2000)
+    src[7], tgt[11] = 70, 65  # longer than a row: a row of its own
+    rows = packed_rows(src, tgt, 64)
+    assert rows[0] == 0 and set(np.diff(rows)) == {0, 1}  # rows in order, none skipped
+    src_sums, tgt_sums = np.bincount(rows, weights=src), np.bincount(rows, weights=tgt)
+    alone = np.bincount(rows)[rows[[7, 11]]]
+    assert list(alone) == [1, 1]
+    fits = np.ones(len(src_sums), dtype=bool)
+    fits[rows[[7, 11]]] = False
+    assert (src_sums[fits] <= 64).all() and (tgt_sums[fits] <= 64).all()
+    for i in np.flatnonzero(np.diff(rows)) + 1:  # each pair that opens a row overflows the row before it
+        before = rows[i - 1]
+        assert src_sums[before] + src[i] > 64 or tgt_sums[before] + tgt[i] > 64
+    assert len(packed_rows(src[:0], tgt[:0], 64)) == 0
 
 
 @pytest.mark.slow  # two tokenizers trained and two corpora tokenized (25-35 s here); CI runs it with make test-slow
