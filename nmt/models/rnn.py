@@ -47,6 +47,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.models.attention import Attention, build_attention
 from nmt.models.contract import Memory, index_select_batch
+from nmt.models.layers import Dropout, apply_dropout
 
 # The encoder hands cuDNN one direction of nn.GRU/nn.LSTM's weights at a time (`RNNEncoder._run`), which cuDNN
 # copies into a buffer of their own at each call: a copy of one layer's weights, small beside the layer's
@@ -122,7 +123,7 @@ class RNNEncoder(nn.Module):
     ) -> None:  # fmt: skip
         super().__init__()
         self.embedding = embedding
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers, self.directions, self.lstm = layers, 2 if bidirectional else 1, cell == "lstm"
         self.cell_layers = tuple(range(layers)) if cell_layers is None else tuple(cell_layers)
         if list(self.cell_layers) != sorted(set(self.cell_layers) & set(range(layers))):
@@ -174,7 +175,7 @@ class RNNEncoder(nn.Module):
         final_h, final_c = [], []
         for layer in range(self.layers):
             if layer > 0:  # nn.GRU/nn.LSTM's dropout between layers
-                x = F.dropout(x, self.rnn.dropout, self.training)
+                x = apply_dropout(x, self.rnn.dropout, self.training)
             inputs = [x] if self.directions == 1 else [x, _at_positions(x, reverse)]  # in each one's reading order
             outputs = [self._run(xs, layer, suffix) for xs, suffix in zip(inputs, ("", "_reverse"))]
             final_h.append(torch.cat([out.gather(1, last) for out in outputs], dim=-1))  # (B, 1, H)
@@ -316,7 +317,7 @@ class CellStack(nn.Module):
         cell_class = nn.LSTMCell if self.lstm else nn.GRUCell
         sizes = [input_size] + [hidden_size] * (layers - 1)
         self.cells = nn.ModuleList(cell_class(size, hidden_size) for size in sizes)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self, x: Tensor, hidden: Tensor, cell: Tensor | None
@@ -622,7 +623,7 @@ class RNNSeq2Seq(nn.Module):
         )  # fmt: skip
         self.name = "rnn/none" if decoder == "none" else f"rnn/{decoder}/{attention}"
         self.max_positions, self.has_attention = None, decoder != "none"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_output = nn.Linear(H, E, bias=False) if tied and H != E else nn.Identity()
         self.output = nn.Linear(E if tied else H, tgt_vocab_size)
         if tied:

@@ -20,7 +20,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.models.contract import Memory, check_attention_choice, index_select_batch
-from nmt.models.layers import Embedding, FeedForward, LearnedPositions, SinusoidalPositions
+from nmt.models.layers import (
+    Dropout,
+    Embedding,
+    FeedForward,
+    LearnedPositions,
+    SinusoidalPositions,
+    apply_dropout,
+)
 from nmt.models.masks import attention_bias, block_bias, causal_mask, sentences_per_row
 
 KV = tuple[Tensor, Tensor]  # keys and values, each (B, H, L, Dh)
@@ -44,7 +51,7 @@ def attention(
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))
     weights = scores.softmax(dim=-1)
-    return F.dropout(weights, dropout_p) @ v, weights
+    return apply_dropout(weights, dropout_p) @ v, weights
 
 
 class MultiHeadAttention(nn.Module):
@@ -248,7 +255,7 @@ class Residual(nn.Module):
     def __init__(self, *, d_model: int, dropout: float, pre_norm: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def normed(self, x: Tensor) -> Tensor:
@@ -362,7 +369,7 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.embed, self.positions, self.layers, self.pack = embed, positions, nn.ModuleList(layers), pack
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
 
     def forward(self, src: Tensor, pad_mask: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -393,7 +400,7 @@ class Decoder(nn.Module):
     ) -> None:
         super().__init__()
         self.embed, self.positions, self.layers, self.pack = embed, positions, nn.ModuleList(layers), pack
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm = nn.LayerNorm(embed.d_model) if pre_norm else nn.Identity()
 
     def project_memory(self, states: Tensor) -> list[KV]:

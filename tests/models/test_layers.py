@@ -4,7 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.models.layers import Embedding, FeedForward, LearnedPositions, SinusoidalPositions
+from nmt.models.layers import (
+    Dropout,
+    Embedding,
+    FeedForward,
+    LearnedPositions,
+    SinusoidalPositions,
+    apply_dropout,
+)
 
 
 def test_embedding_is_scaled_by_sqrt_d_model_and_pad_row_is_zero():
@@ -74,3 +81,40 @@ def test_feed_forward_matches_hand_computation(activation):
 def test_feed_forward_rejects_unknown_activation():
     with pytest.raises(ValueError, match="'swish'"):
         FeedForward(d_model=4, ff_dim=8, activation="swish")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_dropout_zeroes_a_share_p_and_scales_the_rest_by_one_over_one_minus_p(p: float, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    x = (torch.rand(1000, 1000) + 0.5).to(dtype).requires_grad_()  # no zeros of its own
+    y = apply_dropout(x, p)
+    kept = y != 0
+    n = kept.numel()
+    # the zeroed share is a binomial proportion: within 5 standard deviations of p
+    assert abs((1 - kept.float().mean().item()) - p) < 5 * math.sqrt(p * (1 - p) / n)
+    assert torch.equal(y[kept], x.detach()[kept] * (1.0 / (1.0 - p)))  # the same product, to the bit
+    assert y.dtype == dtype
+    w = torch.randn(1000, 1000)
+    (y.float() * w).sum().backward()  # the gradient goes through the kept elements alone, scaled alike
+    torch.testing.assert_close(x.grad, (w * kept / (1.0 - p)).to(dtype))  # to the dtype's rounding
+
+
+def test_dropout_draws_from_the_seeded_generator_and_anew_at_every_call() -> None:
+    x = torch.ones(64, 64)
+    torch.manual_seed(3)
+    first, second = apply_dropout(x, 0.3), apply_dropout(x, 0.3)
+    torch.manual_seed(3)
+    assert torch.equal(apply_dropout(x, 0.3), first)  # a resumed run that restores the RNG draws the same masks
+    assert not torch.equal(first, second)
+
+
+def test_dropout_is_the_identity_outside_training_and_at_p_0_and_zeroes_all_at_p_1() -> None:
+    x = torch.randn(8, 16)
+    assert apply_dropout(x, 0.5, training=False) is x and apply_dropout(x, 0.0) is x
+    assert torch.equal(apply_dropout(x, 1.0), torch.zeros_like(x))
+    module = Dropout(0.5)
+    assert isinstance(module, torch.nn.Dropout) and module.state_dict() == {} and repr(module) == "Dropout(p=0.5, inplace=False)"
+    assert module.eval()(x) is x
+    y = module.train()(x)
+    assert 0 < int((y == 0).sum()) < x.numel()
