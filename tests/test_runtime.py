@@ -6,6 +6,7 @@ CUDA is faked here (`fake_gpus`), so the GPU paths run on a CPU-only machine.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 
 import pytest
@@ -225,20 +226,25 @@ def test_inference_blocks_choose_the_attention_kernels_of_the_model_device():
     assert model.training
 
 
-def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_nothing_else_does(caplog):
-    """This machine's own answer decides which branch runs: the warning exactly where the CPU lacks bf16."""
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+def test_bf16_warns_on_a_cpu_whose_bf16_matrix_products_are_slower_and_nothing_else_does(caplog):
     with caplog.at_level(logging.WARNING):
-        runtime.warn_if_slow_precision(torch.device("cpu"), "bf16", "train.precision:")
-    assert ("has no bf16 instructions" in caplog.text) == (not native)
-    if not native:
-        assert caplog.text.count("\n") == 1 and "train.precision: bf16" in caplog.text and "use fp32" in caplog.text
+        runtime.warn_if_slow_precision(torch.device("cpu"), "bf16", "train.precision:", speedup=0.55)
+    assert caplog.text.count("\n") == 1
+    assert "train.precision: bf16 on this CPU" in caplog.text and "at 0.55x the speed of fp32" in caplog.text
+    assert "use fp32" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        runtime.warn_if_slow_precision(torch.device("cpu"), "fp32", "train.precision:")
-        runtime.warn_if_slow_precision(torch.device("cpu"), "fp16", "train.precision:")
-        runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "train.precision:")
+        runtime.warn_if_slow_precision(torch.device("cpu"), "bf16", "train.precision:", speedup=runtime.SLOW_HALF)
+        runtime.warn_if_slow_precision(torch.device("cpu"), "bf16", "train.precision:", speedup=1.7)
+        for precision in ("fp32", "fp16"):  # nothing is timed: these never warn
+            runtime.warn_if_slow_precision(torch.device("cpu"), precision, "train.precision:", speedup=0.01)
+        runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "train.precision:", speedup=0.01)
     assert caplog.text == ""
+
+
+def test_the_bf16_speed_probe_times_real_products():
+    speedup = runtime.half_matmul_speedup(torch.bfloat16, n=128, reps=2)
+    assert math.isfinite(speedup) and speedup > 0
 
 
 def test_host_copy_gives_the_values_as_python_numbers():
