@@ -242,9 +242,13 @@ def test_bf16_warns_on_a_cpu_whose_bf16_matrix_products_are_slower_and_nothing_e
     assert caplog.text == ""
 
 
-def test_the_bf16_speed_probe_times_real_products():
+def test_the_bf16_speed_probe_times_real_products_and_leaves_the_random_stream_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
     speedup = runtime.half_matmul_speedup(torch.bfloat16, n=128, reps=2)
     assert math.isfinite(speedup) and speedup > 0
+    assert torch.equal(torch.rand(4), expected)  # a resumed run's restored state is not drawn from
 
 
 def test_host_copy_gives_the_values_as_python_numbers():
