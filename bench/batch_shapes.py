@@ -8,7 +8,9 @@ For each token budget, it cuts an epoch of the config's training data as `nmt tr
 `collate` would (`Padding.shape`), for these paddings:
 
     free 1          each batch as long as its longest pair (the CPU's default)
-    free 8          lengths padded to a multiple of 8 (CUDA's default without CUDA graphs)
+    free 8          lengths padded to a multiple of 8 (CUDA's default without CUDA graphs: torchrun,
+                    the RNNs, `train.cuda_graphs: false`)
+    free rel 8      lengths rounded up in relative steps of at most 8 (`train.length_buckets: relative`)
     static 8        one shape per length bucket, lengths rounded to a multiple of 8, short batches
                     filled with empty pairs (CUDA graphs of a compiled model: each shape compiles)
     static 4, 2     the same with finer buckets
@@ -52,6 +54,7 @@ from nmt.train.data import length_arrays, prepare_run
 PADDINGS = {  # name: (multiple, static, relative)
     "free 1": (1, False, False),
     "free 8": (8, False, False),
+    "free rel 8": (8, False, True),
     "static 8": (8, True, False),
     "static 4": (4, True, False),
     "static 2": (2, True, False),

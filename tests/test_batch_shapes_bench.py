@@ -25,11 +25,12 @@ def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {(r["max_tokens"], r["padding"]): r for r in json.loads(out.read_text())}
-    assert len(rows) == 2 * 8 and "real tgt %" in proc.stdout
+    assert len(rows) == 2 * 9 and "real tgt %" in proc.stdout
     for budget in (400, 2000):
         free, static, relative = (rows[budget, name] for name in ("free 1", "static 8", "static rel 8"))
         assert free["real_tgt"] > relative["real_tgt"] > static["real_tgt"]  # finer buckets pad less
         assert relative["shapes"] > static["shapes"]  # for more shapes
+        assert free["real_tgt"] >= rows[budget, "free rel 8"]["real_tgt"] > rows[budget, "free 8"]["real_tgt"]
         narrow, wide = rows[budget, "packed 128"], rows[budget, "packed 256"]
         assert narrow["shapes"] == wide["shapes"] == 1
         assert wide["real_tgt"] > narrow["real_tgt"] > static["real_tgt"]  # wider rows leave less at their ends
