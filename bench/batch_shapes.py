@@ -153,21 +153,19 @@ def main(argv: list[str] | None = None) -> None:
             f"{'real src %':>10s} {'real tgt %':>10s}")
     print(head + "\n" + "-" * len(head))
     results = []
+
+    def report(max_tokens: int, name: str, measured: dict) -> None:
+        results.append({"max_tokens": max_tokens, "padding": name, **measured})
+        print(f"{max_tokens:10d} {name:13s} {measured['batches']:7d} {measured['shapes']:6d} "
+              f"{measured['tgt_tokens_per_batch']:13.0f} {100 * measured['real_src']:10.1f} "
+              f"{100 * measured['real_tgt']:10.1f}", flush=True)
+
     for max_tokens in (int(x) for x in args.max_tokens.split(",")):
         for name, (multiple, static, relative) in PADDINGS.items():
             padding = Padding(multiple=multiple, fill_tokens=max_tokens if static else 0, relative=relative)
-            r = {"max_tokens": max_tokens, "padding": name, **measure(src_lens, tgt_lens, padding, max_tokens,
-                                                                       cfg.train.seed)}
-            results.append(r)
-            print(f"{max_tokens:10d} {name:13s} {r['batches']:7d} {r['shapes']:6d} {r['tgt_tokens_per_batch']:13.0f} "
-                  f"{100 * r['real_src']:10.1f} {100 * r['real_tgt']:10.1f}", flush=True)
+            report(max_tokens, name, measure(src_lens, tgt_lens, padding, max_tokens, cfg.train.seed))
         for width in PACKED:
-            r = {"max_tokens": max_tokens, "padding": f"packed {width}",
-                 **measure_packed(src_lens, tgt_lens, width, max_tokens, cfg.train.seed)}
-            results.append(r)
-            print(f"{max_tokens:10d} {r['padding']:13s} {r['batches']:7d} {r['shapes']:6d} "
-                  f"{r['tgt_tokens_per_batch']:13.0f} {100 * r['real_src']:10.1f} {100 * r['real_tgt']:10.1f}",
-                  flush=True)
+            report(max_tokens, f"packed {width}", measure_packed(src_lens, tgt_lens, width, max_tokens, cfg.train.seed))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

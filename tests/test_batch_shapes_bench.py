@@ -18,12 +18,17 @@ from nmt.train.data import build_sampler, collated_batches, length_arrays, prepa
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path: Path) -> None:
-    out, run_dir = tmp_path / "rows.json", tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml",
-                           "--max-tokens", "400,2000", "--run-dir", str(run_dir), "--json", str(out)],
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    """bench/batch_shapes.py on the toy config with `args`, run as a user would; it must succeed."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path: Path) -> None:
+    out, run_dir = tmp_path / "rows.json", tmp_path / "run"
+    proc = run_bench("--max-tokens", "400,2000", "--run-dir", str(run_dir), "--json", str(out))
     rows = {(r["max_tokens"], r["padding"]): r for r in json.loads(out.read_text())}
     assert len(rows) == 2 * 9 and "real tgt %" in proc.stdout
     for budget in (400, 2000):
@@ -45,10 +50,7 @@ def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path
     assert len({tuple(b.src.shape) for b in batches}) == rows[400, "static rel 8"]["shapes"]
     assert int(length_arrays(ds)[1].sum()) == sum(b.ntokens for b in batches)  # every pair once
     # the corpus's lengths three times over: three times the pairs and the batches, the same shares when packed
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml",
-                           "--max-tokens", "2000", "--run-dir", str(run_dir), "--json", str(out), "--repeat", "3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_bench("--max-tokens", "2000", "--run-dir", str(run_dir), "--json", str(out), "--repeat", "3")
     assert proc.stdout.startswith(f"{3 * len(ds)} training pairs (the corpus 3 times)")
     tripled = {r["padding"]: r for r in json.loads(out.read_text())}
     assert tripled["free 1"]["batches"] == pytest.approx(3 * rows[2000, "free 1"]["batches"], rel=0.05)
@@ -81,10 +83,8 @@ def test_joined_pairs_make_longer_sentences_of_the_same_text(tmp_path: Path) -> 
     runs = []
     for join in ([], ["--join", "1,3"]):
         out = tmp_path / f"rows{len(join)}.json"
-        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "batch_shapes.py"), "configs/toy_transformer.yaml",
-                               "--max-tokens", "2000", "--run-dir", str(tmp_path / f"run{len(join)}"), "--json", str(out),
-                               "--set", "data.max_len=400", *join], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        proc = run_bench("--max-tokens", "2000", "--run-dir", str(tmp_path / f"run{len(join)}"), "--json", str(out),
+                         "--set", "data.max_len=400", *join)
         runs.append(proc.stdout.splitlines()[0])  # "N training pairs; mean length S source, T target ..."
     (plain, joined) = ([float(w) for w in line.replace(",", "").split() if w.replace(".", "").isdigit()] for line in runs)
     n = int(plain[0])
