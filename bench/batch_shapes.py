@@ -21,7 +21,11 @@ For each token budget, it cuts an epoch of the config's training data as `nmt tr
                     pair that fits on neither side opening a new row (next fit); max_tokens // N rows a
                     batch, so one shape whatever the lengths
 
-and prints the batches in the epoch, the distinct batch shapes (what static shapes record a CUDA
+Free rows are measured in both orders of `train.batch_order` (pairs sorted by their longer side
+alone, or by it, then the source and target lengths); static rows pad both sides of every batch
+to its bucket's length whatever the order ("any").
+
+It prints the batches in the epoch, the distinct batch shapes (what static shapes record a CUDA
 graph, and a compiled model a compilation, for), the target tokens per batch, and the share of
 the computed source and target positions that hold a real token. The rest is padding, computed
 for nothing: on a GPU whose step is bound by its kernels, throughput in real tokens is about that
@@ -61,6 +65,7 @@ PADDINGS = {  # name: (multiple, static, relative)
     "static rel 8": (8, True, True),
 }
 PACKED = (128, 256)  # row widths of the `packed N` rows
+ORDERS = ("longer", "lengths")  # train.batch_order of the free rows
 
 
 def packed_rows(src_lens: np.ndarray, tgt_lens: np.ndarray, width: int) -> np.ndarray:
@@ -88,10 +93,12 @@ def measure_packed(src_lens: np.ndarray, tgt_lens: np.ndarray, width: int, max_t
             "real_src": real_src / max(rows * width, 1), "real_tgt": real_tgt / max(rows * width, 1)}
 
 
-def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, padding: Padding, max_tokens: int, seed: int) -> dict:
-    """Batches, shapes and real shares of one epoch of pairs of these lengths, cut and shaped as `padding` says."""
+def measure(src_lens: np.ndarray, tgt_lens: np.ndarray, padding: Padding, max_tokens: int, seed: int,
+            order: str) -> dict:
+    """Batches, shapes and real shares of one epoch of pairs of these lengths, sorted in `order`
+    (`train.batch_order`), cut and shaped as `padding` says."""
     sampler = TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=True, seed=seed,
-                                rounding=padding.sampler_rounding)  # as `build_sampler` cuts training's
+                                rounding=padding.sampler_rounding, order=order)  # as `build_sampler` cuts training's
     batches = sampler.batch_list(0)
     shapes, computed_src, computed_tgt = set(), 0, 0
     for rows in batches:
@@ -149,23 +156,26 @@ def main(argv: list[str] | None = None) -> None:
     times = f" (the corpus {args.repeat} times)" if args.repeat > 1 else ""
     print(f"{len(src_lens)} training pairs{times}; mean length {src_lens.mean():.1f} source, {tgt_lens.mean():.1f} target "
           f"(ids + 1), longest {src_lens.max()} / {tgt_lens.max()}")
-    head = (f"{'max_tokens':>10s} {'padding':13s} {'batches':>7s} {'shapes':>6s} {'tgt tok/batch':>13s} "
+    head = (f"{'max_tokens':>10s} {'padding':13s} {'order':8s} {'batches':>7s} {'shapes':>6s} {'tgt tok/batch':>13s} "
             f"{'real src %':>10s} {'real tgt %':>10s}")
     print(head + "\n" + "-" * len(head))
     results = []
 
-    def report(max_tokens: int, name: str, measured: dict) -> None:
-        results.append({"max_tokens": max_tokens, "padding": name, **measured})
-        print(f"{max_tokens:10d} {name:13s} {measured['batches']:7d} {measured['shapes']:6d} "
+    def report(max_tokens: int, name: str, order: str, measured: dict) -> None:
+        results.append({"max_tokens": max_tokens, "padding": name, "order": order, **measured})
+        print(f"{max_tokens:10d} {name:13s} {order:8s} {measured['batches']:7d} {measured['shapes']:6d} "
               f"{measured['tgt_tokens_per_batch']:13.0f} {100 * measured['real_src']:10.1f} "
               f"{100 * measured['real_tgt']:10.1f}", flush=True)
 
     for max_tokens in (int(x) for x in args.max_tokens.split(",")):
         for name, (multiple, static, relative) in PADDINGS.items():
             padding = Padding(multiple=multiple, fill_tokens=max_tokens if static else 0, relative=relative)
-            report(max_tokens, name, measure(src_lens, tgt_lens, padding, max_tokens, cfg.train.seed))
+            for order in ("any",) if static else ORDERS:  # static batches pad both sides to their bucket: any order
+                report(max_tokens, name, order,
+                       measure(src_lens, tgt_lens, padding, max_tokens, cfg.train.seed, order.replace("any", "lengths")))
         for width in PACKED:
-            report(max_tokens, f"packed {width}", measure_packed(src_lens, tgt_lens, width, max_tokens, cfg.train.seed))
+            report(max_tokens, f"packed {width}", "shuffled",
+                   measure_packed(src_lens, tgt_lens, width, max_tokens, cfg.train.seed))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

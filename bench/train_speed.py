@@ -226,7 +226,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     row.params = count_parameters(parts.model)
     padding = batch_padding(tc, device, cfg.model)
     sampler = build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed,
-                            rounding=padding.sampler_rounding)
+                            rounding=padding.sampler_rounding, order=tc.batch_order)
     prepare_step(parts, tc, device, Dist(), shapes=batch_shape_count(sampler, tc, device))
     lists = sampler.batch_list(0)[: steps + warmup]
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]

@@ -29,14 +29,22 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path: Path) -> None:
     out, run_dir = tmp_path / "rows.json", tmp_path / "run"
     proc = run_bench("--max-tokens", "400,2000", "--run-dir", str(run_dir), "--json", str(out))
-    rows = {(r["max_tokens"], r["padding"]): r for r in json.loads(out.read_text())}
-    assert len(rows) == 2 * 9 and "real tgt %" in proc.stdout
+    rows = {(r["max_tokens"], r["padding"], r["order"]): r for r in json.loads(out.read_text())}
+    assert len(rows) == 2 * 12 and "real tgt %" in proc.stdout
+
+    def row(budget: int, padding: str, order: str = "any") -> dict:
+        return rows[budget, padding, order]
+
     for budget in (400, 2000):
-        free, static, relative = (rows[budget, name] for name in ("free 1", "static 8", "static rel 8"))
+        free, static, relative = row(budget, "free 1", "longer"), row(budget, "static 8"), row(budget, "static rel 8")
         assert free["real_tgt"] > relative["real_tgt"] > static["real_tgt"]  # finer buckets pad less
         assert relative["shapes"] > static["shapes"]  # for more shapes
-        assert free["real_tgt"] >= rows[budget, "free rel 8"]["real_tgt"] > rows[budget, "free 8"]["real_tgt"]
-        narrow, wide = rows[budget, "packed 128"], rows[budget, "packed 256"]
+        assert free["real_tgt"] >= row(budget, "free rel 8", "longer")["real_tgt"] > row(budget, "free 8", "longer")["real_tgt"]
+        for name in ("free 1", "free 8", "free rel 8"):  # sorted by both lengths, free batches pad less
+            by_lengths, by_longer = row(budget, name, "lengths"), row(budget, name, "longer")
+            assert by_lengths["real_tgt"] > by_longer["real_tgt"] and by_lengths["real_src"] > by_longer["real_src"]
+            assert by_lengths["batches"] == by_longer["batches"]
+        narrow, wide = row(budget, "packed 128", "shuffled"), row(budget, "packed 256", "shuffled")
         assert narrow["shapes"] == wide["shapes"] == 1
         assert wide["real_tgt"] > narrow["real_tgt"] > static["real_tgt"]  # wider rows leave less at their ends
     # the static relative row again, from batches collated as training collates them
@@ -46,15 +54,17 @@ def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path
     sampler = build_sampler(ds, max_tokens=400, shuffle=True, seed=cfg.train.seed, rounding=padding.sampler_rounding)
     batches = list(collated_batches(ds, sampler.batch_list(0), padding=padding))
     real = sum(b.ntokens for b in batches) / sum(b.tgt_out.numel() for b in batches)
-    assert real == rows[400, "static rel 8"]["real_tgt"]
-    assert len({tuple(b.src.shape) for b in batches}) == rows[400, "static rel 8"]["shapes"]
+    assert real == rows[400, "static rel 8", "any"]["real_tgt"]
+    assert len({tuple(b.src.shape) for b in batches}) == rows[400, "static rel 8", "any"]["shapes"]
     assert int(length_arrays(ds)[1].sum()) == sum(b.ntokens for b in batches)  # every pair once
     # the corpus's lengths three times over: three times the pairs and the batches, the same shares when packed
     proc = run_bench("--max-tokens", "2000", "--run-dir", str(run_dir), "--json", str(out), "--repeat", "3")
     assert proc.stdout.startswith(f"{3 * len(ds)} training pairs (the corpus 3 times)")
-    tripled = {r["padding"]: r for r in json.loads(out.read_text())}
-    assert tripled["free 1"]["batches"] == pytest.approx(3 * rows[2000, "free 1"]["batches"], rel=0.05)
-    assert tripled["packed 256"]["real_tgt"] == pytest.approx(rows[2000, "packed 256"]["real_tgt"], abs=0.02)
+    tripled = {(r["padding"], r["order"]): r for r in json.loads(out.read_text())}
+    assert tripled["free 1", "lengths"]["batches"] == pytest.approx(3 * rows[2000, "free 1", "lengths"]["batches"],
+                                                                    rel=0.05)
+    assert tripled["packed 256", "shuffled"]["real_tgt"] == pytest.approx(
+        rows[2000, "packed 256", "shuffled"]["real_tgt"], abs=0.02)
 
 
 def test_pairs_packed_back_to_back_open_a_row_only_for_a_pair_the_last_one_cannot_hold() -> None:

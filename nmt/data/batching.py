@@ -14,7 +14,7 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -349,10 +349,14 @@ class TokenBatchSampler(Sampler[list[int]]):
     """Batches of row indices under a token budget, bucketed by length, sharded over ranks.
 
     Each epoch: shuffle the rows (seeded by seed and epoch, so equal lengths mix
-    differently each epoch), stable-sort them by length, longest first, cut the
-    sorted list greedily into batches of at most `max_tokens` tokens counted as
-    `len(batch) * max(src_len, tgt_len)` (a sentence longer than the budget is a
-    batch of its own), then shuffle the order of the batches. With a `rounding`, lengths
+    differently each epoch), stable-sort them by their longer side, longest first (with
+    `order="lengths"`, then by source length, then by target length, so that a batch's
+    pairs share both lengths and one padded to its longest source and longest target
+    pads little), cut the sorted list greedily into batches of at most `max_tokens` tokens
+    counted as `len(batch) * max(src_len, tgt_len)` (a sentence longer than the budget is
+    a batch of its own), then shuffle the order of the batches. The cut depends on the
+    longer sides alone, so both orders give an epoch the same number of batches, of the
+    same sizes. With a `rounding`, lengths
     count as rounded up by it, as `collate` pads them, so that every batch starting in
     one length bucket takes the same number of rows (what batches of static shapes
     need: `Padding.sampler_rounding`).
@@ -383,10 +387,13 @@ class TokenBatchSampler(Sampler[list[int]]):
         rank, world_size: this process's shard.
         parts: (rows, weight) of each corpus, in row order; the rows must add up to N.
         rounding: count each length as rounded up by this.
+        order: "lengths" sorts by the longer side, then the source and target lengths (each rounded);
+            "longer" by the longer side alone (`train.batch_order`).
 
     Raises:
         ValueError: lengths that are not 1-D arrays of the same length, max_tokens < 1, a bad
-            rank, or parts that do not cover the rows or have a weight that is not above 0.
+            rank, parts that do not cover the rows or have a weight that is not above 0, or an
+            unknown order.
     """
 
     def __init__(
@@ -401,6 +408,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         world_size: int = 1,
         parts: Sequence[tuple[int, float]] | None = None,
         rounding: Rounding = Rounding(),
+        order: Literal["lengths", "longer"] = "lengths",
     ) -> None:
         src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
         if src.ndim != 1 or src.shape != tgt.shape:
@@ -415,8 +423,16 @@ class TokenBatchSampler(Sampler[list[int]]):
             if not all(math.isfinite(w) and w > 0 for _, w in parts):
                 raise ValueError(f"parts {list(parts)}: every weight must be a finite number above 0")
         self.parts = None if parts is None or all(w == 1 for _, w in parts) else [(int(r), float(w)) for r, w in parts]
+        if order not in ("longer", "lengths"):
+            raise ValueError(f"order ({order!r}) must be 'lengths' or 'longer'")
         longer = np.maximum(src, tgt).astype(np.int32, copy=False)  # (N,)
         self.lengths = rounding(longer)
+        # (-longer, source, target), rounded, as one int64 for one stable sort (exact below 2 million positions)
+        self.sort_key: np.ndarray | None = None
+        if order == "lengths" and len(src):
+            s, t = (rounding(a.astype(np.int64, copy=False)) for a in (src, tgt))
+            m = int(max(s.max(), t.max())) + 1
+            self.sort_key = (-self.lengths.astype(np.int64) * m + s) * m + t
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
@@ -444,7 +460,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, epoch])
         rows = np.arange(len(self.lengths)) if self.parts is None else self._weighted_rows(self.parts, epoch)
         order = rows[rng.permutation(len(rows))] if self.shuffle else rows
-        order = order[np.argsort(-self.lengths[order], kind="stable")].astype(np.int32)  # longest first
+        key = -self.lengths[order] if self.sort_key is None else self.sort_key[order]
+        order = order[np.argsort(key, kind="stable")].astype(np.int32)  # longest first
         bounds = _chunk_bounds(self.lengths[order], self.max_tokens).astype(np.int32)
         starts, ends = bounds[:-1], bounds[1:]
         if self.shuffle:

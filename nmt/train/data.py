@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from datasets import concatenate_datasets
@@ -102,13 +102,14 @@ def _one_after_another(splits: list[Any]) -> Any:
 
 
 def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                  parts: Sequence[tuple[int, float]] | None = None, rounding: Rounding = Rounding()) -> TokenBatchSampler:
+                  parts: Sequence[tuple[int, float]] | None = None, rounding: Rounding = Rounding(),
+                  order: Literal["lengths", "longer"] = "lengths") -> TokenBatchSampler:
     """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`);
     `parts` weights the corpora the split is made of (`RunData.train_parts`); lengths count as `rounding`
-    rounds them up (`Padding.sampler_rounding`)."""
+    rounds them up (`Padding.sampler_rounding`); `order` is `train.batch_order`."""
     src_lens, tgt_lens = length_arrays(ds)
     return TokenBatchSampler(src_lens=src_lens, tgt_lens=tgt_lens, max_tokens=max_tokens, shuffle=shuffle, seed=seed,
-                             rank=rank, world_size=world_size, parts=parts, rounding=rounding)
+                             rank=rank, world_size=world_size, parts=parts, rounding=rounding, order=order)
 
 
 def batch_padding(tc: TrainConfig, device: torch.device, model: ModelConfig | None = None) -> Padding:

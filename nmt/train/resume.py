@@ -162,6 +162,11 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
         seed_everything(cfg.train.seed + ctx.rank + progress.step)
         log.warning("%s was written by %d processes, now %d: data order and random streams change on resume",
                     path, len(states), ctx.world_size)
+    order = payload.get("config", {}).get("train", {}).get("batch_order", "longer")  # before the key: longer
+    if order != cfg.train.batch_order and ctx.is_main:
+        log.warning("%s was trained with train.batch_order: %s, now %s: this epoch's remaining batches are cut in "
+                    "the new order, so some of its pairs come again and others not until the next epoch; set "
+                    "train.batch_order: %s to resume in the run's order", path, order, cfg.train.batch_order, order)
     if ctx.is_main:
         log.info("resumed from %s at step %d", path, progress.step)
     return progress

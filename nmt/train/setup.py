@@ -167,7 +167,7 @@ def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dis
     """This rank's shuffled token-budget batches of the training split, cut as `device`'s batch padding needs."""
     return build_sampler(data.train, max_tokens=tc.max_tokens, shuffle=True, seed=tc.seed, rank=ctx.rank,
                          world_size=ctx.world_size, parts=data.train_parts,
-                         rounding=batch_padding(tc, device).sampler_rounding)
+                         rounding=batch_padding(tc, device).sampler_rounding, order=tc.batch_order)
 
 
 def _prepare_first(cfg: ExperimentConfig, run_dir: Path, restart: bool, tokenizer: Tokenizer | None) -> RunData:

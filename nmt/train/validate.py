@@ -36,7 +36,7 @@ def validate(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: tor
     """{"loss", "ppl"} on the validation set, plus `eval.metrics` (and the early-stopping metric)
     of greedy translations when `train.valid_bleu`. Leaves the model in training mode."""
     tc, valid = cfg.train, data.valid
-    sampler = build_sampler(valid, max_tokens=tc.max_tokens, shuffle=False, seed=0)
+    sampler = build_sampler(valid, max_tokens=tc.max_tokens, shuffle=False, seed=0, order=tc.batch_order)
     loss_sum = nll_sum = 0.0
     ntok = 0
     with inference(model):

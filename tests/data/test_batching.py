@@ -19,6 +19,7 @@ from nmt.data.dataset import length_arrays
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MAX_TOKENS = 400
+ORDERS = ["lengths", "longer"]  # train.batch_order
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +51,9 @@ def test_budget_counts_padding_and_long_sentences_stand_alone(lengths) -> None:
     assert sum(cost(b, lengths) for b in batches) < 1.1 * real
 
 
-def test_every_pair_once_per_epoch(lengths) -> None:
-    s = sampler(lengths)
+@pytest.mark.parametrize("order", ORDERS)
+def test_every_pair_once_per_epoch(lengths, order: str) -> None:
+    s = sampler(lengths, order=order)
     for epoch in (0, 1):
         s.set_epoch(epoch)
         seen = sorted(i for batch in s for i in batch)
@@ -59,12 +61,13 @@ def test_every_pair_once_per_epoch(lengths) -> None:
         assert len(s) == len(s.batch_list(epoch))
 
 
-def test_same_seed_and_epoch_same_batches_otherwise_different(lengths) -> None:
-    a, b = sampler(lengths, seed=3), sampler(lengths, seed=3)
+@pytest.mark.parametrize("order", ORDERS)
+def test_same_seed_and_epoch_same_batches_otherwise_different(lengths, order: str) -> None:
+    a, b = sampler(lengths, seed=3, order=order), sampler(lengths, seed=3, order=order)
     assert a.batch_list(0) == b.batch_list(0)
     assert a.batch_list(1) == b.batch_list(1)
     assert a.batch_list(0) != a.batch_list(1)
-    assert sampler(lengths, seed=4).batch_list(1) != a.batch_list(1)
+    assert sampler(lengths, seed=4, order=order).batch_list(1) != a.batch_list(1)
     b.set_epoch(1)
     assert list(b) == a.batch_list(1)
 
@@ -77,10 +80,59 @@ def test_without_shuffle_batches_go_longest_first(lengths) -> None:
     assert batches == sampler(lengths, shuffle=False).batch_list(0)
 
 
+def epoch_order(s: TokenBatchSampler, epoch: int) -> np.ndarray:
+    """The rows of an epoch in the sorted order its batches were cut from, before the batches were shuffled."""
+    return s.batch_list(epoch).order
+
+
+@pytest.mark.parametrize("rounding", [Rounding(), Rounding(8), Rounding(8, relative=True)],
+                         ids=["as-is", "multiple", "relative"])
+def test_lengths_order_sorts_by_the_longer_side_then_source_then_target_each_rounded(lengths, rounding) -> None:
+    src, tgt = lengths
+    for epoch in (0, 1):
+        order = epoch_order(sampler(lengths, rounding=rounding, order="lengths"), epoch)
+        assert sorted(order.tolist()) == list(range(len(src)))
+        keys = list(zip(-rounding(np.maximum(src, tgt))[order], rounding(src)[order], rounding(tgt)[order]))
+        assert keys == sorted(keys)
+    # pairs of equal keys come in a shuffled order, drawn afresh each epoch
+    first, second = (epoch_order(sampler(lengths, rounding=rounding, order="lengths"), e).tolist() for e in (0, 1))
+    assert first != second
+
+
+def test_longer_order_sorts_by_the_longer_side_alone(lengths) -> None:
+    src, tgt = lengths
+    order = epoch_order(sampler(lengths, order="longer"), 0)
+    longer = np.maximum(src, tgt)[order]
+    assert (np.diff(longer) <= 0).all()
+    assert (np.diff(src[order])[np.diff(longer) == 0] < 0).any()  # within a length the sources are not sorted
+
+
+@pytest.mark.parametrize("rounding", [Rounding(), Rounding(8)], ids=["as-is", "multiple"])
+def test_lengths_order_pads_free_batches_less_with_the_same_batch_sizes(lengths, rounding) -> None:
+    """Each batch padded to its longest source and its longest target, as free shapes are: the lengths order
+    computes fewer padding positions on both sides, while an epoch keeps its number of batches and their sizes
+    (the same steps per epoch), since both cut the same sorted run of longer lengths."""
+    src, tgt = lengths
+    padded = {}
+    for order in ORDERS:
+        batches = sampler(lengths, rounding=rounding, order=order).batch_list(0)
+        padded[order] = (sum(len(b) * rounding(int(src[b].max())) for b in batches),
+                         sum(len(b) * rounding(int(tgt[b].max())) for b in batches),
+                         sorted(len(b) for b in batches))
+    assert padded["lengths"][0] < padded["longer"][0] and padded["lengths"][1] < padded["longer"][1]
+    assert padded["lengths"][2] == padded["longer"][2]
+
+
+def test_an_unknown_order_is_refused(lengths) -> None:
+    with pytest.raises(ValueError, match="order .'source'. must be 'lengths' or 'longer'"):
+        sampler(lengths, order="source")
+
+
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_rank_shards_are_disjoint_equal_and_cover_everything(lengths, world_size: int) -> None:
-    n_single = len(sampler(lengths).batch_list(0))
-    shards = [sampler(lengths, rank=r, world_size=world_size).batch_list(2) for r in range(world_size)]
+def test_rank_shards_are_disjoint_equal_and_cover_everything(lengths, world_size: int, order: str) -> None:
+    n_single = len(sampler(lengths, order=order).batch_list(0))
+    shards = [sampler(lengths, rank=r, world_size=world_size, order=order).batch_list(2) for r in range(world_size)]
     assert len({len(shard) for shard in shards}) == 1  # every rank steps the same number of times
     assert len(shards[0]) * world_size >= n_single
     seen = [i for shard in shards for batch in shard for i in batch]

@@ -181,3 +181,21 @@ def test_mixed_precision_on_cuda_with_pinned_worker_batches(precision, small_cor
     summary = train(tiny_cfg(small_corpus, run, device="cuda", precision=precision, num_workers=1, max_steps=4))
     assert summary["step"] == 4 and math.isfinite(summary["last_valid"]["loss"])
     assert all(r["peak_mem_mb"] > 0 for r in records(run, "train"))
+
+
+def test_resuming_in_another_batch_order_warns_and_the_same_order_does_not(small_corpus, tmp_path, caplog):
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, batch_order="longer"))
+    with caplog.at_level(logging.WARNING):
+        train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=3, batch_order="longer"))
+    assert not [r for r in caplog.records if "batch_order" in r.getMessage()]
+    with caplog.at_level(logging.WARNING):
+        summary = train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=4, batch_order="lengths"))
+    [message] = [r.getMessage() for r in caplog.records if "batch_order" in r.getMessage()]
+    assert message.startswith(f"{tmp_path / 'run' / 'ckpt_3.pt'} was trained with train.batch_order: longer, now "
+                              "lengths: ") and message.endswith("set train.batch_order: longer to resume in the run's "
+                                                                 "order")
+    assert summary["step"] == 4
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=5, batch_order="lengths"))
+    assert not [r for r in caplog.records if "batch_order" in r.getMessage()]  # the checkpoint keeps its order
