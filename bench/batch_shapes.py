@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             padding = Padding(multiple=multiple, fill_tokens=max_tokens if static else 0, relative=relative)
             for order in ("any",) if static else ORDERS:  # static batches pad both sides to their bucket: any order
                 report(max_tokens, name, order,
-                       measure(src_lens, tgt_lens, padding, max_tokens, cfg.train.seed, order.replace("any", "lengths")))
+                       measure(src_lens, tgt_lens, padding, max_tokens, cfg.train.seed, order.replace("any", "longer")))
         for width in PACKED:
             report(max_tokens, f"packed {width}", "shuffled",
                    measure_packed(src_lens, tgt_lens, width, max_tokens, cfg.train.seed))

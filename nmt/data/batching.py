@@ -408,7 +408,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         world_size: int = 1,
         parts: Sequence[tuple[int, float]] | None = None,
         rounding: Rounding = Rounding(),
-        order: Literal["lengths", "longer"] = "lengths",
+        order: Literal["longer", "lengths"] = "longer",
     ) -> None:
         src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
         if src.ndim != 1 or src.shape != tgt.shape:

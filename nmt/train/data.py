@@ -103,7 +103,7 @@ def _one_after_another(splits: list[Any]) -> Any:
 
 def build_sampler(ds, *, max_tokens: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
                   parts: Sequence[tuple[int, float]] | None = None, rounding: Rounding = Rounding(),
-                  order: Literal["lengths", "longer"] = "lengths") -> TokenBatchSampler:
+                  order: Literal["longer", "lengths"] = "longer") -> TokenBatchSampler:
     """The token-budget sampler over a tokenized split, its lengths read straight from Arrow (`length_arrays`);
     `parts` weights the corpora the split is made of (`RunData.train_parts`); lengths count as `rounding`
     rounds them up (`Padding.sampler_rounding`); `order` is `train.batch_order`."""
