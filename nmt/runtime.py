@@ -42,7 +42,8 @@ def pick_device(name: str = "auto") -> torch.device:
         index, count = int(numbered[1]), torch.cuda.device_count() if torch.cuda.is_available() else 0
         if index >= count:
             have = f"{count} CUDA device{'s' if count != 1 else ''}" + (f" (cuda:0 to cuda:{count - 1})" if count else "")
-            raise UserError(f"device {name!r} (--device): this machine has {have}; use 'auto' or 'cpu'")
+            raise UserError(f"device {name!r} (train.device or --device): this machine has {have}; use 'auto' or 'cpu'")
+        torch.cuda.set_device(index)  # what CUDA calls without a device (streams, recorded graphs) then use
         return torch.device("cuda", index)
     if name == "auto":
         if torch.cuda.is_available():
@@ -353,11 +354,15 @@ def init_distributed(device_name: str = "auto") -> Dist:
     """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU.
 
     Raises:
-        UserError: NCCL with more processes on this node than GPUs (see `check_gpus_per_node`).
+        UserError: NCCL with more processes on this node than GPUs (see `check_gpus_per_node`); a GPU by
+            number (`cuda:N`), where each process takes the GPU of its LOCAL_RANK.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return Dist()
+    if CUDA_INDEX.fullmatch(device_name):
+        raise UserError(f"train.device: {device_name} names one GPU, but torchrun gives each of its {world_size} "
+                        f"processes the GPU of its LOCAL_RANK; set train.device: cuda (or auto)")
     if not dist.is_initialized():
         use_nccl = device_name in ("auto", "cuda") and torch.cuda.is_available()
         if use_nccl:  # check before touching a GPU or waiting for the other ranks

@@ -48,7 +48,8 @@ REFUSED = [
     ("max_positions-absurd", "model:\n  transformer:\n    max_positions: 1000000000\n",
      r"model.transformer.max_positions: 1000000000 must be in \[1, 65536\]$"),
     ("tokenizer-max_sentences-zero", "tokenizer:\n  max_sentences: 0\n", r"tokenizer.max_sentences: 0 must be >= 1$"),
-    ("device-tpu", "train:\n  device: tpu\n", r"train.device: 'tpu' is not one of 'auto', 'cpu', 'cuda', 'mps'"),
+    ("device-tpu", "train:\n  device: tpu\n", r"train.device: 'tpu' is not one of 'auto', 'cpu', 'cuda', 'mps' or 'cuda:N'$"),
+    ("device-cuda-letter", "train:\n  device: cuda:x\n", r"train.device: 'cuda:x' is not one of .* or 'cuda:N'$"),
     ("compile_dynamic-number", "train:\n  compile_dynamic: 0\n",  # 0 == False in Python, not in the config
      r"train.compile_dynamic: 0 is not one of 'auto', true, false$"),
     ("character_coverage-zero", "tokenizer:\n  character_coverage: 0\n",
@@ -63,6 +64,7 @@ ACCEPTED = [
     ("beta-zero", "train:\n  betas: [0, 0.999]\n", ("train", "betas"), (0.0, 0.999)),
     ("eps-zero", "train:\n  eps: 0\n", ("train", "eps"), 0.0),
     ("seed-zero", "train:\n  seed: 0\n", ("train", "seed"), 0),
+    ("device-cuda-number", "train:\n  device: cuda:1\n", ("train", "device"), "cuda:1"),
     ("compile_dynamic-false", "train:\n  compile_dynamic: false\n  batch_shapes: static\n", ("train", "compile_dynamic"),
      False),
     ("seed-largest", "train:\n  seed: 4294967295\n", ("train", "seed"), 4294967295),
@@ -187,8 +189,34 @@ def test_a_gpu_by_number_on_a_machine_without_one_is_one_line(tiny_config_file, 
     proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(tmp_path / "model.pt"), "--device",
                            "cuda:1"], input="Hallo\n", capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr == ("nmt: error: device 'cuda:1' (--device): this machine has 0 CUDA devices; "
+    assert proc.stderr == ("nmt: error: device 'cuda:1' (train.device or --device): this machine has 0 CUDA devices; "
                            "use 'auto' or 'cpu'\n")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the message of a machine without CUDA")
+def test_training_on_a_gpu_by_number_on_a_machine_without_one_is_one_line(tiny_config_file):
+    proc = subprocess.run([sys.executable, "-m", "nmt", "train", str(tiny_config_file), "--set", "train.device=cuda:0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == ("nmt: error: device 'cuda:0' (train.device or --device): this machine has "
+                                            "0 CUDA devices; use 'auto' or 'cpu'")
+
+
+def test_a_gpu_by_number_under_torchrun_is_refused_before_the_group_is_joined(monkeypatch):
+    """torchrun gives each process the GPU of its LOCAL_RANK: one number for every process would put them all on one
+    GPU, so it is refused in one line, before any process waits for the others."""
+    import torch.distributed as dist
+
+    from nmt.errors import UserError
+    from nmt.runtime import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(UserError, match=r"^train.device: cuda:1 names one GPU, but torchrun gives each of its 2 "
+                                        r"processes the GPU of its LOCAL_RANK; set train.device: cuda \(or auto\)$"):
+        init_distributed("cuda:1")
+    assert not dist.is_initialized()
 
 
 def test_a_gpu_number_past_the_machine_s_gpus_names_how_many_there_are():
@@ -196,7 +224,8 @@ def test_a_gpu_number_past_the_machine_s_gpus_names_how_many_there_are():
     from nmt.runtime import pick_device
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(UserError, match=rf"^device 'cuda:{count}' \(--device\): this machine has {count} CUDA dev"):
+    with pytest.raises(UserError, match=rf"^device 'cuda:{count}' \(train.device or --device\): this machine has "
+                                        rf"{count} CUDA dev"):
         pick_device(f"cuda:{count}")
     if count:
         assert pick_device("cuda:0") == torch.device("cuda", 0)

@@ -21,9 +21,9 @@ from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 DEVICES: tuple[str, ...] = get_args(Device)
-"""The devices `train.device` and `--device` accept."""
+"""The devices `train.device` and `--device` accept by name."""
 CUDA_INDEX = re.compile(r"cuda:(\d{1,4})")
-"""`cuda:N`, one GPU by number: the inference commands' `--device` accepts it besides `DEVICES`."""
+"""`cuda:N`, one GPU by number: `train.device` and `--device` accept it besides `DEVICES`."""
 
 
 def device_problem(name: str) -> str | None:
@@ -31,6 +31,19 @@ def device_problem(name: str) -> str | None:
     if name in DEVICES or CUDA_INDEX.fullmatch(name):
         return None
     return f"not one of {', '.join(map(repr, DEVICES))} or 'cuda:N'"
+
+
+@dataclass(frozen=True)
+class DeviceNames:
+    """The valid values of a device key, checked as a `Range` is: one of `DEVICES`, or `cuda:N`."""
+
+    def __str__(self) -> str:
+        return f"{', '.join(DEVICES)} or cuda:N"
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` names no device; None where it names one."""
+        problem = device_problem(value) if isinstance(value, str) else None
+        return f"{value!r} is {problem}" if problem else None
 
 
 @dataclass(frozen=True)
@@ -91,8 +104,8 @@ def num(default: Any, **bounds: Any) -> Any:
     return field(default=default, metadata={"range": Range(**bounds)})
 
 
-def range_of(f: dataclasses.Field) -> Range | None:
-    """The valid range of a config field, or None for a non-numeric one."""
+def range_of(f: dataclasses.Field) -> Range | DeviceNames | None:
+    """The valid range of a config field (its valid names for a device), or None for another."""
     return f.metadata.get("range")
 
 
@@ -326,8 +339,8 @@ class TrainConfig:
     """A checkpoint whose weights, `model` and `tokenizer` sections and sentencepiece models start this run (fine-tuning, domain adaptation): the optimizer and schedule start afresh, and the run validates at step 0 to show where it starts. Ignored once the run directory has checkpoints of its own (it resumes from them)."""
     seed: int = num(1234, lo=0, hi=2**32 - 1)
     """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
-    device: Device = "auto"
-    """`auto` picks CUDA, then MPS, then CPU. Under torchrun each process takes the GPU of its LOCAL_RANK."""
+    device: str = field(default="auto", metadata={"range": DeviceNames()})
+    """`auto` picks CUDA, then MPS, then CPU; `cuda:N`, one GPU by number. Under torchrun each process takes the GPU of its LOCAL_RANK, so there give `cuda` or `auto`, not a number."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision. bf16 and fp16: on a copy of the weights in that precision or under autocast (`half_weights`); fp16 with a gradient scaler. On a GPU, bf16 pays for large models (Transformer-base); a model of Multi30k's size, whose eager step is bound by kernel launches rather than arithmetic, trains about as fast in fp32 (TF32 matrix products) when eager, and faster in bf16 with `train.cuda_graphs` (941k against 730k target tokens/s on an H200). On a CPU, bf16 pays only where the CPU multiplies bf16 matrices faster than fp32 ones, which its instruction flags do not tell: a 2-core Intel Xeon VM with AVX512-BF16 and no AMX trained the Multi30k Transformer at 0.55x fp32's speed in bf16, an AVX2-only AMD EPYC 26x slower; training and translation time one matrix product each way and warn where bf16's is slower. fp16 runs on a CPU but is slow."""
     half_weights: Literal["auto", True, False] = "auto"
