@@ -22,17 +22,21 @@ from nmt.config import ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.errors import CheckpointError
 from nmt.metrics import score
-from nmt.runtime import is_main_process
+from nmt.runtime import is_main_process, pick_device
 from nmt.train.loop import train
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
 
 
-def hardware() -> str:
-    """A short description of the machine the numbers come from (and, under torchrun, how many processes)."""
-    if torch.cuda.is_available():
-        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}"
+def hardware(device: torch.device) -> str:
+    """A short description of what trained on `device`: its GPUs (one a process), or the CPU (and, under torchrun,
+    how many processes)."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if device.type == "cuda":  # the GPUs this run used, not all the machine has
+        return f"{processes}x {torch.cuda.get_device_name(device)}"
+    if device.type == "mps":
+        return "Apple GPU (MPS)"
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -43,7 +47,6 @@ def hardware() -> str:
         pass
     threads = torch.get_num_threads()
     per_process = f"{threads} thread{'s' if threads > 1 else ''}"
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
     if processes > 1:
         per_process = f"{processes} processes x {per_process}"
     return f"CPU, {os.cpu_count()} cores, {per_process} ({model})"
@@ -126,7 +129,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "train_seconds": summary["train_seconds"],
         "stopped_by": summary["stop"],
         "tokens_per_s": training_speed(run_dir / "metrics.jsonl"),
-        "hardware": hardware(),
+        "hardware": hardware(pick_device(cfg.train.device)),
         "valid": summary["last_valid"],
         "test": tests,
     }

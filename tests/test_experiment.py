@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import load_config
-from nmt.experiment import pick_checkpoint
+from nmt.experiment import hardware, pick_checkpoint
 from nmt.results import END, START, main, results_table
 from nmt.translate import Translator
 
@@ -35,8 +35,8 @@ def test_experiment_records_scores_cost_and_overrides(experiment_result, small_c
     assert r["checkpoint"] == str(tmp_path / "run" / "best.pt") and r["valid_by_checkpoint"] == {}
     assert r["overrides"] == ["--set train.max_steps=4", "--set decode.beam=1"]
     assert r["parameters"] > 0 and r["train_seconds"] > 0 and r["tokens_per_s"] > 0
-    if not torch.cuda.is_available():
-        assert r["hardware"].startswith(f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} thread")
+    trained_on = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")  # train.device auto
+    assert r["hardware"] == hardware(trained_on)
     test = r["test"]["test"]
     assert 0.0 <= test["bleu"] <= 100.0 and 0.0 <= test["chrf"] <= 100.0
     assert test["bleu_signature"].startswith("nrefs:1") and test["sentences"] == 30
@@ -116,6 +116,19 @@ def test_results_need_the_markers(tmp_path):
     with pytest.raises(SystemExit, match="markers"):
         main(["--results", str(tmp_path / "results"), "--readme", str(readme)])
 
+
+
+def test_hardware_names_the_device_that_trained_not_the_machine_s_first_gpu(monkeypatch):
+    cpu = hardware(torch.device("cpu"))  # on a machine with GPUs too: a CPU run is a CPU's result
+    assert cpu.startswith(f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} thread")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert f"CPU, {os.cpu_count()} cores, 2 processes x {torch.get_num_threads()} thread" in hardware(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_hardware_counts_the_gpus_a_run_used():
+    last = torch.device("cuda", torch.cuda.device_count() - 1)
+    assert hardware(last) == f"1x {torch.cuda.get_device_name(last)}"  # one process: one GPU, however many there are
 
 def test_one_experiment_run_twice_names_each_runs_hardware(experiment_result):
     gpu = {**experiment_result, "hardware": "1x NVIDIA H200", "overrides": ["--set train.device=cuda"]}
