@@ -15,12 +15,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 
-Device = Literal["auto", "cpu", "cuda", "mps"]
-DEVICES: tuple[str, ...] = get_args(Device)
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 """The devices `train.device` and `--device` accept by name."""
 CUDA_INDEX = re.compile(r"cuda:(\d{1,4})")
 """`cuda:N`, one GPU by number: `train.device` and `--device` accept it besides `DEVICES`."""
