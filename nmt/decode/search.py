@@ -224,11 +224,9 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
                if opts.cached else None),
     )
     finished = _Finished.empty(batch, K, longest, device)
-    bans = None
+    bans = _Bans.build(opts.min_len, ids, device)
     for step in range(longest + 1):
         log_probs, state, attn = _next_log_probs(model, act, opts)
-        if bans is None:
-            bans = _Bans.build(log_probs.size(1), opts.min_len, ids, device)
         at_max = act.max_len.repeat_interleave(K) if step >= shortest else None
         log_probs = _constrain(log_probs, step, at_max, bans)
         b = act.sent.numel()
@@ -268,42 +266,45 @@ def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[
 
 
 def _constrain(log_probs: Tensor, step: int, max_len: Tensor | None, bans: _Bans) -> Tensor:
-    """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len.
+    """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len. In place.
+
+    The model's log-probabilities are the search's to write into (`Seq2Seq.decode_step`): the few banned
+    columns are set to -inf, no (N, V) pass and no (N, V) tensor more, where adding a (V,) row of 0 and
+    -inf took one of each at every step, with one output row per hypothesis and subword.
 
     Args:
-        log_probs: (N, V) for the token after `step` output tokens; not modified.
+        log_probs: (N, V) for the token after `step` output tokens; written and returned.
         max_len: each row's maximum output length, (N,); None when no row can be
-            at its maximum yet (before the shortest maximum), which saves two
-            (N, V) passes at most steps.
+            at its maximum yet (before the shortest maximum), which saves an (N, V)
+            pass at most steps.
     """
-    out = log_probs + (bans.early if step < bans.min_len else bans.always)  # (N, V)
+    if max_len is not None:
+        eos = log_probs[:, bans.eos].clone()  # (N,) the model's own, which a row at its maximum keeps
+    log_probs.index_fill_(1, bans.early if step < bans.min_len else bans.always, -math.inf)
     if max_len is None:
-        return out
+        return log_probs
     # At max_len only EOS, with the model's own log-probability (even before min_len);
-    # applied to every row by `where`, since asking which rows are there would wait for the device.
-    return torch.where((max_len <= step).unsqueeze(1), log_probs + bans.all_but_eos, out)
+    # applied to every row by masks, since asking which rows are there would wait for the device.
+    at_max = max_len <= step  # (N,)
+    log_probs.masked_fill_(at_max.unsqueeze(1), -math.inf)
+    log_probs[:, bans.eos] = torch.where(at_max, eos, log_probs[:, bans.eos])
+    return log_probs
 
 
 @dataclass(frozen=True)
 class _Bans:
-    """What `_constrain` adds to log-probabilities: 0 where a token is allowed, -inf where not, each (V,)."""
+    """The columns `_constrain` sets to -inf, each a (n,) tensor of token ids, and EOS's id."""
 
     always: Tensor  # PAD and BOS
     early: Tensor  # PAD, BOS and EOS: before min_len
-    all_but_eos: Tensor  # everything but EOS: at max_len
+    eos: int
     min_len: int
 
     @classmethod
-    def build(cls, vocab: int, min_len: int, ids: _Ids, device: torch.device) -> _Bans:
-        always = torch.zeros(vocab, device=device)
-        always[ids.pad] = -math.inf
-        if ids.bos != ids.eos:
-            always[ids.bos] = -math.inf
-        early = always.clone()
-        early[ids.eos] = -math.inf
-        all_but_eos = torch.full((vocab,), -math.inf, device=device)
-        all_but_eos[ids.eos] = 0.0
-        return cls(always, early, all_but_eos, min_len)
+    def build(cls, min_len: int, ids: _Ids, device: torch.device) -> _Bans:
+        always = [ids.pad] + ([ids.bos] if ids.bos != ids.eos else [])
+        return cls(torch.tensor(always, device=device), torch.tensor([*always, ids.eos], device=device),
+                   ids.eos, min_len)
 
 
 def _record(finished: _Finished, sent: Tensor, ended: Tensor, scores: Tensor, prefix: Tensor,

@@ -137,6 +137,8 @@ class Seq2Seq(Protocol):
 
         The attention over source positions is returned when `need_attn` is true
         (models whose attention is free may always return it; otherwise None).
+        The log-probabilities are a new tensor the caller owns: the search writes
+        its constraints into it (banned tokens at -inf) rather than into a copy.
         """
         ...
 

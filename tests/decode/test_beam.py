@@ -52,6 +52,25 @@ def test_beam_step_topk_over_all_rows():
     assert torch.equal(new_scores[0], flat[best])
 
 
+@pytest.mark.parametrize("beam, vocab", [(5, 50), (4, 3), (1, 7)])
+def test_beam_step_chooses_the_k_best_sums_of_all_rows_and_tokens(beam, vocab):
+    """Against the sums formed in full: every row's score plus each of its tokens' log-probabilities, the
+    top K of the K x V of them (random values, so no two are equal and the choice is unique)."""
+    gen = torch.Generator().manual_seed(beam * vocab)
+    log_probs = torch.randn(6, beam, vocab, generator=gen).log_softmax(-1)  # (B, K, V)
+    scores = torch.randn(6, beam, generator=gen) * 3
+    scores[1, 1:] = NEG  # a first step: only row 0 expands
+    scores[2, 0] = NEG  # a finished row among live ones
+    log_probs[3, :, 2] = NEG  # a banned token
+    new_scores, tokens, origins = beam_step(log_probs, scores)
+    sums = (scores.unsqueeze(-1) + log_probs).view(6, beam * vocab)
+    expected_scores, expected = sums.topk(beam, dim=1)
+    assert torch.equal(new_scores, expected_scores)
+    live = expected_scores.isfinite()  # which of several -inf sums is taken does not matter (nor is it defined)
+    assert torch.equal(tokens[live], (expected % vocab)[live]) and torch.equal(origins[live], (expected // vocab)[live])
+    assert not tokens[3][live[3]].eq(2).any()
+
+
 def test_beam_step_first_step_expands_row_zero_only():
     log_probs = torch.full((1, 3, 4), -0.1)
     log_probs[0, 0] = torch.tensor([-1.0, -2.0, -3.0, -4.0])  # rows 1, 2 would win, but start at -inf
