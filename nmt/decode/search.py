@@ -210,6 +210,7 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
     """The loop: advance every active row one token per step until all sentences are done."""
     K, device = opts.beam, src.device
     batch, longest, shortest = src.size(0), int(max_len.max()), int(max_len.min())
+    bans = _Bans.build(opts.min_len, ids, device)  # before the encoder: a copy from the host waits for queued work
     rows = torch.arange(batch, device=device).repeat_interleave(K)  # (B*K,)
     memory = model.encode(src, src_pad_mask).index_select(rows)
     scores = torch.full((batch, K), -math.inf, device=device)  # identical rows: only row 0 expands
@@ -224,7 +225,6 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
                if opts.cached else None),
     )
     finished = _Finished.empty(batch, K, longest, device)
-    bans = _Bans.build(opts.min_len, ids, device)
     for step in range(longest + 1):
         log_probs, state, attn = _next_log_probs(model, act, opts)
         at_max = act.max_len.repeat_interleave(K) if step >= shortest else None
