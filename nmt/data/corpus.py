@@ -88,64 +88,71 @@ def load_pairs(
     cache = None if cache_dir is None else str(cache_dir)
     if len(entries) > 1 and spec.kind in ("disk", "hf"):
         raise DataError(f"kind {spec.kind} reads one dataset: give path as one string, not a list of {len(entries)}")
+    langs = {"src_lang": src_lang, "tgt_lang": tgt_lang}
     match spec.kind:
         case "text":
             shards = [_text_files(prefix, (src_lang, tgt_lang)) for prefix in text_prefixes(entries, src_lang)]
             return read_text_shards(shards, cache)
-        case "tsv":
-            files = _shard_files(entries, "tsv")
+        case "tsv" | "jsonl":
+            files = _shard_files(entries, spec.kind)
             if len(files) > 1:
-                return _concat([load_pairs(_one(spec, f), src_lang=src_lang, tgt_lang=tgt_lang, cache_dir=cache_dir)
-                                for f in files])
-            path = files[0]
-            with contextlib.closing(_lines(path)) as lines:
-                first = next(lines, None)
-            if first is None:
-                return _empty_pairs()
-            header = not isinstance(spec.src_field, int)  # column numbers: a file without a header row
-            if header:
-                names = first.split("\t")
-                columns = tuple(names.index(f) for f in resolve_fields(names, spec, src_lang=src_lang,
-                                                                        tgt_lang=tgt_lang, where=path))
-            else:
-                columns = (int(spec.src_field), int(spec.tgt_field))  # type: ignore[arg-type]
-                width = len(first.split("\t"))
-                if max(columns) >= width:
-                    raise DataError(f"{path}:1: {width} tab-separated fields, so no column {max(columns)} "
-                                    f"(src_field and tgt_field count from 0)")
-            # a tuple: `from_generator` would shard a list over processes
-            kwargs = dict(path=path, columns=columns, header=header, stamp=file_stamp(path))
-            return _from_generator(_read_tsv, kwargs, cache)
-        case "jsonl":
-            files = _shard_files(entries, "jsonl")
-            if len(files) > 1:
-                return _concat([load_pairs(_one(spec, f), src_lang=src_lang, tgt_lang=tgt_lang, cache_dir=cache_dir)
-                                for f in files])
-            path = files[0]
-            with contextlib.closing(_json_objects(path)) as objects:
-                first = next(objects, None)
-            if first is None:
-                return _empty_pairs()
-            fields = resolve_fields(list(first[1]), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
-            return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=file_stamp(path)), cache)
+                return _concat([load_pairs(_one(spec, f), **langs, cache_dir=cache_dir) for f in files])
+            read = _load_tsv if spec.kind == "tsv" else _load_jsonl
+            return read(files[0], spec, **langs, cache=cache)
         case "parquet":
-            for p in entries:
-                if not is_glob(p) and not Path(p).is_file():
-                    raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
-            where = path if len(entries) == 1 else f"{path} and {len(entries) - 1} more"
-            try:
-                ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
-            except Exception as err:  # pyarrow and datasets raise many kinds
-                raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
-            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
+            return _load_parquet(entries, spec, **langs, cache=cache)
         case "disk":
-            ds = select_fields(_load_disk(path, spec.split), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+            ds = select_fields(_load_disk(path, spec.split), spec, **langs, where=path)
             return _writable_copy(ds, path, cache)
         case "hf":
-            ds = _load_hub(path, spec, cache)
-            where = f"hub dataset {path!r}"
-            return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
+            return select_fields(_load_hub(path, spec, cache), spec, **langs, where=f"hub dataset {path!r}")
     raise DataError(f"{spec.path}: unknown corpus kind {spec.kind!r}")
+
+
+def _load_tsv(path: str, spec: CorpusConfig, *, src_lang: str, tgt_lang: str, cache: str | None) -> Dataset:
+    """One TSV file: its columns named by a header row, or numbered (`src_field: 0`) in a file without one."""
+    with contextlib.closing(_lines(path)) as lines:
+        first = next(lines, None)
+    if first is None:
+        return _empty_pairs()
+    header = not isinstance(spec.src_field, int)  # column numbers: a file without a header row
+    if header:
+        names = first.split("\t")
+        columns = tuple(names.index(f) for f in resolve_fields(names, spec, src_lang=src_lang,
+                                                                tgt_lang=tgt_lang, where=path))
+    else:
+        columns = (int(spec.src_field), int(spec.tgt_field))  # type: ignore[arg-type]
+        width = len(first.split("\t"))
+        if max(columns) >= width:
+            raise DataError(f"{path}:1: {width} tab-separated fields, so no column {max(columns)} "
+                            f"(src_field and tgt_field count from 0)")
+    # a tuple: `from_generator` would shard a list over processes
+    kwargs = dict(path=path, columns=columns, header=header, stamp=file_stamp(path))
+    return _from_generator(_read_tsv, kwargs, cache)
+
+
+def _load_jsonl(path: str, spec: CorpusConfig, *, src_lang: str, tgt_lang: str, cache: str | None) -> Dataset:
+    """One JSON-lines file, its fields found in its first object."""
+    with contextlib.closing(_json_objects(path)) as objects:
+        first = next(objects, None)
+    if first is None:
+        return _empty_pairs()
+    fields = resolve_fields(list(first[1]), spec, src_lang=src_lang, tgt_lang=tgt_lang, where=path)
+    return _from_generator(_read_jsonl, dict(path=path, fields=fields, stamp=file_stamp(path)), cache)
+
+
+def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_lang: str,
+                  cache: str | None) -> Dataset:
+    """Parquet files (or globs of them) as one split."""
+    for p in entries:
+        if not is_glob(p) and not Path(p).is_file():
+            raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
+    where = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
+    try:
+        ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
+    except Exception as err:  # pyarrow and datasets raise many kinds
+        raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
+    return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
 
 
 def clean_pairs(ds: Dataset, *, num_proc: int = 1) -> tuple[Dataset, dict[str, int]]:

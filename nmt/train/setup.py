@@ -177,6 +177,29 @@ def _prepare_first(cfg: ExperimentConfig, run_dir: Path, restart: bool, tokenize
     return prepare_run(cfg, run_dir, tokenizer=tokenizer)
 
 
+def _log_run(run: Run, given: ExperimentConfig, shapes: int, why_not: str) -> None:
+    """The lines that say what a run trains, on what and how: the model, the data, the batches, the precision,
+    and whether updates are recorded (`given` is the config as asked, `train.cuda_graphs` auto included)."""
+    tc, t, data, ctx = run.cfg.train, run.trainable, run.data, run.ctx
+    log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
+             t.model.name, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
+    parts = data.train_parts or []
+    for i, (rows, weight) in enumerate(parts if len(parts) > 1 else []):  # one corpus: the line above
+        log.info("data.train[%d]: %d pairs, weight %g: about %d pairs per epoch", i, rows, weight, round(rows * weight))
+    how = "" if tc.precision == "fp32" else " on a copy of the weights" if tc.on_half_copy() else " under autocast"
+    log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; %s%s on %s",
+             tc.max_tokens, tc.accumulate, ctx.world_size, tc.max_tokens * tc.accumulate * ctx.world_size,
+             tc.precision, how, run.device)
+    warn_if_slow_precision(run.device, tc.precision, "train.precision:")
+    if shapes:
+        log.info("static batch shapes: %d, one per length bucket (%s)", shapes, batch_padding(tc, run.device).rounding)
+    if tc.cuda_graphs:
+        log.info("train.cuda_graphs%s: each batch shape's update runs eagerly %d times, then is recorded "
+                 "as a CUDA graph and replayed", " (auto)" if given.train.cuda_graphs == "auto" else "", EAGER_USES)
+    elif why_not and run.device.type == "cuda":  # auto, off: a GPU user may want to know why
+        log.info("train.cuda_graphs auto: updates not recorded (%s)", why_not)
+
+
 def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     """Build (or resume, unless `restart`) the run `cfg` describes in `cfg.run_dir`.
 
@@ -225,26 +248,7 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
                   sampler=sampler, lock=lock, owns_group=owns_group)
         if ctx.is_main:
-            per_update = tc.max_tokens * tc.accumulate * ctx.world_size
-            log.info("model: %s, %d parameters; %d training pairs, %d batches per epoch per process",
-                     t.model.name, count_parameters(t.model), len(data.train), len(run.sampler.batch_list(0)))
-            parts = data.train_parts or []
-            for i, (rows, weight) in enumerate(parts if len(parts) > 1 else []):  # one corpus: the line above
-                log.info("data.train[%d]: %d pairs, weight %g: about %d pairs per epoch", i, rows, weight,
-                         round(rows * weight))
-            how = "" if tc.precision == "fp32" else " on a copy of the weights" if tc.on_half_copy() else " under autocast"
-            log.info("batches of up to %d tokens x %d accumulated x %d processes = %d tokens per update; "
-                     "%s%s on %s", tc.max_tokens, tc.accumulate, ctx.world_size, per_update, tc.precision, how, device)
-            warn_if_slow_precision(device, tc.precision, "train.precision:")
-            if shapes:
-                log.info("static batch shapes: %d, one per length bucket (%s)", shapes,
-                         batch_padding(tc, device).rounding)
-            if tc.cuda_graphs:
-                log.info("train.cuda_graphs%s: each batch shape's update runs eagerly %d times, then is recorded "
-                         "as a CUDA graph and replayed", " (auto)" if given.train.cuda_graphs == "auto" else "",
-                         EAGER_USES)
-            elif why_not and device.type == "cuda":  # auto, off: a GPU user may want to know why
-                log.info("train.cuda_graphs auto: updates not recorded (%s)", why_not)
+            _log_run(run, given, shapes, why_not)
         return run
     except BaseException:
         try:
