@@ -87,16 +87,16 @@ class StubModel:
 
     def init_state(self, memory: Memory, *, max_len: int | None = None) -> StubState:
         rows = memory.states.size(0)
-        return StubState(prefix=torch.empty(rows, 0, dtype=torch.long))
+        return StubState(prefix=torch.empty(rows, 0, dtype=torch.long, device=memory.states.device))
 
     def _log_probs(self, cond: Tensor, prefix: Tensor) -> Tensor:
-        """cond (N,), prefix (N, t) BOS first -> (N, V)."""
+        """cond (N,), prefix (N, t) BOS first -> (N, V), on cond's device (computed on the CPU)."""
         rows = []
         for c, p in zip(cond.tolist(), prefix.tolist(), strict=True):
             assert p[0] == BOS_ID, p
             probs = torch.tensor(self.probs(c, tuple(p[1:])), dtype=torch.float)
             rows.append((probs / probs.sum()).log())
-        return torch.stack(rows)
+        return torch.stack(rows).to(cond.device)
 
     def decode_step(self, tokens: Tensor, memory: Memory, state: StubState, *, need_attn: bool = False):
         self.calls.append(tokens.size(0))

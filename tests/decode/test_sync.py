@@ -44,6 +44,34 @@ def test_stub_hypotheses_do_not_depend_on_the_sync_interval(seed, options, sync_
     assert len(model_k.calls) >= len(model1.calls)  # done sentences are kept until the next check
 
 
+def _search_on(device: str, seed: int, options: dict, attention: torch.Tensor):
+    model = StubModel(random_table(seed), attention=attention.to(device))
+    src, pad_mask = batch(*SOURCES)
+    return search(model, src.to(device), pad_mask.to(device), max_len_a=1.0, max_len_b=2, **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", [0, 1, 4])
+@pytest.mark.parametrize("options", [
+    dict(beam=3, nbest=3, length_penalty=1.0, coverage_penalty=0.3, attention=True),
+    dict(beam=4, nbest=2, length_penalty=0.6, min_len=2),
+    dict(beam=4, nbest=4, min_len=5),  # min_len beyond some sentences' maximum: EOS there all the same
+    dict(beam=1, cached=False),
+])
+def test_the_search_on_a_gpu_finds_the_cpus_hypotheses(seed, options):
+    """The same hand-written probabilities on either device: the same hypotheses, the GPU's searched with its
+    constraints, choices and bookkeeping on the device and a look at the done sentences every 8 steps."""
+    attention = torch.rand(V, 5, generator=torch.Generator().manual_seed(0)) + 0.1
+    cpu, gpu = (_search_on(device, seed, options, attention) for device in ("cpu", "cuda"))
+    assert [[h.tokens for h in s] for s in gpu] == [[h.tokens for h in s] for s in cpu]
+    for s_cpu, s_gpu in zip(cpu, gpu, strict=True):
+        assert [h.score for h in s_gpu] == pytest.approx([h.score for h in s_cpu], rel=1e-5)
+        assert [h.log_prob for h in s_gpu] == pytest.approx([h.log_prob for h in s_cpu], rel=1e-5)
+        for h_cpu, h_gpu in zip(s_cpu, s_gpu, strict=True):
+            if h_cpu.attention is not None:
+                torch.testing.assert_close(h_gpu.attention.cpu(), h_cpu.attention)
+
+
 @pytest.mark.parametrize("name", ["transformer-post", "transformer-pre-learned", "rnn-luong-feeding-gru"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_real_model_hypotheses_do_not_depend_on_the_sync_interval(name, beam):
