@@ -169,5 +169,6 @@ def test_the_schema_offers_exactly_the_attention_scores_and_corpus_kinds_the_cod
     hints = typing.get_type_hints(RNNConfig)
     assert typing.get_args(hints["attention"]) == ATTENTION_KINDS
     source = (Path(__file__).resolve().parents[1] / "nmt" / "data" / "corpus.py").read_text(encoding="utf-8")
-    assert set(typing.get_args(typing.get_type_hints(CorpusConfig)["kind"])) == set(
-        re.findall(r'^        case "(\w+)":', source, flags=re.M))
+    cases = re.findall(r'^        case ("\w+"(?: \| "\w+")*):', source, flags=re.M)  # case "a": or case "a" | "b":
+    assert set(typing.get_args(typing.get_type_hints(CorpusConfig)["kind"])) == {
+        kind for case in cases for kind in re.findall(r'"(\w+)"', case)}
