@@ -268,9 +268,9 @@ def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[
 def _constrain(log_probs: Tensor, step: int, max_len: Tensor | None, bans: _Bans) -> Tensor:
     """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len. In place.
 
-    The model's log-probabilities are the search's to write into (`Seq2Seq.decode_step`): the few banned
-    columns are set to -inf, no (N, V) pass and no (N, V) tensor more, where adding a (V,) row of 0 and
-    -inf took one of each at every step, with one output row per hypothesis and subword.
+    The model's log-probabilities are the search's to write into (`Seq2Seq.decode_step`): only the few
+    banned columns are set to -inf, where adding a (V,) row of 0 and -inf to every hypothesis's row took
+    a pass over the (N, V) values and a new (N, V) tensor at every step.
 
     Args:
         log_probs: (N, V) for the token after `step` output tokens; written and returned.
