@@ -10,7 +10,7 @@ attention call of a Transformer sees (B, H, L, Dh) queries, keys and values, lai
 4 B H L^2 Dh FLOPs forward (Q K^T, then the weights times V; half of it under a causal mask) and twice
 that backward: over Multi30k's short sentences little work per tile of a fused kernel, which tiles 64
 or 128 query positions. Transformer-base's attention kernels took more GPU time than its largest
-matrix products on such batches (H200 profile, README). This times, for every L, the two kinds of
+matrix products on such batches (H200 profile, bench/MEASUREMENTS.md). This times, for every L, the two kinds of
 call a training update makes:
 
     padded   keys with padding (each sentence 70% to 100% of L long), masked by the additive bias that

@@ -5,7 +5,7 @@
 #
 # OUT (default $OUT, else results/gpu) receives each stage's log and JSON. A session's device time
 # (15 minutes, the machine's start included) holds one long stage and perhaps a short one. multi30k ran
-# on an H200 on 2026-11-26 (README, "Speed on one GPU"), then graphs (CUDA graphs: the rows compiled with
+# on an H200 on 2026-11-26 (bench/MEASUREMENTS.md), then graphs (CUDA graphs: the rows compiled with
 # dynamic shapes died of a segmentation fault, a graph per batch shape trained, which train.compile_dynamic
 # auto now chooses); updates (its speed rows, to the Transformer-base ones) and experiments (TRAIN_SECONDS=240)
 # on 2026-11-27; in a second session that day, first (287 s) and experiments with recorded updates in bf16, whose

@@ -5,7 +5,7 @@
 
 A Linear layer's bias gradient is its output gradient g (N, D) summed over the N positions of the batch,
 and a LayerNorm's weight and bias gradients are such sums too, of g * x_hat and of g. On an H200 a
-recorded Multi30k update (2026-11-27, README "Speed on one GPU") spent 0.34 of its 3.78 ms of kernels on
+recorded Multi30k update (2026-11-27, bench/MEASUREMENTS.md) spent 0.34 of its 3.78 ms of kernels on
 its 33 bias sums, about 10 us each for a few MB, and Transformer-base 3.3 of its 56 ms on LayerNorm's
 weight and bias gradients. This times each way of computing them on the widths of the config's model
 (`--shape base`: Transformer-base's), for batches of N positions (the config's `train.max_tokens`, or
