@@ -113,6 +113,7 @@ class Translator:
         self.cfg = cfg
         self.device = device
         self.checkpoints: list[Path] = []
+        self._max_tokens_cap: int | None = None  # lowered by a batch that ran out of CUDA memory (`_search`)
 
     @classmethod
     def from_checkpoint(
@@ -275,8 +276,10 @@ class Translator:
 
     def max_tokens_for(self, max_tokens: int | None = None) -> int:
         """The batch budget a call with `max_tokens` uses: it, else the checkpoint's
-        `decode.max_tokens`, else (0: auto) `AUTO_MAX_TOKENS` for this device."""
-        return max_tokens or self.cfg.decode.max_tokens or AUTO_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS)
+        `decode.max_tokens`, else (0: auto) `AUTO_MAX_TOKENS` for this device; at most half
+        the last batch that ran out of CUDA memory, once one has."""
+        budget = max_tokens or self.cfg.decode.max_tokens or AUTO_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS)
+        return budget if self._max_tokens_cap is None else min(budget, self._max_tokens_cap)
 
     def _resolve(self, opts: SearchOptions) -> SearchOptions:
         """`opts` with its strategy made a step function once, so a seeded sampler's draws go on
@@ -296,13 +299,48 @@ class Translator:
         with inference(self.model):
             for chunk in inference_batches([len(ids[i]) for i in todo], budget):
                 rows = [todo[j] for j in chunk]
-                with record_function("nmt.search"):
-                    src, mask = _pad([ids[i] for i in rows], self.device)
-                    hyps = search(self.model, src, mask, opts)
+                hyps = self._search([ids[i] for i in rows], opts)
                 with record_function("nmt.detokenize"):
                     for row, translations in zip(rows, self._finish(hyps, [ids[i] for i in rows])):
                         results[row] = translations
         return results
+
+    def _search(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
+        """The hypotheses of `sources` (ids with EOS) as one batch, or, where that runs out of CUDA memory,
+        as two batches of half as many sentences each (in turn halved as needed).
+
+        A batch too large for the device is the default's risk on a small GPU: the 128,000 tokens of
+        `AUTO_MAX_TOKENS` were sized on GPUs of 80 GB and more, and a search's memory grows with the
+        batch, the beam, the layers and the vocabulary. After such a batch the budget of every later
+        batch is at most half of it (`max_tokens_for`), so that they do not run out of memory in turn.
+
+        Raises:
+            UserError: a single sentence runs out of memory.
+        """
+        longest, beam, half = max(len(s) for s in sources), opts.beam, len(sources) // 2
+        cap = self._max_tokens_cap
+        if cap is not None and half and len(sources) * longest * beam > cap:  # cut before the budget was lowered
+            return self._search(sources[:half], opts) + self._search(sources[half:], opts)
+        try:
+            return self._search_batch(sources, opts)
+        except torch.cuda.OutOfMemoryError as err:
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        # Out of the handler, the failed batch's tensors (held by the traceback's frames) are freed.
+        if not half:
+            raise UserError(
+                f"CUDA out of memory translating one sentence of {longest} subwords at beam {beam} on {self.device}: "
+                f"lower --beam, or translate on the CPU with --device cpu ({detail})")
+        self._max_tokens_cap = half * longest * beam
+        log.warning("CUDA out of memory on a batch of %d sentences (%d padded source tokens x beam %d): translating "
+                    "it in halves, and later batches in at most %d tokens; --max-tokens (decode.max_tokens) %d starts "
+                    "there", len(sources), len(sources) * longest, beam, self._max_tokens_cap, self._max_tokens_cap)
+        torch.cuda.empty_cache()  # give the failed batch's cached blocks back before the smaller ones
+        return self._search(sources[:half], opts) + self._search(sources[half:], opts)
+
+    def _search_batch(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
+        with record_function("nmt.search"):
+            src, mask = _pad(sources, self.device)
+            return search(self.model, src, mask, opts)
 
     def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> list[list[int]]:
         """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space."""

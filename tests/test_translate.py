@@ -101,6 +101,88 @@ def test_batch_budget_is_by_device_unless_set(translators):
     assert on_gpu.max_tokens_for() == 3000
 
 
+class SmallGpu:
+    """A GPU with room for batches of at most `tokens` padded source tokens, standing in for one (none runs
+    here): the model's encoder, replaced by this, raises CUDA's out-of-memory error on a larger batch, as a
+    search's first large allocation does, and records the size of every batch it is given."""
+
+    def __init__(self, model: torch.nn.Module, tokens: int) -> None:
+        self.encode, self.tokens, self.batches = model.encode, tokens, []
+
+    def __call__(self, src: torch.Tensor, mask: torch.Tensor):
+        self.batches.append(src.numel())
+        if src.numel() > self.tokens:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                              "capacity of 7.63 GiB of which 1.10 GiB is free.\nmore detail")
+        return self.encode(src, mask)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_batch_out_of_cuda_memory_is_translated_in_halves_and_later_batches_fit(checkpoints, sources, kind,
+                                                                                  monkeypatch, caplog):
+    tr = Translator.from_checkpoint(checkpoints[kind], device="cpu")
+    expected = tr.translate_nbest(sources, beam=3, nbest=2)
+    longest = max(len(s) for s in tr._encode(sources, tr.max_src_len))
+    whole = len(sources) * longest  # all 8 in one batch, padded
+    gpu = SmallGpu(tr.model, tokens=2 * longest)  # room for the 2 longest sentences
+    monkeypatch.setattr(tr.model, "encode", gpu)
+    with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+        got = tr.translate_nbest(sources, beam=3, nbest=2)
+    assert [[h.text for h in n] for n in got] == [[h.text for h in n] for n in expected]
+    assert [h.score for n in got for h in n] == pytest.approx([h.score for n in expected for h in n], abs=1e-4)
+    assert gpu.batches[0] == whole  # all 8 sentences in one batch first, then halves until they fit
+    assert len(gpu.batches) > 2 and sum(b <= gpu.tokens for b in gpu.batches) >= 2
+    # 8 sentences fail, then the 4 longest; the budget is then 2 of the longest, and the 4 others, cut before,
+    # are cut again under it rather than tried
+    assert [b for b in gpu.batches if b > gpu.tokens] == [whole, whole // 2]
+    assert caplog.text.count("CUDA out of memory on a batch of 8 sentences") == 1
+    assert "translating it in halves" in caplog.text and "--max-tokens (decode.max_tokens)" in caplog.text
+    assert "more detail" not in caplog.text
+    # the budget stays lowered: the next call cuts batches that fit at once, in any beam
+    assert 0 < tr.max_tokens_for() < 8000 and tr.max_tokens_for(100_000) == tr.max_tokens_for()
+    gpu.batches.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+        assert tr.translate(sources, beam=3) == [n[0].text for n in expected]
+    assert gpu.batches and max(gpu.batches) <= gpu.tokens and "out of memory" not in caplog.text
+
+
+def test_one_sentence_out_of_cuda_memory_is_a_one_line_error(checkpoints, sources, monkeypatch):
+    tr = Translator.from_checkpoint(checkpoints["transformer"], device="cpu")
+    gpu = SmallGpu(tr.model, tokens=0)
+    monkeypatch.setattr(tr.model, "encode", gpu)
+    with pytest.raises(UserError, match=r"CUDA out of memory translating one sentence of \d+ subwords at beam 4 on "
+                                        r"cpu: lower --beam, or translate on the CPU with --device cpu \(CUDA out "
+                                        r"of memory\. Tried to allocate 2\.00 GiB\. .* is free\.\)$"):
+        tr.translate(sources[:2], beam=4)
+    assert len(gpu.batches) == 2  # both sentences, then the first alone
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_with_too_little_memory_for_a_batch_its_halves_give_the_same_translations(checkpoints, sources,
+                                                                                          caplog):
+    tr = Translator.from_checkpoint(checkpoints["transformer"], device="cuda")
+    lines = sources * 128  # one batch of 1,024 sentences at beam 5, then a quarter of them
+    peaks, outputs = [], []
+    for part in (lines, lines[: len(lines) // 4]):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        outputs.append(tr.translate(part, beam=5, max_tokens=10**8))
+        peaks.append(torch.cuda.max_memory_reserved())
+    assert peaks[0] > peaks[1]
+    total = torch.cuda.get_device_properties(tr.device).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction((peaks[0] + peaks[1]) / 2 / total, tr.device)
+    try:  # room for a quarter of the lines in one batch, not for all of them
+        with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+            got = tr.translate(lines, beam=5, max_tokens=10**8)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, tr.device)
+    # batches of other sizes may pick other GPU kernels: as the GPU against the CPU, 99% of lines the same
+    assert len(got) == len(lines) and sum(map(str.__eq__, got, outputs[0])) >= 0.99 * len(lines)
+    assert "CUDA out of memory on a batch of 1024 sentences" in caplog.text
+
+
 @pytest.mark.parametrize(("value", "ok"), [(0, True), (1, True), (-1, False)])
 def test_decode_max_tokens_is_zero_for_auto_or_positive(small_corpus, tmp_path, value, ok):
     d = tiny_config_dict(small_corpus, tmp_path)

@@ -475,7 +475,7 @@ class DecodeConfig:
     coverage_penalty: float = num(0.0, lo=0)
     """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables (needs a model with attention)."""
     max_tokens: int = num(0, lo=0)
-    """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. On CPU larger batches gain nothing and cost memory."""
+    """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. A batch that runs out of CUDA memory (a smaller GPU, a larger model or beam) is translated in halves, and later batches take at most half its tokens, with a warning that names the value to set. On CPU larger batches gain nothing and cost memory."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
