@@ -169,16 +169,31 @@ def half_matmul_speedup(dtype: torch.dtype, n: int = 512, reps: int = 5) -> floa
     return fastest(a, b) / fastest(a.to(dtype), b.to(dtype))
 
 
-def warn_if_slow_precision(device: torch.device, precision: str, where: str, *, speedup: float | None = None) -> None:
-    """Warn when `precision` is bf16 on a CPU whose bf16 matrix products are clearly slower than fp32 ones.
+def warn_if_slow_precision(device: torch.device, precision: str, where: str, *, speedup: float | None = None,
+                           capability: tuple[int, int] | None = None) -> None:
+    """Warn when `precision` is bf16 on a CPU whose bf16 matrix products are clearly slower than fp32 ones,
+    or on an NVIDIA GPU without bf16 tensor cores.
 
     A CPU's instruction flags do not tell: on a 2-core Intel Xeon VM with AVX512-BF16 and no AMX,
     bf16 products ran at 0.55x the speed of fp32 ones, and a Multi30k Transformer trained at 0.55x
     fp32's speed (beam search at 0.9x); on a 2-core AMD EPYC with AVX2 only, an update took 68 s in bf16
     against 2.7 s in fp32. So one product is timed each way (`half_matmul_speedup`, about 20 ms), or
     `speedup` is taken as that measure, and the warning comes below `SLOW_HALF`.
+
+    A GPU's compute capability does tell: bf16 tensor cores came with 8.0 (Ampere), and torch emulates
+    bf16 below it (`torch.cuda.is_bf16_supported`), where fp16 has tensor cores (a T4, 7.5; a V100,
+    7.0). `capability` stands for the device's (major, minor).
     """
-    if device.type != "cpu" or precision != "bf16":
+    if precision != "bf16":
+        return
+    if device.type == "cuda" and not torch.version.hip:
+        major, minor = torch.cuda.get_device_capability(device) if capability is None else capability
+        if major < 8:
+            log.warning("%s bf16 on this GPU (compute capability %d.%d), which has no bf16 tensor cores (they "
+                        "came with 8.0) and runs bf16 emulated; use fp16, which its tensor cores run, or fp32",
+                        where, major, minor)
+        return
+    if device.type != "cpu":
         return
     speedup = half_matmul_speedup(torch.bfloat16) if speedup is None else speedup
     if speedup >= SLOW_HALF:

@@ -238,8 +238,31 @@ def test_bf16_warns_on_a_cpu_whose_bf16_matrix_products_are_slower_and_nothing_e
         runtime.warn_if_slow_precision(torch.device("cpu"), "bf16", "train.precision:", speedup=1.7)
         for precision in ("fp32", "fp16"):  # nothing is timed: these never warn
             runtime.warn_if_slow_precision(torch.device("cpu"), precision, "train.precision:", speedup=0.01)
-        runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "train.precision:", speedup=0.01)
+        for major in (8, 9):  # an A100, an H100: bf16 tensor cores, whatever a CPU's speed would say
+            runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "train.precision:", speedup=0.01,
+                                           capability=(major, 0))
     assert caplog.text == ""
+
+
+def test_bf16_warns_on_a_gpu_without_bf16_tensor_cores(caplog):
+    with caplog.at_level(logging.WARNING):
+        runtime.warn_if_slow_precision(torch.device("cuda", 0), "bf16", "precision:", capability=(7, 5))  # a T4
+    assert caplog.text.count("\n") == 1
+    assert "precision: bf16 on this GPU (compute capability 7.5), which has no bf16 tensor cores" in caplog.text
+    assert "use fp16, which its tensor cores run, or fp32" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        for precision in ("fp32", "fp16"):
+            runtime.warn_if_slow_precision(torch.device("cuda", 0), precision, "precision:", capability=(7, 0))
+    assert caplog.text == ""
+
+
+@pytest.mark.gpu
+def test_bf16_on_this_gpu_warns_only_below_compute_capability_8(caplog):
+    device = torch.device("cuda", torch.cuda.current_device())
+    with caplog.at_level(logging.WARNING):
+        runtime.warn_if_slow_precision(device, "bf16", "train.precision:")
+    assert ("no bf16 tensor cores" in caplog.text) == (torch.cuda.get_device_capability(device)[0] < 8)
 
 
 def test_the_bf16_speed_probe_times_real_products_and_leaves_the_random_stream_alone():
