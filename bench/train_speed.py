@@ -21,7 +21,7 @@ compiling and graph recording stay out of the timing. `--update-graphs on` recor
 shape's whole update as a CUDA graph (`train.cuda_graphs`; its compile column reads `MODE+update`),
 after the eager uses training gives a shape first. Shapes: `config` is the config's model and
 `train.max_tokens`; `base` is Transformer-base (6+6 layers, d_model 512, 8 heads,
-FFN 2048) with `--base-max-tokens` tokens per batch. `--reference` adds
+FFN 2048: `configs/transformer_base.yaml`) with `--base-max-tokens` tokens per batch. `--reference` adds
 torch.nn.Transformer of each shape (eager) as a yardstick. Precisions `bf16` and `fp16` train as
 `train.half_weights: auto` does (bf16 on a bf16 copy of the weights, fp16 under autocast); a suffix
 chooses: `bf16-autocast`, `fp16-copy` (an fp16 copy of the weights).
@@ -103,7 +103,12 @@ _PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10
 
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-BASE = {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "ff_dim": 2048}
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {k: getattr(load_config(ROOT / "configs" / "transformer_base.yaml").model.transformer, k)
+        for k in ("d_model", "heads", "encoder_layers", "decoder_layers", "ff_dim")}
+"""Transformer-base's shape, as `configs/transformer_base.yaml` gives it; the rest of the model's config
+(dropout, tied embeddings, the vocabulary) stays the benched config's."""
 
 
 class ReferenceTransformer(nn.Module):
