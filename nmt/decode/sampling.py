@@ -94,7 +94,10 @@ def sample_step(
     batch, beam, vocab = log_probs.shape
     logits = filter_logits(log_probs / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     probs = logits.softmax(dim=-1).view(batch * beam, vocab)  # (B*K, V)
-    tokens = torch.multinomial(probs, 1, generator=generator).view(batch, beam)  # (B, K)
+    # One draw from each row, as torch.multinomial(probs, 1) makes it (the row whose exponential race it wins,
+    # from the same random numbers) without that call's two checks of the values, which wait for a GPU.
+    race = torch.empty_like(probs).exponential_(1, generator=generator)  # (B*K, V)
+    tokens = (probs / race).argmax(dim=-1).view(batch, beam)  # (B, K)
     picked = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
     return scores + picked, tokens, torch.zeros_like(tokens)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt.decode import Sampling, filter_logits, greedy_search, search
+from nmt.decode import Sampling, filter_logits, greedy_search, sample_step, search
 from tests.decode.stub import A, B, StubModel, batch, dist, random_table, table
 
 SOURCES = [[7, 1], [8, 1, 1, 1], [9], [10, 1, 1]]
@@ -82,3 +82,16 @@ def test_sampling_needs_beam_one_and_valid_settings():
     for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             Sampling(**bad)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.7, top_k=5), Sampling(top_p=0.8)])
+def test_each_draw_is_torch_multinomials_from_the_same_random_numbers(sampling):
+    """`sample_step` draws without `torch.multinomial`, whose checks wait for a GPU; from the same generator
+    state it draws what that call draws from the filtered distribution, step after step."""
+    log_probs = torch.randn(6, 1, 40, generator=torch.Generator().manual_seed(3)).log_softmax(-1)
+    ours, theirs = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    for _ in range(5):
+        _, tokens, _ = sample_step(log_probs, torch.zeros(6, 1), sampling=sampling, generator=ours, step=0, prefix=None)
+        probs = filter_logits(log_probs / sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p).softmax(-1).view(6, 40)
+        assert torch.equal(tokens.view(6), torch.multinomial(probs, 1, generator=theirs).view(6))

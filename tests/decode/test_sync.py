@@ -117,6 +117,24 @@ def test_the_loop_reads_the_device_only_at_the_checks(monkeypatch):
     assert reads == {"nonzero": len(steps) // 4, "item": 0, "__bool__": 0, "__int__": 2, "__float__": 0}
 
 
+@pytest.mark.parametrize("options", [dict(beam=3), dict(beam=1), dict(beam=1, sampling=Sampling(seed=1))],
+                         ids=["beam", "greedy", "sampling"])
+def test_no_operation_inside_the_loop_reads_the_device_between_the_checks(options, monkeypatch):
+    """Reads from C++ as well as from Python, as the profiler sees them: each `item` (a scalar to the host) and
+    `nonzero` (a size the host needs) waits for a GPU. torch.multinomial made two such reads a step inside."""
+    model = tiny("transformer-post")
+    steps = []
+    decode_step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda *a, **k: steps.append(1) or decode_step(*a, **k))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        search(model, *sources(), max_len_a=1.0, max_len_b=3, sync_every=4, **options)
+    names = [event.name for event in prof.events()]
+    assert len(steps) > 4
+    # before the loop, the longest and the shortest output allowed; in it, one nonzero every 4 steps
+    assert names.count("aten::_local_scalar_dense") == 2
+    assert names.count("aten::nonzero") == len(steps) // 4
+
+
 def test_sync_every_must_be_positive():
     with pytest.raises(ValueError, match=r"sync_every \(0\)"):
         search(StubModel(random_table(0)), *batch([7]), max_len_a=1.0, max_len_b=2, sync_every=0)
