@@ -64,7 +64,7 @@ class Hypothesis:
             plus the coverage penalty when one is used.
         log_prob: sum of the token log-probabilities, EOS included.
         attention: attention of each output step (EOS included) over the
-            unpadded source, (len(tokens) + 1, S_unpadded); None unless requested.
+            unpadded source, (len(tokens) + 1, S_unpadded), fp32 on the CPU; None unless requested.
     """
 
     tokens: list[int]
@@ -260,7 +260,8 @@ def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[
         if opts.wants_attention and attn is None:
             raise ValueError(f"{type(model).__name__}.decode_step returned no attention, needed by "
                              f"attention ({opts.attention}) or coverage_penalty ({opts.coverage_penalty})")
-        return log_probs.float(), state, attn if opts.wants_attention else None
+        # fp32 like the scores: the coverage penalty and returned attention of bf16 or fp16 weights
+        return log_probs.float(), state, attn.float() if opts.wants_attention else None
     logits = model.decode(act.prefix, act.memory)  # (N, t + 1, V)
     return logits[:, -1].float().log_softmax(dim=-1), None, None
 
@@ -364,16 +365,18 @@ def _advance(act: _Active, kept: Tensor | None, order: Tensor, prefix: Tensor,
 
 def _assemble(finished: _Finished, src_pad_mask: Tensor, nbest: int,
               need_attn: bool) -> list[list[Hypothesis]]:
-    """Each sentence's hypotheses, best first, `nbest` each: the one copy to the host."""
+    """Each sentence's hypotheses, best first, `nbest` each: the one copy to the host (attention's too).
+
+    A sentence whose every hypothesis scored -inf or NaN (a model's non-finite output) has none.
+    """
     count, length = finished.count.tolist(), finished.length.tolist()
     tokens, log_prob, score = finished.tokens.tolist(), finished.log_prob.tolist(), finished.score.tolist()
+    attn = finished.attn.cpu() if need_attn else None  # (B, F, L + 1, S)
+    real = (~src_pad_mask).cpu() if need_attn else None  # (B, S)
     out = []
     for sent, n in enumerate(count):
-        hyps = []
-        for j in range(n):  # in the order they finished, so ties keep that order
-            attn = None
-            if need_attn:
-                attn = finished.attn[sent, j, : length[sent][j] + 1][:, ~src_pad_mask[sent]]  # (T_out, S_unpadded)
-            hyps.append(Hypothesis(tokens[sent][j][: length[sent][j]], score[sent][j], log_prob[sent][j], attn))
-        out.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+        best = sorted(range(n), key=lambda j: -score[sent][j])[:nbest]  # ties keep the order they finished in
+        out.append([Hypothesis(tokens[sent][j][: length[sent][j]], score[sent][j], log_prob[sent][j],
+                               None if attn is None else attn[sent, j, : length[sent][j] + 1][:, real[sent]])
+                    for j in best])
     return out

@@ -336,3 +336,22 @@ def test_real_model_batch_equals_one_by_one(kind):
         for h, a in zip(hyps, alone, strict=True):
             assert h.attention.shape == (len(h.tokens) + 1, n)
             torch.testing.assert_close(h.attention, a.attention, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind, dtype", [("transformer", torch.bfloat16), ("transformer", torch.float16),
+                                         ("rnn", torch.bfloat16)])
+def test_half_weights_rank_by_an_fp32_coverage_penalty_and_return_fp32_attention(kind, dtype):
+    """Scores stay fp32 whatever the weights are: each returned score is its log-probability over the length
+    penalty plus the coverage penalty of its returned attention, recomputed in fp64 here."""
+    model = tiny_model(kind, seed=2, vocab=30).to(dtype)
+    src, pad = padded_batch([6, 3, 9], vocab=30, seed=4)
+    alpha, beta = 0.6, 0.4
+    hyps = search(model, src, pad, beam=4, nbest=4, max_len_a=1.0, max_len_b=3, length_penalty=alpha,
+                  coverage_penalty=beta, attention=True)
+    for sentence in hyps:
+        assert sentence
+        for h in sentence:
+            assert h.attention.dtype == torch.float32 and h.attention.device.type == "cpu"
+            covered = h.attention.double().sum(dim=0).clamp(max=1.0)  # (S,) every position is real here
+            expected = h.log_prob / lp(len(h.tokens) + 1, alpha) + beta * covered.log().sum().item()
+            assert h.score == pytest.approx(expected, abs=1e-5)
