@@ -163,7 +163,7 @@ class Translator:
     def options(self, options: SearchOptions | None = None, **overrides: Any) -> SearchOptions:
         """`options`, or the checkpoint's `decode` settings, with `overrides` (None values are not given).
 
-        Unless given, `beam` is the checkpoint's `decode.beam`, or `nbest` if larger (1 when sampling).
+        Unless given, `beam` is the checkpoint's `decode.beam`, or `nbest` if larger (1 for sampling and greedy).
 
         Raises:
             UserError: inconsistent settings (nbest > beam, sampling with beam > 1, ...).
@@ -174,8 +174,8 @@ class Translator:
                 return dataclasses.replace(options, **given)
             d = self.cfg.decode
             nbest = given.get("nbest", 1)
-            sampling = given.get("sampling") is not None or given.get("strategy") == "sample"
-            defaults = dict(beam=1 if sampling else max(d.beam, nbest if isinstance(nbest, int) else 1),
+            one_row = given.get("sampling") is not None or given.get("strategy") in ("sample", "greedy")
+            defaults = dict(beam=1 if one_row else max(d.beam, nbest if isinstance(nbest, int) else 1),
                             length_penalty=d.length_penalty, coverage_penalty=d.coverage_penalty,
                             min_len=d.min_len, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
                             max_tokens=d.max_tokens)
@@ -271,8 +271,16 @@ class Translator:
         positions = self.model.max_positions
         if positions is None:
             return 1 << 30
-        by_output = int((positions - 1 - opts.max_len_b) / opts.max_len_a) if opts.max_len_a > 0 else positions
-        return max(2, min(positions, by_output))
+        # The search feeds BOS and up to a * S + b tokens, at positions 0 .. a * S + b.
+        room = positions - 1 - opts.max_len_b
+        by_output = (int(room / opts.max_len_a) if opts.max_len_a > 0 else positions) if room >= 0 else 0
+        if by_output < 2:  # not even one subword and EOS
+            raise UserError(
+                f"max_len_a {opts.max_len_a:g} and max_len_b {opts.max_len_b} allow outputs of more than the "
+                f"{positions - 1} tokens the model's {positions} positions hold, even from a one-subword source (2 "
+                f"positions with EOS): lower --max-len-a or --max-len-b (decode.max_len_a, decode.max_len_b) so that "
+                f"2 x max_len_a + max_len_b is at most {positions - 1}")
+        return min(positions, by_output)
 
     def max_tokens_for(self, max_tokens: int | None = None) -> int:
         """The batch budget a call with `max_tokens` uses: it, else the checkpoint's
@@ -302,7 +310,11 @@ class Translator:
                 hyps = self._search([ids[i] for i in rows], opts)
                 with record_function("nmt.detokenize"):
                     for row, translations in zip(rows, self._finish(hyps, [ids[i] for i in rows])):
-                        results[row] = translations
+                        if translations:
+                            results[row] = translations
+                        else:  # its every hypothesis scored -inf or NaN: the line stays empty
+                            log.warning("line %d: no translation with a finite score (the model's output was not "
+                                        "finite; an fp16 overflow?); its output line is empty", first_line + row)
         return results
 
     def _search(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:

@@ -183,6 +183,37 @@ def test_on_a_gpu_with_too_little_memory_for_a_batch_its_halves_give_the_same_tr
     assert "CUDA out of memory on a batch of 1024 sentences" in caplog.text
 
 
+def test_a_model_with_non_finite_outputs_gives_empty_lines_and_a_warning_each(checkpoints, sources, caplog):
+    tr = Translator.from_checkpoint(checkpoints["transformer"], device="cpu")
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.fill_(float("nan"))  # every log-probability NaN: no hypothesis has a finite score
+    with caplog.at_level(logging.WARNING, logger="nmt.translate"):
+        nbest = tr.translate_nbest(sources[:3], beam=3, nbest=2)
+    assert [[h.text for h in n] for n in nbest] == [["", ""]] * 3
+    for line in (1, 2, 3):
+        assert f"line {line}: no translation with a finite score" in caplog.text
+    assert tr.translate(["", sources[0]], beam=2) == ["", ""]
+
+
+def test_output_lengths_beyond_the_models_positions_are_refused_in_one_line(translators, sources):
+    tr = translators["transformer"]  # 128 positions: outputs of at most 127 tokens after BOS
+    for a, b in [(0.0, 200), (0.0, 128), (1.0, 126), (63.5, 1)]:  # 2a + b > 127: not even a one-subword source
+        with pytest.raises(UserError, match=rf"max_len_a {a:g} and max_len_b {b} allow outputs of more than the 127 "
+                                            r"tokens the model's 128 positions hold.*at most 127$"):
+            tr.translate(sources[:1], max_len_a=a, max_len_b=b)
+    # at the edge: the search may run to the last position, and longer sources are cut to fit
+    assert tr.max_source_length(tr.options(max_len_a=1.0, max_len_b=125)) == 2
+    assert len(tr.translate(sources[:2], beam=2, max_len_a=0.0, max_len_b=127)) == 2
+    assert len(tr.translate(sources[:2], beam=2, max_len_a=1.0, max_len_b=125)) == 2
+
+
+def test_greedy_needs_no_beam_setting(translators, sources):
+    tr = translators["transformer"]
+    assert tr.cfg.decode.beam > 1
+    assert tr.translate(sources, strategy="greedy") == tr.translate(sources, beam=1)
+
+
 @pytest.mark.parametrize(("value", "ok"), [(0, True), (1, True), (-1, False)])
 def test_decode_max_tokens_is_zero_for_auto_or_positive(small_corpus, tmp_path, value, ok):
     d = tiny_config_dict(small_corpus, tmp_path)
