@@ -45,6 +45,10 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+"""Optimizer group settings that choose how an update is computed, not what it computes."""
+
+
 def _decays(p: Tensor) -> bool:
     """Whether `build_optimizer` puts `p` in its group with weight decay: matrices do, vectors don't."""
     return p.ndim >= 2
@@ -60,9 +64,15 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module, sav
     upgrade as the weights, so the run goes on where it stopped: Adam's moments are elementwise,
     and its step count is the same for every part.
 
+    How the optimizer runs (`IMPLEMENTATION`: the fused kernel or not, ...) stays the live optimizer's, which
+    `build_optimizer` chose for this device and torch: a checkpoint written where no fused kernel was used would
+    otherwise turn it off here, with step counts left on the CPU, and its first update would fail.
+
     Raises:
         ValueError: `saved` does not fit the parameters of `saved_model`.
     """
+    saved = {**saved, "param_groups": [{**old, **{k: live[k] for k in IMPLEMENTATION if k in live}}
+                                       for old, live in zip(saved["param_groups"], optimizer.param_groups)]}
     first = {id(p): n for n, p in model.named_parameters()}
     tied = {n: first[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}  # every name -> the first
     buffers = {n for n, _ in model.named_buffers()}

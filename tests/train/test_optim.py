@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -62,3 +63,42 @@ def test_other_schedules_ignore_validation_and_lambda_lr_states_load():
     assert not any(sched.observe(0.0, higher_is_better=True) for _ in range(5))
     sched.load_state_dict({"last_epoch": 3, "base_lrs": [1.0, 1.0], "_step_count": 4})  # a checkpoint of an earlier version
     assert sched.get_last_lr()[0] == pytest.approx(lr_factor(3, cfg))
+
+
+@pytest.mark.parametrize("saved_fused", [None, False])
+def test_optimizer_state_saved_without_the_fused_kernel_resumes_with_it(saved_fused):
+    """A checkpoint from a torch or device without a fused kernel: the live optimizer keeps its own, and its
+    first update after loading is the one the saved optimizer would have made."""
+    from nmt.config import TrainConfig
+    from nmt.train.optim import build_optimizer, load_optimizer_state
+    from nmt.train.step import step_unless
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    x = torch.randn(5, 3)
+    saved_opt = torch.optim.Adam([{"params": [model[0].weight], "weight_decay": 0.0},
+                                  {"params": [model[0].bias, model[1].weight, model[1].bias], "weight_decay": 0.0}],
+                                 lr=1e-3, betas=(0.9, 0.98), eps=1e-9, foreach=False, fused=saved_fused)
+    for _ in range(2):
+        saved_opt.zero_grad()
+        model(x).square().sum().backward()
+        saved_opt.step()
+    saved = copy.deepcopy(saved_opt.state_dict())  # as read from a checkpoint: no tensor shared with saved_opt
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    assert [g["fused"] for g in saved["param_groups"]] == [saved_fused] * 2
+
+    live = build_optimizer(model, TrainConfig(lr=1e-3, eps=1e-9), torch.device("cpu"))
+    assert live.defaults["fused"]  # this torch has a fused CPU kernel
+    load_optimizer_state(live, model, saved, weights)
+    assert [g["fused"] for g in live.param_groups] == [True, True]
+    live.zero_grad()
+    model(x).square().sum().backward()
+    step_unless(live, torch.tensor(False))  # raised before: foreach Adam given the fused kernel's found_inf
+    after_live = [p.detach().clone() for p in model.parameters()]
+
+    model.load_state_dict(weights)
+    saved_opt.zero_grad()
+    model(x).square().sum().backward()
+    saved_opt.step()
+    for got, expected in zip(after_live, model.parameters(), strict=True):
+        torch.testing.assert_close(got, expected)
