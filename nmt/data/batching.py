@@ -376,7 +376,9 @@ class TokenBatchSampler(Sampler[list[int]]):
     So that every rank gets the same number of batches (DDP steps in lockstep)
     while each drawn row is still seen exactly once per epoch, the largest batches are
     split in two until the count divides by W; halves stay under the budget. Only
-    with fewer pairs than ranks are batches repeated (from the start of the list).
+    where no batch has two pairs left to split (fewer pairs than ranks, or a budget under
+    twice every pair's length) are batches repeated, from the start of the list: up to
+    W - 1 pairs come twice in such an epoch.
 
     Args:
         src_lens, tgt_lens: (N,) lengths of each row (`src_len`, `tgt_len` columns),
@@ -490,7 +492,7 @@ class TokenBatchSampler(Sampler[list[int]]):
             while len(starts) % w:
                 sizes = ends - starts
                 j = int(np.argmax(sizes))
-                if sizes[j] < 2:  # fewer pairs than ranks: repeat batches
+                if sizes[j] < 2:  # every batch a single pair: repeat batches
                     again = np.arange(-len(starts) % w) % len(starts)
                     starts, ends = np.concatenate([starts, starts[again]]), np.concatenate([ends, ends[again]])
                     break

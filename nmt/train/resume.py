@@ -22,6 +22,11 @@ from nmt.train.optim import Schedule, load_optimizer_state
 log = logging.getLogger(__name__)
 
 
+EPOCH_CUT = ("max_tokens", "seed", "batch_order", "pad_to_multiple", "length_buckets", "batch_shapes")
+"""The `train` settings that decide how an epoch is cut into batches: a run resumed mid-epoch with any of them
+changed takes the rest of the epoch from another cut (`Progress.batch_in_epoch` counts batches of the first)."""
+
+
 @dataclass
 class Progress:
     """Where training stands; saved in every checkpoint."""
@@ -162,11 +167,15 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
         seed_everything(cfg.train.seed + ctx.rank + progress.step)
         log.warning("%s was written by %d processes, now %d: data order and random streams change on resume",
                     path, len(states), ctx.world_size)
-    order = payload.get("config", {}).get("train", {}).get("batch_order", "longer")  # before the key: longer
-    if order != cfg.train.batch_order and ctx.is_main:
-        log.warning("%s was trained with train.batch_order: %s, now %s: this epoch's remaining batches are cut in "
-                    "the new order, so some of its pairs come again and others not until the next epoch; set "
-                    "train.batch_order: %s to resume in the run's order", path, order, cfg.train.batch_order, order)
+    saved_train = payload.get("config", {}).get("train", {})
+    changed = [(key, saved_train.get(key, "longer" if key == "batch_order" else None), getattr(cfg.train, key))
+               for key in EPOCH_CUT]  # a checkpoint from before batch_order was cut in the longer order
+    changed = [(key, old, new) for key, old, new in changed if old is not None and old != new]
+    if changed and ctx.is_main:
+        log.warning("%s was trained with %s: this epoch's remaining batches are cut anew, so some of its pairs come "
+                    "again and others not until the next epoch; set %s to resume in the run's order", path,
+                    ", ".join(f"train.{key}: {old}, now {new}" for key, old, new in changed),
+                    ", ".join(f"train.{key}: {old}" for key, old, _ in changed))
     if ctx.is_main:
         log.info("resumed from %s at step %d", path, progress.step)
     return progress

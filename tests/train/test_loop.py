@@ -199,3 +199,13 @@ def test_resuming_in_another_batch_order_warns_and_the_same_order_does_not(small
     with caplog.at_level(logging.WARNING):
         train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=5, batch_order="lengths"))
     assert not [r for r in caplog.records if "batch_order" in r.getMessage()]  # the checkpoint keeps its order
+
+
+def test_resuming_with_batches_of_another_size_or_seed_warns_naming_both(small_corpus, tmp_path, caplog):
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, max_tokens=600, seed=1))
+    with caplog.at_level(logging.WARNING):
+        assert train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=3, max_tokens=300, seed=2))["step"] == 3
+    [message] = [r.getMessage() for r in caplog.records if "cut anew" in r.getMessage()]
+    assert message.startswith(f"{tmp_path / 'run' / 'ckpt_2.pt'} was trained with train.max_tokens: 600, now 300, "
+                              "train.seed: 1, now 2: this epoch's remaining batches are cut anew")
+    assert message.endswith("set train.max_tokens: 600, train.seed: 1 to resume in the run's order")
