@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 EPOCH_CUT = ("max_tokens", "seed", "batch_order", "pad_to_multiple", "length_buckets", "batch_shapes")
-"""The `train` settings that decide how an epoch is cut into batches: a run resumed mid-epoch with any of them
-changed takes the rest of the epoch from another cut (`Progress.batch_in_epoch` counts batches of the first)."""
+"""The `train` settings that can change how an epoch is cut into batches (the padding ones where batch shapes are
+static or pairs are sorted by both lengths): a run resumed mid-epoch with one of them changed may take the rest of
+the epoch from another cut, while `Progress.batch_in_epoch` counts batches of the first."""
 
 
 @dataclass
@@ -172,8 +173,8 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
                for key in EPOCH_CUT]  # a checkpoint from before batch_order was cut in the longer order
     changed = [(key, old, new) for key, old, new in changed if old is not None and old != new]
     if changed and ctx.is_main:
-        log.warning("%s was trained with %s: this epoch's remaining batches are cut anew, so some of its pairs come "
-                    "again and others not until the next epoch; set %s to resume in the run's order", path,
+        log.warning("%s was trained with %s: this epoch's remaining batches may be cut anew, so that some of its "
+                    "pairs come again and others not until the next epoch; set %s to resume in the run's order", path,
                     ", ".join(f"train.{key}: {old}, now {new}" for key, old, new in changed),
                     ", ".join(f"train.{key}: {old}" for key, old, _ in changed))
     if ctx.is_main:
