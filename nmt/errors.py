@@ -40,3 +40,9 @@ def shorten(text: str, limit: int = 200) -> str:
         return text
     half = limit // 2
     return f"{text[:half]} ... ({len(text)} characters) ... {text[len(text) - half:]}"
+
+
+def headline(err: BaseException) -> str:
+    """The first line of `err`'s message ("" for none): torch's errors run to several lines of advice."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""

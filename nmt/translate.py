@@ -42,7 +42,7 @@ from nmt.config import ExperimentConfig
 from nmt.data.batching import inference_batches
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from nmt.decode import CHUNK_LINES, MAX_CHUNK_LINES, Hypothesis, SearchOptions, search
-from nmt.errors import CheckpointError, UserError
+from nmt.errors import CheckpointError, UserError, headline
 from nmt.models.ensemble import Ensemble
 from nmt.runtime import HALF_DTYPES, inference, pick_device, warn_if_slow_precision
 
@@ -336,7 +336,7 @@ class Translator:
         try:
             return self._search_batch(sources, opts)
         except torch.cuda.OutOfMemoryError as err:
-            detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            detail = headline(err)
         # Out of the handler, the failed batch's tensors (held by the traceback's frames) are freed.
         if not half:
             raise UserError(

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from nmt.errors import UserError
+from nmt.errors import UserError, headline
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class StopSignals:
 
 def out_of_memory(err: Exception, *, max_tokens: int, accumulate: int, shapes: str) -> UserError:
     """A user-facing error for a CUDA out-of-memory error on a batch."""
-    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    detail = headline(err)
     return UserError(
         f"CUDA out of memory on a batch of {shapes}: lower train.max_tokens (now {max_tokens}) and raise "
         f"train.accumulate (now {accumulate}) to keep the tokens per update; or use precision bf16. ({detail})"
