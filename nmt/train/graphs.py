@@ -141,8 +141,11 @@ class UpdateGraphs:
             with without_cudnn():
                 if self.uses[key] <= EAGER_USES:
                     return self.run_eagerly(lambda: run(batch))
-                inputs = batch.clone() if batch is not None else None  # the shape's inputs for good: later
-                replay, results = self.record(t, lambda: run(inputs))  # batches are copied into them
+                # the shape's inputs for good: later batches are copied into them
+                inputs = batch.clone() if batch is not None else None
+                before = _optimizer_state_keys(t.optimizer)
+                replay, results = self.record(t, lambda: run(inputs))
+                _refuse_state_set_up_in_recording(t, before, key)
             recorded = self.recorded[key] = _Recorded(replay=replay, batch=inputs, results=results)
         elif batch is not None:
             assert recorded.batch is not None
@@ -219,6 +222,34 @@ def switched_off(backend: Any) -> Iterator[None]:
         yield
     finally:
         backend.enabled = enabled
+
+
+def _optimizer_state_keys(optimizer: torch.optim.Optimizer) -> dict[int, frozenset[str]]:
+    """What state the optimizer holds, by parameter: the names of its entries (Adam's step and moments)."""
+    return {id(p): frozenset(s) for p, s in optimizer.state.items()}
+
+
+def _refuse_state_set_up_in_recording(t: Trainable, before: dict[int, frozenset[str]], key: tuple[object, ...]) -> None:
+    """Raise if recording `key` set up optimizer state that was not there before it.
+
+    The optimizer sets up a parameter's state (Adam's moments, zeros) at its first gradient. A parameter that got
+    no gradient in the eager uses of a shape but gets one in its recording would have that setting-up recorded:
+    every replay would zero its moments and step count again, and the run would train wrongly without a word.
+    Every parameter of this project's models gets a gradient from every batch, so this guards models to come.
+
+    Raises:
+        UserError: naming the parameters and the batch shape.
+    """
+    after = _optimizer_state_keys(t.optimizer)
+    if after == before:
+        return
+    names = {id(p): name for name, p in t.model.named_parameters()}
+    new = [names.get(i, "a parameter outside the model") for i, keys in after.items() if keys != before.get(i)]
+    shown = ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
+    what = "the end of an update" if key == ("end",) else f"the {key[0]} of batch shape {key[1:]}"
+    raise UserError(f"train.cuda_graphs: recording {what} set up optimizer state for {len(new)} "
+                    f"parameter(s) that got no gradient in its {EAGER_USES} eager uses ({shown}); every replay "
+                    f"would reset it. Set train.cuda_graphs: false for this model")
 
 
 def _results(r: StepResult) -> Tensor:

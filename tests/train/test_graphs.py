@@ -4,6 +4,7 @@ graphs, and on a CPU with the updates recorded by `make_fx` (`TracedUpdates`), w
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -450,6 +451,32 @@ def test_a_recording_keeps_what_the_host_passed_it_so_the_token_count_must_come_
     assert _replayed_grad_norm(first, second, tokens_on_device=True) == pytest.approx(eager, rel=1e-6)
     assert _replayed_grad_norm(first, second, tokens_on_device=False) == pytest.approx(
         eager * second.ntokens / first.ntokens, rel=1e-5)
+
+
+@pytest.mark.parametrize("device", [pytest.param(torch.device("cpu"), id="cpu"),
+                                    pytest.param(CUDA, id="cuda", marks=pytest.mark.gpu)])
+def test_a_recording_that_would_set_up_optimizer_state_is_refused(device):
+    """A parameter without a gradient in a shape's eager uses has no Adam state yet; a recording that gave it one
+    would zero its moments again at every replay. Here the parameter is frozen for the eager uses."""
+    tc = TrainConfig(cuda_graphs=True, warmup_steps=1, lr=0.01, batch_shapes="static", max_tokens=12 * 16)
+    t = _trainable(0, tc, device)
+    if device.type == "cuda":
+        prepare_step(t, tc, device, Dist(), shapes=1)
+    else:
+        prepare_step(t, replace(tc, cuda_graphs=False), device, Dist(), shapes=1)
+        t.update_graphs = TracedUpdates(t, tc, device)
+    late = t.model.get_parameter("decoder.layers.0.feed_forward.down.bias")
+    late.requires_grad_(False)
+    b = _filled(0, 6, 16, device)
+    with _without_onednn():
+        for _ in range(EAGER_USES):
+            train_step(t, [b], tc, device)
+        assert late not in t.optimizer.state and len(t.optimizer.state) > 0
+        late.requires_grad_(True)
+        with pytest.raises(UserError, match=re.escape(f"recording the update of batch shape {b.shape} set up optimizer "
+                                                      "state for 1 parameter(s)") +
+                           r".*\(decoder.layers.0.feed_forward.down.bias\).*cuda_graphs: false"):
+            train_step(t, [b], tc, device)
 
 
 @pytest.mark.gpu
