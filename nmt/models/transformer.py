@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.models.contract import Memory, check_attention_choice, index_select_batch
+from nmt.models.contract import Memory, check_attention_choice
 from nmt.models.layers import (
     Dropout,
     Embedding,
@@ -469,8 +469,22 @@ class TransformerState:
     step: int
 
     def index_select(self, order: Tensor) -> TransformerState:
-        """Keep (and repeat) hypotheses `order` (B',): caches are reordered, not recomputed."""
-        return index_select_batch(self, order)
+        """Keep (and repeat) hypotheses `order` (B',): caches are reordered, not recomputed.
+
+        Of preallocated buffers only the t filled positions are copied, into new buffers of the same length
+        whose later positions are left unwritten: each step writes its position before it reads it.
+        """
+        return TransformerState(self_kv=[(_take_filled(k, order, self.step), _take_filled(v, order, self.step))
+                                         for k, v in self.self_kv], step=self.step)
+
+
+def _take_filled(cache: Tensor, order: Tensor, filled: int) -> Tensor:
+    """Rows `order` of a cache (B, H, L, Dh) whose first `filled` positions hold keys or values: (B', H, L, Dh)."""
+    if cache.size(2) <= filled:  # grown, or a full buffer
+        return cache.index_select(0, order)
+    taken = cache.new_empty(order.numel(), *cache.shape[1:])
+    torch.index_select(cache[:, :, :filled], 0, order, out=taken[:, :, :filled])
+    return taken
 
 
 class Transformer(nn.Module):
