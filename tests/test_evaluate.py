@@ -72,6 +72,17 @@ def test_file_errors_name_the_file_and_line(tmp_path):
         read_lines(tmp_path / "nope.txt")
 
 
+def test_a_damaged_or_truncated_gzip_file_is_named(tmp_path):
+    """A damaged deflate stream raises zlib's error, a truncated one EOFError: both name the file."""
+    packed = gzip.compress("".join(f"line {i} {i * 7919 % 1000}\n" for i in range(5000)).encode())
+    damaged, truncated = tmp_path / "damaged.de.gz", tmp_path / "truncated.de.gz"
+    damaged.write_bytes(packed[:200] + bytes(b ^ 0xFF for b in packed[200:260]) + packed[260:])
+    truncated.write_bytes(packed[: len(packed) // 2])
+    for path in (damaged, truncated):
+        with pytest.raises(DataError, match=rf"{path.name}: cannot read: "):
+            read_lines(path)
+
+
 @pytest.fixture
 def two_test_sets(small_corpus, tmp_path):
     raw = tiny_config_dict(small_corpus, tmp_path / "run")

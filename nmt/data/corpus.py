@@ -30,7 +30,6 @@ import gzip
 import itertools
 import json
 import os
-import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from datasets import Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetGenerationError
 
 from nmt.config import CorpusConfig
+from nmt.data.text import READ_ERRORS
 from nmt.data.textfiles import file_stamp, is_glob, read_text_shards, text_prefixes
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
@@ -336,7 +336,7 @@ def _lines(path: str) -> Iterator[str]:
                 if line.endswith("\n"):
                     line = line[:-2] if line.endswith("\r\n") else line[:-1]
                 yield line.removeprefix("\ufeff") if lineno == 1 else line
-    except (OSError, EOFError, zlib.error) as err:
+    except READ_ERRORS as err:
         raise DataError(f"{path}: cannot read after line {lineno}: {err}") from None
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import gzip
 import os
 import select
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import BinaryIO
 
 from nmt.errors import DataError
+
+# What reading a file raises when it cannot be read: the system's errors, and a gzip file cut short or
+# damaged (a damaged deflate stream raises zlib's error, not an OSError).
+READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -25,7 +30,7 @@ def read_lines(path: str | Path) -> list[str]:
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
             return list(decode_lines(f, str(path)))
-    except (OSError, EOFError) as err:
+    except READ_ERRORS as err:
         raise DataError(f"{path}: cannot read: {err}") from None
 
 

@@ -25,7 +25,6 @@ import gzip
 import hashlib
 import json
 import os
-import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset
 
+from nmt.data.text import READ_ERRORS
 from nmt.errors import DataError
 
 BLOCK_BYTES = 1 << 22
@@ -142,7 +142,7 @@ def line_blocks(path: str) -> Iterator[pa.Array]:
                     if carry:
                         yield _split(carry, path, lines_before, last=True)
                     return
-    except (OSError, EOFError, zlib.error) as err:
+    except READ_ERRORS as err:
         raise DataError(f"{path}: cannot read after line {lines_before}: {err}") from None
 
 
