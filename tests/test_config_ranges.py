@@ -56,6 +56,9 @@ REFUSED = [
      r"tokenizer.character_coverage: 0.0 must be in \(0, 1\]$"),
     ("length_penalty-inf", "decode:\n  length_penalty: .inf\n", r"decode.length_penalty: inf is not a finite number$"),
     ("max_time-nan", "train:\n  max_time: .nan\n", r"train.max_time: nan is not a finite number$"),
+    ("max_ratio-below-one", "data:\n  max_ratio: 0.5\n",
+     r"data: max_ratio \(0.5\): a ratio of the longer side to the shorter is at least 1, so every pair would be "
+     r"dropped; set 1 or more, or 0 to keep every ratio$"),
 ]
 
 # Valid edge values: each must load unchanged.
@@ -72,6 +75,8 @@ ACCEPTED = [
     ("tokenizer-max_sentences-one", "tokenizer:\n  max_sentences: 1\n", ("tokenizer", "max_sentences"), 1),
     ("character_coverage-one", "tokenizer:\n  character_coverage: 1\n", ("tokenizer", "character_coverage"), 1.0),
     ("length_penalty-negative", "decode:\n  length_penalty: -0.5\n", ("decode", "length_penalty"), -0.5),
+    ("max_ratio-zero", "data:\n  max_ratio: 0\n", ("data", "max_ratio"), 0.0),
+    ("max_ratio-one", "data:\n  max_ratio: 1\n", ("data", "max_ratio"), 1.0),
 ]
 
 

@@ -186,9 +186,9 @@ class DataConfig:
     test: dict[str, CorpusConfig] = field(default_factory=dict)
     """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them)."""
     max_len: int = num(100, lo=1)
-    """Training pairs with more subword tokens than this on either side are dropped."""
+    """Training pairs longer than this on either side are dropped, counted as the model reads them: a side's subwords plus one (the source's EOS; the target's BOS, or EOS), so at most `max_len - 1` subwords a side are kept."""
     max_ratio: float = num(3.0, lo=0)
-    """Training pairs whose token-length ratio (longer/shorter) exceeds this are dropped; 0 disables."""
+    """Training pairs whose length ratio (longer/shorter, each side's subwords plus one as for `max_len`) exceeds this are dropped; 0 disables, else at least 1."""
     num_proc: int = num(0, lo=0)
     """Processes that clean and tokenize the corpus; 0: every CPU core this process may use."""
 
@@ -196,6 +196,9 @@ class DataConfig:
         check_ranges(self)
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {self.src_lang!r}")
+        if 0 < self.max_ratio < 1:
+            raise ValueError(f"max_ratio ({self.max_ratio}): a ratio of the longer side to the shorter is at least 1, "
+                             f"so every pair would be dropped; set 1 or more, or 0 to keep every ratio")
         if isinstance(self.train, list) and not self.train:
             raise ValueError("train: an empty list; give one corpus section or a list of them")
         evaluated = {"valid": self.valid, **{f"test.{name}": spec for name, spec in self.test.items()}}
