@@ -147,6 +147,8 @@ def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_
     for p in entries:
         if not is_glob(p) and not Path(p).is_file():
             raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
+        if is_glob(p) and not glob.glob(p):
+            raise DataError(f"{p}: no parquet files match{_path_hint(p)}")
     where = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
     try:
         ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
@@ -416,6 +418,9 @@ def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
         return datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir)
     except Exception as err:  # network, auth, format and split errors all end here
         config = f", config {spec.hf_config!r}" if spec.hf_config else ""
+        if Path(path).is_dir():  # a local folder: the hub was never asked
+            raise DataError(f"{path}{config}, split {split!r}: the folder could not be loaded as a dataset: "
+                            f"{_short(err)}") from None
         raise DataError(
             f"hub dataset {path!r}{config}, split {split!r} could not be loaded: {_short(err)}. "
             "Without access to the hub, download it on another machine "

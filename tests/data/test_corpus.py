@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -215,6 +216,8 @@ def test_parquet_flat_and_nested(tmp_path: Path) -> None:
     assert pairs(load(tmp_path, "parquet", tmp_path / "nested.parquet")) == PAIRS
     with pytest.raises(DataError, match="parquet file not found"):
         load(tmp_path, "parquet", tmp_path / "missing.parquet")
+    with pytest.raises(DataError, match=r"missing-\*.parquet: no parquet files match"):
+        load(tmp_path, "parquet", tmp_path / "missing-*.parquet")
 
 
 def test_parquet_non_text_column_is_refused(tmp_path: Path) -> None:
@@ -243,6 +246,10 @@ def test_hf_field_mapping_on_local_folders(tmp_path: Path) -> None:
     nested_dataset().to_json(tmp_path / "wmt" / "validation.jsonl")
     assert pairs(load(tmp_path, "hf", tmp_path / "multi30k")) == PAIRS
     assert pairs(load(tmp_path, "hf", tmp_path / "wmt", split="validation")) == PAIRS
+    with pytest.raises(DataError) as info:  # a local folder's error says nothing of the hub
+        load(tmp_path, "hf", tmp_path / "wmt", split="test")
+    assert re.match(re.escape(f"{tmp_path / 'wmt'}, split 'test': the folder could not be loaded as a dataset: "),
+                    str(info.value)) and "hub" not in str(info.value)
 
 
 def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
