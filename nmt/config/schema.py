@@ -45,6 +45,10 @@ class DeviceNames:
         return f"{value!r} is {problem}" if problem else None
 
 
+INT64_LIMIT = 1 << 63
+"""Integers a key may take are those of a 64-bit integer, -2**63 to 2**63 - 1, whatever its range."""
+
+
 @dataclass(frozen=True)
 class Range:
     """The valid values of a numeric key: from `lo` to `hi` (None: unbounded), ends open or closed.
@@ -59,6 +63,8 @@ class Range:
 
     def __contains__(self, x: float) -> bool:
         if isinstance(x, float) and not math.isfinite(x):
+            return False
+        if isinstance(x, int) and not -INT64_LIMIT <= x < INT64_LIMIT:  # beyond what torch and NumPy hold
             return False
         above = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
         below = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
@@ -84,6 +90,8 @@ class Range:
             shown = f"{x!r} (item {i} of {list(items)})" if isinstance(value, tuple) else repr(x)
             if isinstance(x, float) and not math.isfinite(x):
                 return f"{shown} is not a finite number"
+            if isinstance(x, int) and not -INT64_LIMIT <= x < INT64_LIMIT:
+                return f"{shown} is too large for a 64-bit integer"
             return f"{shown} must be {self}"
         return None
 
@@ -467,13 +475,13 @@ class DecodeConfig:
 
     beam: int = num(5, lo=1)
     """Beam size (1: greedy search)."""
-    length_penalty: float = num(1.0)
-    """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha; 0 disables."""
-    max_len_a: float = num(1.5, lo=0)
+    length_penalty: float = num(1.0, lo=-5, hi=5)
+    """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha; 0 disables. Values used in practice lie between 0.6 and 2; beyond 5 the penalty of a long output leaves fp32's range."""
+    max_len_a: float = num(1.5, lo=0, hi=MAX_POSITIONS)
     """Longest output is `max_len_a * source_length + max_len_b` tokens."""
-    max_len_b: int = num(10, lo=0)
+    max_len_b: int = num(10, lo=0, hi=MAX_POSITIONS)
     """See `max_len_a`."""
-    min_len: int = num(0, lo=0)
+    min_len: int = num(0, lo=0, hi=MAX_POSITIONS)
     """No end of sentence before this many output tokens."""
     coverage_penalty: float = num(0.0, lo=0)
     """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables (needs a model with attention)."""

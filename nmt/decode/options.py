@@ -10,12 +10,14 @@ diverse beam is a new step function, not an edit of the loop).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 import torch
 from torch import Tensor
 
+from nmt.config.schema import DecodeConfig, range_of
 from nmt.decode.beam import beam_step
 from nmt.decode.greedy import greedy_step
 from nmt.decode.sampling import Sampling, make_sample_step
@@ -71,7 +73,9 @@ class SearchOptions:
             step on the CPU, every 8 elsewhere (see `nmt.decode.search`).
 
     Raises:
-        ValueError: inconsistent settings, naming the values.
+        ValueError: inconsistent settings, naming the values, or a setting outside the range its
+            `decode` key of the config has (`DecodeConfig`): the same limits from a config as from
+            the command line or a direct call.
     """
 
     max_len_a: float
@@ -89,11 +93,15 @@ class SearchOptions:
     sync_every: int | None = None
 
     def __post_init__(self) -> None:
+        for name, valid in _DECODE_RANGES.items():
+            problem = valid.problem(getattr(self, name))
+            if problem:
+                raise ValueError(f"{name}: {problem}")
         if isinstance(self.strategy, str) and self.strategy not in get_args(Strategy):
             raise ValueError(f"strategy ({self.strategy!r}) must be one of {get_args(Strategy)} or a StepFn")
         sampling = self.sampling is not None or self.strategy == "sample"
-        if self.beam < 1 or self.nbest < 1:
-            raise ValueError(f"beam ({self.beam}) and nbest ({self.nbest}) must be at least 1")
+        if self.nbest < 1:
+            raise ValueError(f"nbest ({self.nbest}) must be at least 1")
         if sampling and self.nbest > 1:
             raise ValueError(f"sampling draws one translation per line; nbest ({self.nbest}) must be 1")
         if sampling and self.beam != 1:
@@ -102,16 +110,9 @@ class SearchOptions:
             raise ValueError(f"nbest ({self.nbest}) cannot exceed beam ({self.beam})")
         if self.strategy == "greedy" and self.beam != 1:
             raise ValueError(f"greedy search keeps one hypothesis; beam ({self.beam}) must be 1")
-        if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
-            raise ValueError(f"max_len_a ({self.max_len_a}), max_len_b ({self.max_len_b}) and min_len "
-                             f"({self.min_len}) must be >= 0")
-        if self.coverage_penalty < 0:
-            raise ValueError(f"coverage_penalty ({self.coverage_penalty}) must be >= 0")
         if not self.cached and (self.attention or self.coverage_penalty > 0):
             raise ValueError("cached=False gives no attention: attention and coverage_penalty need cached=True "
                              f"(attention={self.attention}, coverage_penalty={self.coverage_penalty})")
-        if self.max_tokens < 0:
-            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 0 (0: by device)")
         if self.sync_every is not None and self.sync_every < 1:
             raise ValueError(f"sync_every ({self.sync_every}) must be >= 1")
 
@@ -136,3 +137,8 @@ class SearchOptions:
                 return greedy_step if self.beam == 1 else beam_step
             case _:
                 return self.strategy
+
+
+# The keys a `decode` section shares with `SearchOptions`, and their valid values.
+_DECODE_RANGES = {f.name: range_of(f) for f in dataclasses.fields(DecodeConfig)
+                  if range_of(f) is not None and f.name in {g.name for g in dataclasses.fields(SearchOptions)}}

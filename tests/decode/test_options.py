@@ -37,11 +37,17 @@ def test_sampling_gets_a_seeded_step_and_continues_its_stream():
     (dict(beam=3, strategy="greedy"), r"greedy search keeps one hypothesis; beam \(3\) must be 1"),
     (dict(strategy="diverse"), r"strategy \('diverse'\) must be one of"),
     (dict(cached=False, attention=True), "cached=False gives no attention"),
-    (dict(min_len=-1), r"min_len \(-1\) must be >= 0"),
+    (dict(min_len=-1), r"^min_len: -1 must be in \[0, 65536\]$"),
+    (dict(beam=0), r"^beam: 0 must be >= 1$"),
+    (dict(max_len_a=float("nan")), r"^max_len_a: nan is not a finite number$"),
+    (dict(length_penalty=float("nan")), r"^length_penalty: nan is not a finite number$"),
+    (dict(length_penalty=1e308), r"^length_penalty: 1e\+308 must be in \[-5, 5\]$"),
+    (dict(coverage_penalty=float("inf")), r"^coverage_penalty: inf is not a finite number$"),
+    (dict(max_tokens=10**23), r"^max_tokens: 100000000000000000000000 is too large for a 64-bit integer$"),
 ])
 def test_inconsistent_settings_are_refused_with_their_values(fields, message):
     with pytest.raises(ValueError, match=message):
-        SearchOptions(**LIMITS, **fields)
+        SearchOptions(**{**LIMITS, **fields})
 
 
 def test_a_custom_step_sees_the_step_index_and_the_prefixes():
