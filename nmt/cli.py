@@ -132,6 +132,7 @@ def translate(
     the same command goes on after them.
     """
     from nmt.decode import Sampling
+    from nmt.fileio import check_folder_to_write
     from nmt.translate import Translator
     from nmt.translate_io import check_io, translate_io
 
@@ -142,6 +143,8 @@ def translate(
     except ValueError as err:
         raise UserError(str(err)) from None
     check_io(input, output)  # a missing input or a bad output fails before the model loads
+    if attention_plot is not None:
+        check_folder_to_write(attention_plot, "--attention-plot")
     translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
     translator.set_attention(layer=attention_layer, head=attention_head)
     options = translator.options(beam=beam, nbest=nbest, length_penalty=length_penalty, max_tokens=max_tokens,
@@ -166,6 +169,7 @@ def evaluate(
 ) -> None:
     """Score with sacreBLEU: a checkpoint on a split or on --src/--ref, or --hyp against --ref."""
     from nmt.evaluate import evaluate_checkpoint, score_files
+    from nmt.fileio import check_folder_to_write
     from nmt.metrics import format_scores
 
     if hyp is not None:
@@ -175,6 +179,8 @@ def evaluate(
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
+        if save_translations is not None:
+            check_folder_to_write(save_translations, "--save-translations")
         results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref, beam=beam, device=device,
                                       save_dir=save_translations)
     if as_json:
@@ -194,6 +200,7 @@ def average(
 ) -> None:
     """Average the weights of several checkpoints of one run."""
     from nmt.checkpoint import average_checkpoints, last_checkpoints, save_checkpoint
+    from nmt.translate_io import check_output
 
     if last:
         if len(paths) != 1 or not paths[0].is_dir():
@@ -204,6 +211,7 @@ def average(
         checkpoints = list(paths)
         if output is None:
             raise UserError("give --output FILE (or --last N RUN_DIR)")
+    check_output(output)  # before the checkpoints are read
     save_checkpoint(average_checkpoints(checkpoints), output)
     typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {' '.join(p.name for p in checkpoints)})")
 
@@ -256,12 +264,18 @@ def analyze(
         plot_bleu_by_length,
         write_report,
     )
+    from nmt.fileio import check_folder_to_write
+    from nmt.translate_io import check_output
 
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
+    chosen = _sentence_numbers(sentences)
+    if report is not None:
+        check_folder_to_write(report, "--report")
+    if plot is not None:
+        check_output(plot, option="--plot")
     named = name_checkpoints(checkpoints)
     if report is not None:
-        chosen = [int(i) for i in sentences.split(",") if i.strip()]
         path = write_report(named, report, sentences=chosen, split=split, src=src, ref=ref, n_buckets=buckets,
                             beam=beam, device=device)
         typer.echo(f"wrote {path}")
@@ -305,6 +319,8 @@ def serve(
     """Serve translations over HTTP: POST /translate {"text": [...]}, GET /health."""
     from nmt.serve import serve as run_server
 
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: a port is a number from 0 to 65535 (0: any free one)")
     run_server(checkpoint, host=host, port=port, beam=beam, device=device)
 
 
@@ -314,6 +330,15 @@ def config_reference() -> None:
     from nmt.config import reference_markdown
 
     typer.echo(reference_markdown())
+
+
+def _sentence_numbers(text: str) -> list[int]:
+    """`--sentences` ("0,4,7") as numbers, each a sentence of the test set counted from 0."""
+    numbers = [item.strip() for item in text.split(",") if item.strip()]
+    bad = next((item for item in numbers if not item.isdigit()), None)
+    if bad is not None:
+        raise UserError(f"--sentences {text!r}: {bad!r} is not a sentence number (0-based, comma-separated: 0,4,7)")
+    return [int(item) for item in numbers]
 
 
 def hoist_global_flags(args: list[str]) -> list[str]:

@@ -65,6 +65,7 @@ from torch import Tensor, nn
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import UserError
+from nmt.fileio import check_folder_to_write
 
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
@@ -242,8 +243,12 @@ def _pieces(sp) -> list[str]:
 
 
 def _check_output(output: Path, force: bool) -> None:
+    if output.is_symlink():
+        raise UserError(f"{output}: a symbolic link; give the folder it points to ({os.path.realpath(output)}) "
+                        "or a new folder")
     if output.exists() and not output.is_dir():
         raise UserError(f"{output}: exists and is not a folder; give a new folder for the model")
+    check_folder_to_write(output, "-o")
     if output.is_dir() and any(output.iterdir()):
         is_model = all((output / name).is_file() for name in _MODEL_FILES)
         if not is_model:

@@ -55,6 +55,26 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
     fsync_dir(path.parent)
 
 
+def check_folder_to_write(folder: str | Path, option: str) -> None:
+    """Refuse, before any work, an output folder that could not be made or written: a file of its name, a
+    file on the way to it, or a nearest existing folder that is not writable.
+
+    Raises:
+        UserError: naming `option` (the command-line option that gave the folder) and the folder.
+    """
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {folder}: a file, not a folder; give a folder")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{option} {folder}: {existing} is a file, so no folder can be made there; "
+                        f"give another {option}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {folder}: {existing} is not writable; give another {option}")
+
+
 def remove_stale_temporaries(folder: str | Path) -> None:
     """Remove half-written files left in `folder` by a process killed while writing."""
     for p in Path(folder).glob(f"{TMP_PREFIX}*"):

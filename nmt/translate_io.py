@@ -206,11 +206,12 @@ def write_translations(
     return n
 
 
-def check_output(output: str | Path, input: str | Path | None = None) -> None:
+def check_output(output: str | Path, input: str | Path | None = None, *, option: str = "-o") -> None:
     """Refuse an output file that is the input file, or that cannot be created.
 
     Called before the model loads, so a mistake costs no time. `input` None means
-    standard input, checked too when it is redirected from a file.
+    standard input, checked too when it is redirected from a file. `option` is the
+    command-line option that named the output, for the messages.
 
     Raises:
         UserError: `output` is `input` (same path, a symlink or a hard link to it), a folder,
@@ -221,9 +222,9 @@ def check_output(output: str | Path, input: str | Path | None = None) -> None:
         raise UserError(f"{output}: output is a folder; give a file name")
     folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
-        raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another -o")
+        raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another {option}")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{output}: output folder {folder} is not writable; choose another -o")
+        raise UserError(f"{output}: output folder {folder} is not writable; choose another {option}")
     if not path.exists():
         return
     out_stat = path.stat()

@@ -99,6 +99,21 @@ CASES = [
     ("translate-max-tokens-huge", "translate -c {good} -i {src2} --max-tokens 99999999999999999999999", 2,
      ["max_tokens: 99999999999999999999999 is too large for a 64-bit integer"], None),
     ("analyze-buckets-zero", "analyze -c {good} --buckets 0", 2, ["--buckets (0) must be at least 1"], None),
+    # outputs that could not be written, refused before any checkpoint is read or line translated
+    ("average-output-folder", "average {good} {misfit} -o {dir}", 2, ["output is a folder; give a file name"], None),
+    ("average-output-nowhere", "average {good} {misfit} -o {dir}/nowhere/avg.pt", 2,
+     ["avg.pt: output folder", "nowhere does not exist"], None),
+    ("eval-save-translations-file", "eval -c {good} --split test --save-translations {src2}", 2,
+     ["--save-translations", "src2.txt: a file, not a folder"], None),
+    ("translate-attention-plot-under-file", "translate -c {good} -i {src2} --attention-plot {src2}/plots", 2,
+     ["--attention-plot", "src2.txt is a file, so no folder can be made there"], None),
+    ("export-output-link", "export -c {good} -o {link} --force", 2, ["link: a symbolic link; give the folder"], None),
+    ("serve-port-too-large", "serve -c {good} --port 70000", 2, ["--port 70000: a port is a number from 0 to 65535"],
+     None),
+    ("analyze-sentences-not-numbers", "analyze -c {good} --report {dir}/report --sentences x,1", 2,
+     ["--sentences 'x,1': 'x' is not a sentence number"], None),
+    ("analyze-sentences-negative", "analyze -c {good} --report {dir}/report --sentences -1", 2,
+     ["'-1' is not a sentence number"], None),
     ("translate-input-utf8-before-progress", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"],
      SUB_ONLY),
 ]
@@ -144,6 +159,8 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     config("missing_data", data("train", path=str(d / "nope")))
     config("relative", lambda c: (data("train", path="corpus/train")(c), data("valid", path="corpus/valid")(c)))
     (d / "elsewhere").mkdir()
+    (d / "link").symlink_to(d / "elsewhere")
+    paths["link"] = str(d / "link")
     lines("short.en", en), lines("short.de", de[:-3])
     config("line_counts", data("train", path=str(d / "short")))
     lines("utf8.en", en[:249] + [b"caf\xe9 au lait"] + en[250:]), lines("utf8.de", de)
