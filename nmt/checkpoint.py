@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ except ImportError:  # numpy 1
 
 from nmt.config import config_from_dict
 from nmt.data.tokenizer import PAD_ID, Tokenizer
-from nmt.errors import CheckpointError, ConfigError
+from nmt.errors import CheckpointError, ConfigError, headline
 from nmt.fileio import write_atomic
 from nmt.models import build_model
 
@@ -228,6 +229,12 @@ def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = 
         raise CheckpointError(f"{source}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None
     except ConfigError as err:
         raise CheckpointError(f"{err} (a checkpoint of another nmt version?)") from None
+    except (TypeError, AttributeError, ValueError, RuntimeError) as err:  # sentencepiece's own errors included
+        raise CheckpointError(f"{source}: its 'tokenizer' entry is not the sentencepiece models nmt saves "
+                              f"({type(err).__name__}: {headline(err)[:200]})") from None
+    if not isinstance(payload.get("model"), Mapping):
+        raise CheckpointError(f"{source}: its 'model' entry is {type(payload.get('model')).__name__}, not the "
+                              "weights by name nmt saves")
     model = build_model(
         cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID
     )

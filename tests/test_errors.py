@@ -99,6 +99,12 @@ CASES = [
     ("translate-max-tokens-huge", "translate -c {good} -i {src2} --max-tokens 99999999999999999999999", 2,
      ["max_tokens: 99999999999999999999999 is too large for a 64-bit integer"], None),
     ("analyze-buckets-zero", "analyze -c {good} --buckets 0", 2, ["--buckets (0) must be at least 1"], None),
+    ("translate-ckpt-tokenizer-int", "translate -c {tokenizer_int} -i {src2}", 2,
+     ["tokenizer_int.pt: its 'tokenizer' entry is not the sentencepiece models nmt saves (TypeError"], None),
+    ("translate-ckpt-tokenizer-bytes", "translate -c {tokenizer_bytes} -i {src2}", 2,
+     ["tokenizer_bytes.pt: its 'tokenizer' entry is not the sentencepiece models nmt saves"], None),
+    ("translate-ckpt-model-list", "translate -c {model_list} -i {src2}", 2,
+     ["model_list.pt: its 'model' entry is list, not the weights by name nmt saves"], None),
     # outputs that could not be written, refused before any checkpoint is read or line translated
     ("average-output-folder", "average {good} {misfit} -o {dir}", 2, ["output is a folder; give a file name"], None),
     ("average-output-nowhere", "average {good} {misfit} -o {dir}/nowhere/avg.pt", 2,
@@ -188,6 +194,12 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     wider = copy.deepcopy(payload)
     wider["config"]["model"]["transformer"].update(d_model=64, ff_dim=128)
     save_checkpoint(wider, d / "misfit.pt")
+    for name, entry, value in (("tokenizer_int", "tokenizer", 5), ("model_list", "model", [1]),
+                               ("tokenizer_bytes", "tokenizer", {"src_model": b"not a sentencepiece model"})):
+        odd = copy.deepcopy(payload)
+        odd[entry] = value
+        save_checkpoint(odd, d / f"{name}.pt")
+        paths[name] = str(d / f"{name}.pt")
     moved = copy.deepcopy(payload)
     moved["config"]["data"]["test"]["test"]["path"] = str(d / "gone" / "test")
     save_checkpoint(moved, d / "moved.pt")
