@@ -10,9 +10,15 @@ The model is loaded once. Connections are served by threads
 lock: the model and its caches are not shared between concurrent searches,
 and a batch of lines already uses every core the model is given.
 
-Bad requests get status 400 (404 for an unknown path, 413 for a body over
-`MAX_BODY_BYTES`) and a JSON body {"error": "<one line>"}; a failure inside the
-model gets 500, with the traceback in the server's log only.
+Bad requests get status 400 (404 for an unknown path, 405 and an `Allow` header
+for another method on a known one, 413 for a body over `MAX_BODY_BYTES`) and a
+JSON body {"error": "<one line>"}, as do the errors `http.server` itself sends
+(a request line it cannot parse, a method it does not know: 501); a failure
+inside the model gets 500, with the traceback in the server's log only.
+
+It serves until Ctrl-C or SIGTERM (how systemd and docker stop a service), then
+stops listening and finishes the requests in flight, up to
+`TranslationServer.drain_seconds`; a second signal stops it at once.
 
 Standard library only (`http.server`): no web framework to install. For
 production traffic, run it behind a reverse proxy that adds TLS and limits.
@@ -22,10 +28,12 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,6 +48,8 @@ MAX_BODY_BYTES = 10 * 2**20
 """Largest request body read; about 100,000 sentences, far more than one request should hold."""
 MAX_BEAM = 64
 """Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
+_METHODS = {"/translate": "POST", "/health": "GET"}
+"""The one method each path answers; another one gets 405."""
 
 
 class TranslationServer(ThreadingHTTPServer):
@@ -116,12 +126,32 @@ def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
     """Load, bind and serve until interrupted (Ctrl-C or SIGTERM's KeyboardInterrupt); `options` as for `make_server`."""
     server = make_server(checkpoint, **options)
     log.info("serving %s on %s: POST /translate {\"text\": [...]}, GET /health", server.name, server.url)
+    with _sigterm_interrupts():  # through the drain too: a second SIGTERM stops at once, as a second Ctrl-C
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            log.info("stopped")
+        finally:
+            server.server_close()
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While active, SIGTERM raises KeyboardInterrupt as SIGINT does, so that it too ends in the drain.
+
+    Not `nmt.train.faults.StopSignals`: that one only notes the signal for the training loop to check
+    between steps (and its messages speak of checkpoints); `serve_forever` checks nothing, so here the
+    signal has to raise. Installed only in the main thread (Python delivers signals there); elsewhere,
+    as for a server run from a test's thread, it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        log.info("stopped")
+        yield
     finally:
-        server.server_close()
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _BadRequest(Exception):
@@ -135,16 +165,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client may send many requests on one connection
 
     def do_GET(self) -> None:
-        if self.path.split("?")[0] == "/health":
+        if self._routed():
             self._reply(HTTPStatus.OK, {"status": "ok", "checkpoint": self.server.name})
-        else:
-            self._reply(HTTPStatus.NOT_FOUND, {"error": f"{self.path}: not found; use POST /translate or GET /health"})
 
     def do_POST(self) -> None:
+        if not self._routed():
+            return
         try:
-            if self.path.split("?")[0] != "/translate":
-                self._drain()
-                raise _BadRequest(HTTPStatus.NOT_FOUND, f"{self.path}: not found; use POST /translate")
             lines, beam = _parse(self._body())
             translations = self.server.translate(lines, beam)
         except _BadRequest as err:
@@ -157,16 +184,32 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._reply(HTTPStatus.OK, {"translations": translations})
 
+    def _routed(self) -> bool:
+        """Whether this path answers this method; if not, the reply (404 or 405) is sent."""
+        path = self.path.split("?")[0]
+        allowed = _METHODS.get(path)
+        if allowed == self.command:
+            return True
+        self._drain()
+        if allowed is None:
+            self._reply(HTTPStatus.NOT_FOUND, {"error": f"{self.path}: not found; use POST /translate or GET /health"})
+        else:
+            self._reply(HTTPStatus.METHOD_NOT_ALLOWED,
+                        {"error": f"{self.command} {path}: not allowed; use {allowed} {path}"}, headers={"Allow": allowed})
+        return False
+
+    do_PUT = do_DELETE = do_PATCH = _routed  # 405 and `Allow` on a known path, where `http.server` would say 501
+
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
         if length is None:
             self.close_connection = True  # the body's end is unknown
             raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, "Content-Length header required")
-        try:
-            size = int(length)
-        except ValueError:
+        digits = length.strip()
+        if not (digits.isascii() and digits.isdigit()):  # not int(): it takes "+1_0", and "-1" (read to EOF: a hang)
             self.close_connection = True
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {length!r} is not a number") from None
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {length!r} is not a number of bytes")
+        size = int(digits)
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # not read: the connection cannot be reused
             raise _BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -175,18 +218,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _drain(self) -> None:
         """Read and drop a body nobody wants, so the connection stays usable."""
+        if "Content-Length" not in self.headers and "Transfer-Encoding" not in self.headers:
+            return  # no body
         try:
             self._body()
         except _BadRequest:
-            pass
+            pass  # `_body` has closed the connection: the body's end is unknown
 
-    def _reply(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+    def _reply(self, status: HTTPStatus, payload: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")  # so that the client does not send the next request on it
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The errors `http.server` sends itself (a request line it cannot parse, a method without `do_`,
+        too many headers) as JSON, like every other error here, not as its HTML page."""
+        self.log_error("code %d, message %s", code, message)
+        if self.command is None:  # a request line not understood: answer with a status line, not as HTTP/0.9
+            self.request_version = self.protocol_version
+        self.close_connection = True  # the rest of the request was not read
+        self._reply(HTTPStatus(code), {"error": message or HTTPStatus(code).phrase})
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.info("%s %s", self.address_string(), format % args)
@@ -205,6 +264,8 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
         raise _BadRequest(bad, f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise _BadRequest(bad, f"body is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except RecursionError:  # `json` parses nesting by recursion: deeper than the interpreter's limit
+        raise _BadRequest(bad, 'body nests too deeply to parse; send {"text": [str, ...]}') from None
     if not isinstance(request, dict) or "text" not in request:
         raise _BadRequest(bad, 'body must be a JSON object with "text": a list of strings')
     unknown = sorted(set(request) - {"text", "beam"})

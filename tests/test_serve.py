@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import re
 import signal
 import socket
@@ -75,6 +77,22 @@ def post(server, payload) -> tuple[int, dict]:
     return request(f"{server.url}/translate", json.dumps(payload).encode("utf-8"))
 
 
+def raw(server, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of the reply to `data` sent as is, read until the server closes the connection.
+
+    The timeout is short: a server that waits for more of the request fails the test in seconds.
+    """
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
 def test_translations_are_the_translators(server, translator, small_corpus):
     lines = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:6] + ["", "Grüße, Ωmega!"]
     status, body = post(server, {"text": lines})
@@ -125,6 +143,62 @@ def test_unknown_paths_and_oversized_bodies(server):
     assert reply.startswith(b"HTTP/1.1 413") and b"over the limit" in reply
     # the server still answers afterwards
     assert post(server, {"text": ["a"]})[0] == 200
+
+
+def test_deeply_nested_json_is_a_bad_request_not_a_model_failure(server, caplog):
+    """`json.loads` raises RecursionError, not JSONDecodeError, on a body nested deeper than the recursion limit."""
+    body = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with caplog.at_level(logging.INFO, logger="nmt.serve"):
+        status, reply = request(f"{server.url}/translate", body)
+    assert status == 400 and "nests too deeply" in reply["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no traceback: nothing failed inside
+
+
+@pytest.mark.parametrize("length", ["-1", "abc"])
+def test_a_bad_content_length_is_refused_and_the_connection_closed(server, length):
+    """`rfile.read(-1)` would read until the client closes: the reply must come without the client closing."""
+    status, headers, body = raw(server, f"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n"
+                                        '{"text": ["a"]}'.encode())
+    assert status == 400 and headers["Connection"] == "close"
+    assert json.loads(body)["error"] == f"Content-Length {length!r} is not a number of bytes"
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("PUT", "/translate", "POST"), ("PATCH", "/translate", "POST"), ("DELETE", "/health", "GET"),
+    ("GET", "/translate", "POST"), ("POST", "/health", "GET"),
+])
+def test_another_method_on_a_known_path_gets_405_and_allow(server, method, path, allow):
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
+    try:
+        conn.request(method, path, body=b'{"text": ["a"]}', headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        reply = json.loads(resp.read())
+        assert resp.status == 405 and resp.getheader("Allow") == allow
+        assert reply == {"error": f"{method} {path}: not allowed; use {allow} {path}"}
+        conn.request("GET", "/health")  # the body was read: the connection is still usable
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["status"] == "ok"
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "needle"), [
+    (b"OPTIONS /translate HTTP/1.1\r\nHost: x\r\n\r\n", 501, "Unsupported method ('OPTIONS')"),
+    (b"GET /a b HTTP/1.1\r\n\r\n", 400, "Bad request syntax ('GET /a b HTTP/1.1')"),
+    (b"garbage\r\n\r\n", 400, "Bad request syntax ('garbage')"),  # no version: answered as HTTP/1.1 all the same
+    (b"GET /health HTTP/2.0\r\n\r\n", 505, "Invalid HTTP version (2.0)"),
+    (b"GET /health HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", 431, "Too many headers"),
+], ids=["unknown-method", "bad-syntax", "no-version", "http-2", "too-many-headers"])
+def test_the_http_servers_own_errors_are_json_too(server, request_bytes, status, needle):
+    got, headers, body = raw(server, request_bytes)
+    reply = json.loads(body)
+    assert got == status and headers["Content-Type"].startswith("application/json")
+    assert list(reply) == ["error"] and needle in reply["error"] and "\n" not in reply["error"]
+
+
+def test_head_gets_its_error_without_a_body(server):
+    status, headers, body = raw(server, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 501 and headers["Content-Type"].startswith("application/json") and body == b""
 
 
 def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):
@@ -193,3 +267,42 @@ def test_cli_serves_until_interrupted(checkpoint):
         rest = proc.stderr.read()  # what it said after the address, to see why it failed
         proc.stderr.close()
     assert rc == 0, rest[-3000:]
+
+
+def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
+    """SIGTERM, as systemd and docker stop a service, stops it as Ctrl-C does: no new connections, but the
+    request already being read is still answered. Its body is sent in two parts, the second after the stop."""
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
+                             "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True)
+    said, stopping = [], False
+    try:
+        for line in proc.stderr:
+            said.append(line)
+            if found := re.search(r" on http://([\d.]+):(\d+)", line):
+                break
+        assert found, "the server never said where it listens"
+        conn = http.client.HTTPConnection(found.group(1), int(found.group(2)), timeout=30)
+        conn.request("GET", "/health")  # the connection is accepted and has its handler thread
+        assert conn.getresponse().read()
+        body = json.dumps({"text": ["the dog"]}).encode()
+        conn.putrequest("POST", "/translate")
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body[:5])
+        proc.send_signal(signal.SIGTERM)
+        stopping = True
+        for line in proc.stderr:  # it stops serving before it answers
+            said.append(line)
+            if line.strip() == "[nmt] stopped":
+                break
+        conn.send(body[5:])
+        resp = conn.getresponse()
+        status, reply = resp.status, json.loads(resp.read())
+        conn.close()
+    finally:
+        if not stopping:  # failed before the signal: nothing to wait for
+            proc.kill()
+        rc = proc.wait(timeout=30)
+        said.append(proc.stderr.read())
+        proc.stderr.close()
+    assert status == 200 and len(reply["translations"]) == 1
+    assert rc == 0 and "[nmt] stopped\n" in said, "".join(said)[-3000:]
