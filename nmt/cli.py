@@ -360,12 +360,9 @@ def main() -> None:
             traceback.print_exc()
         typer.echo(f"nmt: error: {err}", err=True)
         sys.exit(err.exit_code)
-    except Interrupted as err:  # SIGINT or SIGTERM during training
+    except Interrupted as err:  # SIGINT or SIGTERM during training (Ctrl-C elsewhere: typer exits 130 itself)
         typer.echo(f"nmt: {err}", err=True)
         sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("nmt: interrupted", err=True)
-        sys.exit(130)
     except UnicodeDecodeError as err:
         if _state["debug"]:
             raise
