@@ -238,10 +238,11 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         on_main(lambda: check_free_space(run_dir, count_parameters(t.model), tc.keep_last), ctx)
         if start.weights is not None:  # the run's own checkpoints, if any, replace them just below
             t.model.load_state_dict(start.weights)
-            if ctx.is_main:
-                log.info("fine-tuning: weights, model and tokenizer from %s", tc.init_from)
         seed_everything(tc.seed + ctx.rank)  # DDP copies rank 0's weights; dropout differs per rank
         progress = resume_run(run_dir, cfg, ctx, t.model, t.optimizer, t.scheduler, t.scaler)
+        if start.weights is not None and ctx.is_main:
+            taken = "weights, model and tokenizer" if progress.step == 0 else "model and tokenizer (weights resumed)"
+            log.info("fine-tuning: %s from %s", taken, tc.init_from)
         sampler = train_sampler(data, tc, device, ctx)
         shapes = batch_shape_count(sampler, tc, device)  # 0 unless batch shapes are static
         prepare_step(t, tc, device, ctx, shapes=shapes)

@@ -55,12 +55,16 @@ def test_fine_tuning_starts_from_the_parent_and_validates_at_step_0(small_corpus
     assert any((child["model"][k] != v).any() for k, v in parent_payload["model"].items())  # it trained on
 
 
-def test_a_fine_tuned_run_resumes_from_its_own_checkpoints(small_corpus, tmp_path, parent):
+def test_a_fine_tuned_run_resumes_from_its_own_checkpoints(small_corpus, tmp_path, parent, caplog):
     raw = child_raw(small_corpus, tmp_path / "child", parent)
     train(config_from_dict(raw))
     raw["train"]["max_steps"] = 4
-    summary = train(config_from_dict(raw))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="nmt"):
+        summary = train(config_from_dict(raw))
     assert summary["step"] == 4
+    assert f"fine-tuning: model and tokenizer (weights resumed) from {parent}" in caplog.text
+    assert "fine-tuning: weights" not in caplog.text
     assert [r["step"] for r in valid_records(tmp_path / "child")] == [0, 2, 4]  # no second step-0 validation
 
 
