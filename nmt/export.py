@@ -65,7 +65,7 @@ from torch import Tensor, nn
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import UserError
-from nmt.fileio import check_folder_to_write
+from nmt.fileio import check_folder_to_write, disk_full, disk_full_error
 
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
@@ -129,8 +129,10 @@ def export_checkpoint(
         if output.exists():
             shutil.rmtree(output)
         staging.rename(output)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if disk_full(err):
+            raise disk_full_error(output, "a model already there is unchanged") from None
         raise
     return output
 

@@ -48,9 +48,7 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if disk_full(err):
-            free = shutil.disk_usage(path.parent).free
-            raise UserError(f"{path}: disk full ({free / 2**20:.1f} MiB free there); nothing was written and "
-                            "the previous file is unchanged: free some space or write elsewhere") from None
+            raise disk_full_error(path, "the previous file is unchanged") from None
         raise
     fsync_dir(path.parent)
 
@@ -85,6 +83,13 @@ def _umask() -> int:
     mask = os.umask(0o022)  # the only way to read it is to set it
     os.umask(mask)
     return mask
+
+
+def disk_full_error(path: Path, kept: str) -> UserError:
+    """The one line for a write of `path` that found the disk full and wrote nothing; `kept` says what is left."""
+    free = shutil.disk_usage(path.parent).free
+    return UserError(f"{path}: disk full ({free / 2**20:.1f} MiB free there); nothing was written and {kept}: "
+                     "free some space or write elsewhere")
 
 
 def disk_full(err: BaseException | None) -> bool:

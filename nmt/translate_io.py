@@ -16,6 +16,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
@@ -25,7 +26,7 @@ from tqdm import tqdm
 from nmt.data.text import available_lines, decode_lines
 from nmt.decode import CHUNK_LINES, SearchOptions
 from nmt.errors import UserError
-from nmt.fileio import write_atomic
+from nmt.fileio import disk_full, write_atomic
 from nmt.partial import partial_paths, resumable_output
 from nmt.plot import plot_attention
 from nmt.translate import Translation, Translator
@@ -66,8 +67,9 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
     check_io(input, output)
     if input == "-":
         if output == "-":
-            return _translate_stdin(translator, options, sys.stdout, scores=scores, plot_dir=plot_dir,
-                                    progress=progress)
+            with _standard_output() as out:
+                return _translate_stdin(translator, options, out, scores=scores, plot_dir=plot_dir,
+                                        progress=progress)
         written = 0
 
         def run(dst: TextIO) -> None:
@@ -87,7 +89,8 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
                                    progress=show, total=total, first_line=done + 1, scores=scores, plot_dir=plot_dir)
 
         if output == "-":
-            return translate_file(sys.stdout)
+            with _standard_output() as out:
+                return translate_file(out)
         job = translation_job(translator, options, input=input, scores=scores)
         try:
             with resumable_output(output, job, restart=restart) as part:
@@ -98,6 +101,18 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
                 log.warning("stopped: the lines translated so far are kept in %s; the same command goes on "
                             "after them (--restart starts over)", kept)
             raise
+
+
+@contextmanager
+def _standard_output() -> Iterator[TextIO]:
+    """Standard output, whose full disk (`> /dev/full`, a full file system) is one line, as for a file's."""
+    try:
+        yield sys.stdout
+    except OSError as err:
+        if disk_full(err):
+            raise UserError("standard output: disk full; the translations before it were written: free some space "
+                            "or write elsewhere") from None
+        raise
 
 
 def _translate_stdin(translator: Translator, options: SearchOptions, dst: TextIO, *, progress: bool | None,

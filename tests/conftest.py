@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,17 @@ def tiny_config_file(small_corpus, tmp_path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(tiny_config_dict(small_corpus, tmp_path / "run")), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB filesystem (tmpfs); needs root, as this project's machines and CI have."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()[:200]}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -197,6 +198,15 @@ def test_output_folder_is_never_clobbered_without_force(trained, tmp_path):
     result = runner.invoke(app, ["export", "-c", str(trained), "-o", str(other), "--force"])
     assert isinstance(result.exception, UserError) and "is not a CTranslate2 model" in str(result.exception)
     assert (other / "todo.txt").read_text() == "mine" and not list(tmp_path.glob(".*tmp-*"))
+
+
+def test_an_export_that_fills_the_disk_says_so_and_leaves_nothing(trained, small_disk):
+    """CTranslate2 writes the model itself (its own C++ error, an OSError); nmt names the folder in one line."""
+    result = runner.invoke(app, ["export", "-c", str(trained), "-o", str(small_disk / "ct2")])
+    assert isinstance(result.exception, UserError), result.exception
+    assert re.match(re.escape(f"{small_disk / 'ct2'}: disk full (") + r".* MiB free there\); nothing was written",
+                    str(result.exception)), str(result.exception)
+    assert list(small_disk.iterdir()) == []
 
 
 def test_rnn_checkpoint_and_bad_options_get_one_line(small_corpus, tmp_path, trained):

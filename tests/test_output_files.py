@@ -193,3 +193,16 @@ def test_sigint_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoin
     assert out.read_text() == OLD
     assert partial.read_text().count("\n") > 0
     assert leftovers(tmp_path) == []
+
+
+def test_standard_output_on_a_full_disk_is_one_line(checkpoints, doc):
+    """`> /dev/full`: every write fails with ENOSPC, as on a full file system."""
+    for stdin, args in ((subprocess.DEVNULL, ["-i", str(doc)]), (open(doc, "rb"), [])):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "nmt", "--quiet", "translate", "-c",
+                                   str(checkpoints["transformer"]), *args], stdin=stdin, stdout=full,
+                                  stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "nmt: error: standard output: disk full; the translations before it were written: free some space "
+            "or write elsewhere"], proc.stderr
