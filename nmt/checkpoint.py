@@ -179,7 +179,7 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
     Raises:
         CheckpointError: naming both files and the first thing that differs.
     """
-    where = f"{path} and {first_path}"
+    where = f"{first_path} and {path}"  # in the order of each difference's "A vs B"
     difference = _first_difference(first.get("config", {}).get("model"), other.get("config", {}).get("model"), "model")
     if difference:
         raise CheckpointError(f"{where}: different model configs ({difference}); "
@@ -192,13 +192,14 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
         raise CheckpointError(f"{where}: different parameters (such as {extra[0]!r}); cannot average")
     for k, v in theirs.items():
         if v.shape != mine[k].shape:
-            raise CheckpointError(f"{where}: {k} has shape {tuple(v.shape)} vs {tuple(mine[k].shape)}; cannot average")
+            raise CheckpointError(f"{where}: {k} has shape {tuple(mine[k].shape)} vs {tuple(v.shape)}; cannot average")
 
 
 def _first_difference(a: Any, b: Any, key: str) -> str | None:
-    """`"key.path: A vs B"` for the first place where the plain data `a` and `b` differ, else None."""
+    """`"key.path: A vs B"` for the first place where the plain data `a` and `b` differ, else None; a `type`
+    key first, as the sections of the other types differ only because the types do."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(a.keys() | b.keys(), key=str):
+        for k in sorted(a.keys() | b.keys(), key=lambda k: (k != "type", str(k))):
             found = _first_difference(a.get(k), b.get(k), f"{key}.{k}")
             if found:
                 return found

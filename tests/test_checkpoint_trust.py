@@ -105,7 +105,7 @@ def test_average_refuses_other_models_other_tokenizers_and_duplicates(checkpoint
     assert runner.invoke(app, ["average", str(a), str(b), "-o", str(out)]).exit_code == 0
 
     invoke_refused("average", str(a), str(rnn), "-o", str(out),
-                   match=f"{rnn} and {a}: different model configs (model.")
+                   match=f"{a} and {rnn}: different model configs (model.type: 'transformer' vs 'rnn')")
     wider = tmp_path / "wider.pt"
     model = payload["config"]["model"]
     config = {**payload["config"], "model": {**model, "transformer": {**model["transformer"], "ff_dim": 128}}}
@@ -115,7 +115,7 @@ def test_average_refuses_other_models_other_tokenizers_and_duplicates(checkpoint
     other = tmp_path / "other_spm.pt"
     save_checkpoint({**payload, "tokenizer": {"src_model": b"another model", "tgt_model": None}}, other)
     invoke_refused("average", str(a), str(other), "-o", str(out),
-                   match=f"{other} and {a}: different sentencepiece models")
+                   match=f"{a} and {other}: different sentencepiece models")
 
     os.link(b, tmp_path / "b_again.pt")
     for twice in (b, tmp_path / ".." / tmp_path.name / "b.pt", tmp_path / "b_again.pt"):
