@@ -9,6 +9,7 @@ from standard input, through `write_output` (whole or not at all).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from tqdm import tqdm
 
@@ -65,19 +66,23 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
             output of another input, checkpoint or search settings.
     """
     check_io(input, output)
-    if input == "-":
-        if output == "-":
-            with _standard_output() as out:
-                return _translate_stdin(translator, options, out, scores=scores, plot_dir=plot_dir,
-                                        progress=progress)
-        written = 0
+    if input == "-" or is_stream(input):
+        with contextlib.ExitStack() as opened:
+            raw = sys.stdin.buffer if input == "-" else opened.enter_context(open(input, "rb"))
+            name = "<stdin>" if input == "-" else input
+            if output == "-":
+                with _standard_output() as out:
+                    return _translate_stream(translator, options, raw, name, out, scores=scores, plot_dir=plot_dir,
+                                             progress=progress)
+            written = 0
 
-        def run(dst: TextIO) -> None:
-            nonlocal written
-            written = _translate_stdin(translator, options, dst, scores=scores, plot_dir=plot_dir, progress=progress)
+            def run(dst: TextIO) -> None:
+                nonlocal written
+                written = _translate_stream(translator, options, raw, name, dst, scores=scores, plot_dir=plot_dir,
+                                            progress=progress)
 
-        write_output(output, run)  # all or nothing: renamed over `output` once complete
-        return written
+            write_output(output, run)  # all or nothing: renamed over `output` once complete
+            return written
     with open(input, "rb") as raw:
         total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
         raw.seek(0)
@@ -115,12 +120,23 @@ def _standard_output() -> Iterator[TextIO]:
         raise
 
 
-def _translate_stdin(translator: Translator, options: SearchOptions, dst: TextIO, *, progress: bool | None,
-                     **write: Any) -> int:
-    """Standard input: line by line from a terminal; from a pipe, each line answered once it has arrived."""
-    if sys.stdin.isatty():
+def is_stream(path: str) -> bool:
+    """Whether `path` names a pipe or a device (`-i <(zcat doc.gz)`, `/dev/stdin`): read once, as it comes, as
+    standard input is; a regular file is read twice and can be resumed (`translate_io`)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _translate_stream(translator: Translator, options: SearchOptions, raw: BinaryIO, name: str, dst: TextIO, *,
+                      progress: bool | None, **write: Any) -> int:
+    """Standard input or another stream: line by line from a terminal (with prompts); from a pipe, each line
+    answered once it has arrived."""
+    if raw is sys.stdin.buffer and sys.stdin.isatty():
         return interactive(translator, sys.stdin, dst, sys.stderr, options, **write)
-    chunks = available_lines(sys.stdin.buffer, "<stdin>", max_lines=CHUNK_LINES)
+    chunks = available_lines(raw, name, max_lines=CHUNK_LINES)
     return write_translations(translator, chunks, dst, options, flush=dst is sys.stdout, progress=bool(progress),
                               **write)
 
@@ -155,7 +171,9 @@ def check_io(input: str, output: str) -> None:
     Raises:
         UserError: naming the file and what to do.
     """
-    if input != "-" and not Path(input).is_file():
+    if input != "-" and Path(input).is_dir():
+        raise UserError(f"{input}: a folder, not an input file")
+    if input != "-" and not Path(input).is_file() and not is_stream(input):
         raise UserError(f"{input}: input file not found")
     if output != "-":
         check_output(output, None if input == "-" else input)  # never overwrite the input

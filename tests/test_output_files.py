@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import pytest
 
 from nmt import cli
 from nmt import translate_io as translate_module
+from nmt.partial import partial_paths
+from nmt.translate import Translator
 from tests import test_translate
 
 checkpoints = test_translate.checkpoints  # the fixture: randomly initialised tiny models, no training
@@ -206,3 +209,29 @@ def test_standard_output_on_a_full_disk_is_one_line(checkpoints, doc):
         assert proc.stderr.strip().splitlines() == [
             "nmt: error: standard output: disk full; the translations before it were written: free some space "
             "or write elsewhere"], proc.stderr
+
+
+def test_a_named_pipe_as_input_is_read_once_as_standard_input_is(doc, checkpoints, monkeypatch):
+    """`-i <(zcat doc.gz)`: a pipe cannot be read twice or resumed; it is translated as it comes, and `-o` written
+    whole, as from standard input. A folder as input is named as one."""
+    ckpt = str(checkpoints["transformer"])
+    from_file = doc.parent / "from_file.txt"
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(from_file))[0] == 0
+    fifo = doc.parent / "pipe"
+    for out in (doc.parent / "from_pipe.txt", None):
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=fifo.write_bytes, args=(SOURCE.encode(),))
+        writer.start()
+        if out is not None:
+            status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(fifo), "-o", str(out))
+            assert status == 0, errors
+            assert out.read_text() == from_file.read_text() and not partial_paths(out)[0].exists()
+        else:
+            printed, translator = io.StringIO(), Translator.from_checkpoint(ckpt)
+            with contextlib.redirect_stdout(printed):
+                translate_module.translate_io(translator, translator.options(), input=str(fifo))
+            assert printed.getvalue() == from_file.read_text()
+        writer.join()
+        fifo.unlink()
+    status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc.parent))
+    assert status == 2 and errors == [f"nmt: error: {doc.parent}: a folder, not an input file"]

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from nmt import translate_io as translate_module
-from tests import test_fileio_disk_full, test_translate
+from tests import test_translate
 from tests.test_output_files import leftovers, nmt
 
 checkpoints = test_translate.checkpoints  # the fixture: randomly initialised tiny models, no training
-small_disk = test_fileio_disk_full.small_disk  # a real 256 KiB filesystem
 
 SOURCE = "".join(f"{line}\n" for line in [
     "the man sees the dog .", "a woman rides a bike .", "", "two dogs play in the park .",
