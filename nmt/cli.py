@@ -361,7 +361,8 @@ def main() -> None:
         typer.echo(f"nmt: error: {err}", err=True)
         sys.exit(err.exit_code)
     except Interrupted as err:  # SIGINT or SIGTERM during training (Ctrl-C elsewhere: typer exits 130 itself)
-        typer.echo(f"nmt: {err}", err=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, every rank stops with the same news
+            typer.echo(f"nmt: {err}", err=True)
         sys.exit(err.exit_code)
     except UnicodeDecodeError as err:
         if _state["debug"]:

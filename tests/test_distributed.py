@@ -148,6 +148,11 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus,
     single_weights = weights(tmp_path / "single" / "ckpt_4.pt")
     for k, v in ranks[0]["model"].items():
         assert torch.allclose(v, single_weights[k], atol=1e-4), k
+    # the logged figures are the whole update's, summed over the ranks, not rank 0's share
+    logged = [json.loads(line) for line in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
+    for key in ("loss", "ppl", "real_tokens", "tokens_per_update"):
+        assert [r[key] for r in records if r["event"] == "train"] == pytest.approx(
+            [r[key] for r in logged if r["event"] == "train"], rel=1e-3), key
 
 
 def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, tmp_path):
@@ -190,6 +195,18 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run
     assert resumed[0]["summary"]["step"] == straight[0]["summary"]["step"] == 8
     assert same_weights(resumed[0]["model"], straight[0]["model"])
     assert same_weights(resumed[0]["model"], resumed[1]["model"])
+
+    # one process resuming the two's run goes on after the 2 x 4 batches they had taken of the epoch
+    shutil.copytree(tmp_path / "stopped", tmp_path / "alone")
+    for later in (5, 6, 7, 8):
+        (tmp_path / "alone" / f"ckpt_{later}.pt").unlink(missing_ok=True)
+    alone = tiny_cfg(small_corpus, tmp_path / "alone", **settings)
+    alone.model.transformer.dropout = 0.0
+    run = build_run(alone)
+    try:
+        assert (run.progress.step, run.progress.batch_in_epoch) == (4, 8)
+    finally:
+        run.close()
 
 
 def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):

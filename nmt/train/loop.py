@@ -330,14 +330,17 @@ class _Loop:
         w, p = self.window, self.p
         seconds = max(time.perf_counter() - w.t0, 1e-9)
         lr = self.scheduler.lr
+        loss, nll, tokens, positions = float(w.loss), float(w.nll), w.tokens, w.positions  # this process's share
+        if self.ctx.enabled:  # every rank logs at the same steps: the figures of the whole updates, as grad_norm's
+            loss, nll, tokens, positions = reduce_on_device([loss, nll, tokens, positions], self.device, self.ctx).tolist()
         record = {
             "event": "train", "step": p.step, "epoch": p.epoch,
-            "loss": round(float(w.loss) / max(w.tokens, 1), 4), "ppl": round(perplexity(float(w.nll), max(w.tokens, 1)), 2),
+            "loss": round(loss / max(tokens, 1), 4), "ppl": round(perplexity(nll, max(tokens, 1)), 2),
             "lr": lr, "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
             "tokens_per_s": round(float(w.update_tokens) / seconds, 1),
             "tokens_per_update": round(float(w.update_tokens) / max(w.steps, 1), 1),
             # the share of the target positions computed that held a real token (the rest: padding, `bench/batch_shapes.py`)
-            "real_tokens": round(w.tokens / max(w.positions, 1), 4),
+            "real_tokens": round(tokens / max(positions, 1), 4),
             **peak_memory_mb(self.device),
         }
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
