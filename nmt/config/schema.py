@@ -424,7 +424,7 @@ class TrainConfig:
     save_every: int = num(0, lo=0)
     """Steps between extra checkpoints written without validation, for frequent resume points (0: only at validation)."""
     keep_last: int = num(2, lo=0)
-    """Periodic checkpoints kept besides `best.pt`."""
+    """Periodic checkpoints kept besides `best.pt`; 0 keeps the newest one all the same, which a stopped run resumes from."""
     average_last: int = num(0, lo=0)
     """At the end of training, write `averaged.pt`: the mean weights of the last this many periodic checkpoints (0: none)."""
 

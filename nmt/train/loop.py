@@ -54,6 +54,7 @@ class _Launched:
     result: StepResult
     host: HostCopy  # skipped, then under torchrun the ranks' agreed wishes to stop (signal, out of time)
     positions: int  # target positions the update's batches computed, padding included
+    lr: float  # the learning rate the update ran with
 
 
 @dataclass
@@ -67,11 +68,12 @@ class _Window:
     grad_norm: Any = 0.0
     steps: int = 0
     positions: int = 0  # target positions computed, padding included
+    lr: float = 0.0  # the rate of the last update
     t0: float = field(default_factory=time.perf_counter)
 
-    def add(self, r: StepResult, positions: int) -> None:
+    def add(self, r: StepResult, positions: int, lr: float) -> None:
         self.loss, self.nll, self.tokens = self.loss + r.loss, self.nll + r.nll, self.tokens + r.tokens
-        self.positions += positions
+        self.positions, self.lr = self.positions + positions, lr
         self.update_tokens += r.update_tokens
         self.grad_norm += r.grad_norm
         self.steps += 1
@@ -142,13 +144,19 @@ class _Loop:
         if self._out_of_time():  # a finished run started again has nothing to do (its time, from the
             self.stop = (0, True)  # checkpoint, is the same on every rank)
         reason = self._stop_reason()
-        if reason is None:
-            with StopSignals() as signals, contextlib.closing(self._groups()) as groups:
-                reason = self._train(groups, signals)
-        if p.validated_step != p.step:
-            self._validate_and_save()
-        if self.writer is not None:
-            self.writer.wait()  # every checkpoint on disk: averaging reads them, and the summary names them
+        # the signals are caught up to the last checkpoint: one during the final validation lets it and its
+        # checkpoint finish, then stops as during training (a second one stops at once)
+        with StopSignals() as signals:
+            if reason is None:
+                with contextlib.closing(self._groups()) as groups:
+                    reason = self._train(groups, signals)
+            if p.validated_step != p.step:
+                self._validate_and_save()
+            if self.writer is not None:
+                self.writer.wait()  # every checkpoint on disk: averaging reads them, and the summary names them
+            if signals.signum:
+                self.metrics.write({"event": "interrupted", "step": p.step, "signal": signals.signum})
+                raise Interrupted(signals.signum, self.run_dir / f"ckpt_{p.step}.pt", p.step)
         averaged = self._write_average() if tc.average_last and self.ctx.is_main else None
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,
@@ -230,6 +238,7 @@ class _Loop:
         their wishes on the device with each update, and the loop reads them, agreed,
         when it settles that update: every rank then stops after the same update.
         """
+        lr = self.scheduler.lr  # the rate this update runs with (`train_step` then sets the next one)
         result = self._update(group)
         positions = sum(b.tgt_out.numel() for b in group)
         self.p.train_seconds = time.perf_counter() - self.session_start
@@ -237,9 +246,9 @@ class _Loop:
         if not self.ctx.enabled:
             if any(wish):
                 self.stop = wish
-            return _Launched(result, HostCopy([result.skipped]), positions)
+            return _Launched(result, HostCopy([result.skipped]), positions, lr)
         wishes = reduce_on_device(wish, self.device, self.ctx, op="max")  # read when the update settles
-        return _Launched(result, HostCopy([result.skipped, wishes]), positions)
+        return _Launched(result, HostCopy([result.skipped, wishes]), positions, lr)
 
     def _out_of_time(self) -> bool:
         return bool(self.tc.max_time and self.p.train_seconds >= self.tc.max_time)
@@ -260,7 +269,7 @@ class _Loop:
         if not skipped:
             self.bad_steps = 0
             self.p.step += 1
-            self.window.add(result, launched.positions)
+            self.window.add(result, launched.positions, launched.lr)
             bar.update(1)
             self._after_update(bar)
         else:
@@ -329,7 +338,7 @@ class _Loop:
     def _log_train(self, bar: tqdm) -> None:
         w, p = self.window, self.p
         seconds = max(time.perf_counter() - w.t0, 1e-9)
-        lr = self.scheduler.lr
+        lr = w.lr
         loss, nll, tokens, positions = float(w.loss), float(w.nll), w.tokens, w.positions  # this process's share
         if self.ctx.enabled:  # every rank logs at the same steps: the figures of the whole updates, as grad_norm's
             loss, nll, tokens, positions = reduce_on_device([loss, nll, tokens, positions], self.device, self.ctx).tolist()

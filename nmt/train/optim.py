@@ -162,13 +162,18 @@ class Schedule:
         self._apply()
 
     def unstep(self) -> None:
-        """Take back one `step()`: the training loop learns of a skipped update after stepping."""
+        """Take back one `step()`: the training loop learns of a skipped update after stepping.
+
+        It learns of it one update late unless the next step logs, validates or saves (`nmt.train.loop`),
+        so the update queued meanwhile has already run at the rate of the step after: one update a skip.
+        """
         self.steps -= 1
         self._apply()
 
     def observe(self, metric: float, *, higher_is_better: bool) -> bool:
-        """Feed one validation result; True when the plateau schedule lowered the rate."""
-        if self.cfg.schedule != "plateau":
+        """Feed one validation result; True when the plateau schedule lowered the rate. Validations during
+        warm-up are not counted: the rate is still rising to `train.lr` there."""
+        if self.cfg.schedule != "plateau" or self.steps < self.cfg.warmup_steps:
             return False
         if self.best is None or (metric > self.best if higher_is_better else metric < self.best):
             self.best, self.bad = metric, 0

@@ -127,7 +127,17 @@ def test_plateau_schedule_lowers_the_rate_when_bleu_stalls(small_corpus, tmp_pat
     train(tiny_cfg(small_corpus, run, schedule="plateau", lr=1e-12, warmup_steps=0, plateau_patience=0,
                    plateau_factor=0.5, valid_every=1, valid_bleu=True, valid_max_sentences=4, max_steps=3))
     assert load_checkpoint(run / "ckpt_3.pt")["scheduler"]["scale"] == 0.25
-    assert [r["lr"] for r in records(run, "train")] == pytest.approx([1e-12, 5e-13, 2.5e-13])
+    # each step logs the rate its update ran with: lowered after the validations of steps 2 and 3
+    assert [r["lr"] for r in records(run, "train")] == pytest.approx([1e-12, 1e-12, 5e-13], rel=1e-9, abs=0)
+
+
+def test_plateau_counts_no_validation_during_warm_up(small_corpus, tmp_path):
+    """BLEU stalls from the first validation on, but the rate rises to train.lr over the warm-up uncut."""
+    run = tmp_path / "run"
+    train(tiny_cfg(small_corpus, run, schedule="plateau", lr=1e-12, warmup_steps=4, plateau_patience=0,
+                   plateau_factor=0.5, valid_every=1, valid_bleu=True, valid_max_sentences=4, max_steps=6))
+    assert [r["lr"] for r in records(run, "train")] == pytest.approx(
+        [0.25e-12, 0.5e-12, 0.75e-12, 1e-12, 1e-12, 0.5e-12], rel=1e-9, abs=0)
 
 
 def test_unwritable_or_full_run_dir_is_a_clear_error_before_training(small_corpus, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -94,3 +95,37 @@ def test_signals_to_a_training_process_exit_with_130_and_143(small_corpus, tmp_p
         assert proc.returncode == 128 + signum, err
         saved = int(err.split(" at step ")[1].split(";")[0])
         assert load_checkpoint(run / f"ckpt_{saved}.pt")["progress"]["step"] == saved
+
+
+SIGNAL_IN_FINAL_VALIDATION = """
+import os, signal, sys
+import nmt.train.loop as loop
+from nmt import cli
+
+validate = loop.validate
+
+def validate_and_be_stopped(*args, **kwargs):  # the run's only validation, after its last update
+    result = validate(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return result
+
+loop.validate = validate_and_be_stopped
+sys.argv = ["nmt", "--quiet", "train", sys.argv[1]]
+cli.main()
+"""
+
+
+def test_a_signal_during_the_final_validation_keeps_it_and_its_checkpoint(small_corpus, tmp_path):
+    """A run that reached max_steps between validations validates once more, then stops: a signal there
+    (as `max_time` and a scheduler's SIGTERM meet) lets that validation and its checkpoint finish."""
+    run = tmp_path / "run"
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=5, valid_every=100)
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_IN_FINAL_VALIDATION, str(config)], capture_output=True,
+                          text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 143, proc.stderr
+    assert f"stopped by SIGTERM at step 5; saved {run / 'ckpt_5.pt'}" in proc.stderr
+    assert load_checkpoint(run / "ckpt_5.pt")["progress"]["validated_step"] == 5
+    events = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert events[-2:] == ["valid", "interrupted"]
+    summary = train(tiny_cfg(small_corpus, run, max_steps=5, valid_every=100))  # the same run: nothing left to do
+    assert summary["step"] == 5 and summary["stop"] == "max_steps=5"
