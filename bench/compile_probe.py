@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="default,reduce-overhead")
     ap.add_argument("--dynamic", default="true,false", help="Comma-separated: true (as nmt compiles), false.")
-    ap.add_argument("--timeout", type=float, default=300, help="Seconds each probe may take.")
+    ap.add_argument("--timeout", type=float, default=300, help="Seconds the probes, run side by side, may take.")
     ap.add_argument("--json", default=None, help="Also write each probe's result to this file.")
     ap.add_argument("--one", nargs=3, metavar=("DEVICE", "MODE", "DYNAMIC"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -109,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         runs.append((mode, dynamic, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                      text=True, env=env)))
     failed, results = 0, []
+    deadline = time.monotonic() + args.timeout  # one for all the probes, which run side by side
     print(f"{'mode':16s} {'dynamic':8s} {'result':40s}")
     for mode, dynamic, proc in runs:
         try:
-            out, _ = proc.communicate(timeout=args.timeout)
+            out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()

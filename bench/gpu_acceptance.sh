@@ -79,8 +79,10 @@
 # DEVICE (default cuda), TRAIN_SECONDS (default 270; 480 in experiments) and STEPS (timed updates per speed
 # row, default 50) let a stage be tried on a CPU first, e.g. DEVICE=cpu TRAIN_SECONDS=30 bench/gpu_acceptance.sh multi30k /tmp/try.
 # TRAIN_ARGS adds --set options to every stage's training, e.g. TRAIN_ARGS="--set train.pad_to_multiple=1".
-# DEADLINE (seconds since the stage began) skips, and names, the commands a stage would start after it: a stage
-# that would outrun its call still ends well, its files packed.
+# DEADLINE (seconds since the stage began) skips, and names, the commands a stage would start after it; LIMIT
+# (default DEADLINE + 70, none without DEADLINE) stops a command still running then (SIGTERM, SIGKILL 10 s
+# later), so that a stage whose last command hangs or runs long still ends before its call, its files packed.
+# A stage exits 1 if any of its commands failed (each one's status is in its log).
 #
 # On a machine without package registry access, prepare the checkout with the project's
 # gpu-prepare script, carry .gpu, and run: source .gpu/env.sh && bench/gpu_acceptance.sh STAGE
@@ -93,6 +95,8 @@ device=${DEVICE:-cuda}
 seconds=${TRAIN_SECONDS:-270}
 steps=${STEPS:-50}
 deadline=${DEADLINE:-0}
+limit=${LIMIT:-$((deadline ? deadline + 70 : 0))}
+failed=0
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
 git log -1 --format='%h %s' > "$out/commit.txt" 2>/dev/null
@@ -112,13 +116,20 @@ pack() {
   return 0
 }
 trap pack EXIT
+# seconds a command may run before LIMIT stops it; 0: no limit, or none left
+time_left() { ((limit)) && echo $((limit - SECONDS)) || echo 0; }
 run() {
   if ((deadline && SECONDS >= deadline)); then log "skipped, past DEADLINE=${deadline}s: $*"; return 0; fi
+  local left; left=$(time_left)
+  if ((limit && left <= 0)); then log "skipped, past LIMIT=${limit}s: $*"; return 0; fi
   log "$*"
-  "$@" 2>&1 | tee -a "$out/$stage.log"
+  if ((limit)); then timeout -k 10 "$left" "$@" 2>&1 | tee -a "$out/$stage.log"
+  else "$@" 2>&1 | tee -a "$out/$stage.log"; fi
   local rc=${PIPESTATUS[0]}
-  if ((rc > 128)); then log "exit status $rc: killed by SIG$(kill -l $((rc - 128)))"
+  if ((limit && rc == 124)); then log "exit status 124: stopped at LIMIT=${limit}s"
+  elif ((rc > 128)); then log "exit status $rc: killed by SIG$(kill -l $((rc - 128)))"
   elif ((rc != 0)); then log "exit status $rc"; fi
+  ((rc == 0)) || failed=1
   return $rc
 }
 # the rows that decide the targets: bf16 against fp32 at the Multi30k shape, eager and with each batch shape's whole
@@ -142,16 +153,23 @@ target_rows() {
 # CONFIG STEPS: trains CONFIG for STEPS updates in bf16, validating every 200, eagerly and with recorded updates side
 # by side, and prints both runs' log lines: recorded RNN updates went wrong after a validation once (2026-11-27)
 recorded_against_eager() {
-  local way name=$(basename "$1" .yaml)
-  for way in false true; do
-    log "$py -m nmt train $1 ... --set train.cuda_graphs=$way > $out/${name}_graphs_$way.log (in the background)"
-    "$py" -m nmt train "$1" --restart --set run_dir=/tmp/gpu_${name}_graphs_$way --set train.device=$device \
-      --set train.precision=bf16 --set train.cuda_graphs=$way --set train.max_steps=$2 --set train.valid_every=200 \
-      --set train.log_every=50 ${TRAIN_ARGS:-} > "$out/${name}_graphs_$way.log" 2>&1 &
+  local i rc name=$(basename "$1" .yaml) ways=(false true) left limited=() pids=()
+  if ((deadline && SECONDS >= deadline)); then log "skipped, past DEADLINE=${deadline}s: recorded_against_eager $*"; return 0; fi
+  left=$(time_left)
+  if ((limit && left <= 0)); then log "skipped, past LIMIT=${limit}s: recorded_against_eager $*"; return 0; fi
+  ((limit)) && limited=(timeout -k 10 "$left")
+  for i in 0 1; do
+    log "$py -m nmt train $1 ... --set train.cuda_graphs=${ways[i]} > $out/${name}_graphs_${ways[i]}.log (in the background)"
+    "${limited[@]}" "$py" -m nmt train "$1" --restart --set run_dir=/tmp/gpu_${name}_graphs_${ways[i]} \
+      --set train.device=$device --set train.precision=bf16 --set train.cuda_graphs=${ways[i]} \
+      --set train.max_steps=$2 --set train.valid_every=200 --set train.log_every=50 ${TRAIN_ARGS:-} \
+      > "$out/${name}_graphs_${ways[i]}.log" 2>&1 &
+    pids+=($!)
   done
-  wait
-  for way in false true; do
-    log "train.cuda_graphs=$way:"; grep -E "step [0-9]+|error" "$out/${name}_graphs_$way.log" | tee -a "$out/$stage.log"
+  for i in 0 1; do
+    wait "${pids[i]}"; rc=$?
+    log "train.cuda_graphs=${ways[i]}: exit status $rc"; ((rc == 0)) || failed=1
+    grep -iE "step [0-9]+|error|traceback" "$out/${name}_graphs_${ways[i]}.log" | tee -a "$out/$stage.log"
   done
 }
 # CONFIG RUN_DIR METRICS: trains 150 updates with recorded updates, validating and saving, resumes to 200, and
@@ -214,7 +232,7 @@ case $stage in
     # every test that needs CUDA (the RNN encoder's and decoders' fused calls, recorded updates, kernels, loss)
     run "$py" -m pytest -q -rs -m gpu tests
     # the no-attention RNN (its first validation broke recorded updates with cuDNN's kernels), eager and recorded
-    ((deadline && SECONDS >= deadline)) || recorded_against_eager configs/multi30k_rnn_noattn.yaml 700
+    recorded_against_eager configs/multi30k_rnn_noattn.yaml 700
     # the RNN encoder packed and unpacked, then the three RNN experiments' updates eager and recorded
     for e in multi30k_rnn_bahdanau multi30k_rnn_luong_general; do
       run "$py" bench/rnn_encoder_speed.py configs/$e.yaml --device $device
@@ -366,3 +384,4 @@ print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.lo
     echo "bench/gpu_acceptance.sh: unknown stage '$stage'; use first, speed, compiled, graphs, updates, rnn-updates, updates-compiled, multi30k, experiments or tests" >&2
     exit 2 ;;
 esac
+exit $failed

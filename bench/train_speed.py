@@ -235,8 +235,11 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     prepare_step(parts, tc, device, Dist(), shapes=batch_shape_count(sampler, tc, device))
     lists = sampler.batch_list(0)[: steps + warmup]
     batches = [b.to(device) for b in collated_batches(data.train, lists, padding=padding)]
-    row.shapes = len({b.shape for b in batches[warmup:]})
-    row.real = sum(b.ntokens for b in batches[warmup:]) / sum(b.tgt_out.numel() for b in batches[warmup:])
+    # the batches the timing runs: an epoch shorter than the warm-up and the timed updates (Transformer-base's
+    # 32,768-token batches make 16 of Multi30k) comes round again, so the warm-up's batches are timed too
+    timed = [i % len(batches) for i in range(warmup, warmup + steps)]
+    row.shapes = len({batches[i].shape for i in timed})
+    row.real = sum(batches[i].ntokens for i in timed) / sum(batches[i].tgt_out.numel() for i in timed)
     row.lengths = str(padding.rounding) + (", static shapes" if padding.fill_tokens else "")
     print(f"  {row.precision} {row.how}: {row.lengths}", file=sys.stderr, flush=True)
     src_lens, tgt_lens = length_arrays(data.train)  # straight from Arrow: a lazy column is walked row by row
@@ -265,7 +268,9 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
     # few dozen timed updates, nor favour the rows that pad to fewer shapes. Compiled rows run each shape three
     # times: compiled, then (CUDA graphs) recorded, then replayed once; rows with update graphs run it eagerly
     # as often as training does before recording it, then record it and replay it once.
-    first_of_shape = {b.shape: i for i, b in reversed(list(enumerate(batches))) if i >= warmup}
+    first_of_shape: dict[tuple[int, int, int], int] = {}
+    for i in timed:
+        first_of_shape.setdefault(batches[i].shape, i)
     uses = EAGER_USES + 2 if row.cuda_graphs else 3 if row.compiled else 1
     for k, i in enumerate(sorted(first_of_shape.values()), 1):
         if row.compiled or row.cuda_graphs:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_acceptance.sh"
 ENDS = {";", ";;", "|", "||", "&&", "&", ">", ">>", "2>&1", "<", "do", "done", "then", "fi"}
 # values the script's variables take in a stage, for the overrides that use them
-VARIABLES = {"$device": "cuda", "$steps": "50", "$seconds": "270", "$steps_to": "150", "$2": "200", "$way": "true",
+VARIABLES = {"$device": "cuda", "$steps": "50", "$seconds": "270", "$steps_to": "150", "$2": "200", "${ways[i]}": "true",
              "$run_dir": "/tmp/gpu_run", "$name": "run", "${name}": "run", "$e": "experiment"}
 
 
