@@ -358,6 +358,7 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
       cmd=("$py" -m nmt experiment "configs/$e.yaml" --restart --results "$out" --set run_dir=/tmp/gpu_$e
            --set train.device=$device --set train.max_time=${TRAIN_SECONDS:-480} --set train.valid_every=500 ${TRAIN_ARGS:-})
       log "OMP_NUM_THREADS=$threads ${cmd[*]} > $out/$e.log (in the background)"
+      ((limit)) && cmd=(timeout -k 10 "$(time_left)" "${cmd[@]}")
       OMP_NUM_THREADS=$threads "${cmd[@]}" > "$out/$e.log" 2>&1 &
       pids+=($!)
     done

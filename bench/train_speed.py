@@ -294,7 +294,7 @@ def run_row(row: Row, cfg, data, device: torch.device, *, steps: int, warmup: in
         with OpCount() as count:
             train_step(parts, [batches[0]], tc, device)
         row.ops = count.ops
-    row.syncs = host_syncs(lambda: train_step(parts, [batches[warmup]], tc, device), device)
+    row.syncs = host_syncs(lambda: train_step(parts, [batches[timed[0]]], tc, device), device)
     if profile:  # after the timing, which it would slow down
         with Profile(device, trace=trace) as prof:
             run(warmup, profile)

@@ -11,6 +11,7 @@ the previous good file.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
@@ -26,11 +27,13 @@ try:
 except ImportError:  # numpy 1
     from numpy.core.multiarray import _reconstruct
 
-from nmt.config import config_from_dict
+from nmt.config import ExperimentConfig, config_from_dict
 from nmt.data.tokenizer import PAD_ID, Tokenizer
 from nmt.errors import CheckpointError, ConfigError, headline
 from nmt.fileio import write_atomic
 from nmt.models import build_model
+
+log = logging.getLogger(__name__)
 
 FORMAT = "nmt-checkpoint-1"
 
@@ -217,6 +220,26 @@ def _refuse_duplicates(paths: list[Path]) -> None:
                 raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the average")
 
 
+def _stored_config(raw: Any, source: str | Path) -> ExperimentConfig:
+    """A checkpoint's config. A `decode` section this version refuses (a range narrowed since the checkpoint was
+    written) gives way to the defaults, with a warning: the search settings are given on the command line,
+    and refusing the whole checkpoint for them would leave its model unusable.
+
+    Raises:
+        ConfigError: anything else in the config that this version refuses.
+    """
+    where = f"{source}: stored config"
+    try:
+        return config_from_dict(raw, source=where)
+    except ConfigError as err:
+        if not isinstance(raw, dict) or not raw.get("decode"):
+            raise
+        cfg = config_from_dict({**raw, "decode": {}}, source=where)  # what else it refuses, if anything
+        log.warning("%s; its decode section is set aside, and the default search settings apply (give yours "
+                    "on the command line)", err)
+        return cfg
+
+
 def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = "cpu", *, source: str | Path = "checkpoint"):
     """Rebuild (model, tokenizer, config) from a checkpoint payload alone.
 
@@ -224,7 +247,7 @@ def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = 
         CheckpointError: the stored config or weights do not fit this version of nmt.
     """
     try:
-        cfg = config_from_dict(payload["config"], source=f"{source}: stored config")
+        cfg = _stored_config(payload["config"], source)
         tokenizer = Tokenizer.from_state(payload["tokenizer"])
     except KeyError as err:
         raise CheckpointError(f"{source}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None

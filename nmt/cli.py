@@ -265,7 +265,6 @@ def analyze(
         write_report,
     )
     from nmt.fileio import check_folder_to_write
-    from nmt.translate_io import check_output
 
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
@@ -273,7 +272,9 @@ def analyze(
     if report is not None:
         check_folder_to_write(report, "--report")
     if plot is not None:
-        check_output(plot, option="--plot")
+        if plot.is_dir():
+            raise UserError(f"--plot {plot}: a folder; give a file name for the PNG")
+        check_folder_to_write(plot.parent, "--plot")  # the plot makes its folder
     named = name_checkpoints(checkpoints)
     if report is not None:
         path = write_report(named, report, sentences=chosen, split=split, src=src, ref=ref, n_buckets=buckets,
@@ -335,7 +336,7 @@ def config_reference() -> None:
 def _sentence_numbers(text: str) -> list[int]:
     """`--sentences` ("0,4,7") as numbers, each a sentence of the test set counted from 0."""
     numbers = [item.strip() for item in text.split(",") if item.strip()]
-    bad = next((item for item in numbers if not item.isdigit()), None)
+    bad = next((item for item in numbers if not (item.isascii() and item.isdigit())), None)
     if bad is not None:
         raise UserError(f"--sentences {text!r}: {bad!r} is not a sentence number (0-based, comma-separated: 0,4,7)")
     return [int(item) for item in numbers]

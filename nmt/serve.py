@@ -198,7 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
                         {"error": f"{self.command} {path}: not allowed; use {allowed} {path}"}, headers={"Allow": allowed})
         return False
 
-    do_PUT = do_DELETE = do_PATCH = _routed  # 405 and `Allow` on a known path, where `http.server` would say 501
+    # 405 and `Allow` on a known path, where `http.server` would say 501
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _routed
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")

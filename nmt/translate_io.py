@@ -253,6 +253,9 @@ def check_output(output: str | Path, input: str | Path | None = None, *, option:
     path = Path(output)
     if path.is_dir():
         raise UserError(f"{output}: output is a folder; give a file name")
+    if is_stream(str(output)):  # written beside and renamed over, a pipe would be replaced, its reader left waiting
+        raise UserError(f"{output}: output is a pipe or a device; write to standard output instead (leave out {option}"
+                        " and redirect it)")
     folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
         raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another {option}")

@@ -73,6 +73,12 @@ def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
     first = src.read_text(encoding="utf-8").splitlines()[0]
     assert f"Sentence 1: *{first}*" in text
 
+    # --plot into a folder not yet made: the plot makes it
+    out = runner.invoke(app, ["analyze", "-c", f"tr={ckpts['tr']}", "--plot", str(tmp_path / "new" / "bleu.png"),
+                              "--src", str(src), "--ref", str(ref), "--beam", "1"])
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "new" / "bleu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
 
 def test_checkpoints_with_clashing_names_are_refused_not_dropped():
     from nmt.analysis import name_checkpoints

@@ -18,7 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from nmt.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from nmt.checkpoint import FORMAT, load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.errors import CheckpointError
 from nmt.runtime import rng_states, set_rng_states
@@ -140,3 +140,20 @@ def test_library_refuses_a_pickled_call_before_it_runs(tmp_path):
     with pytest.raises(CheckpointError, match="not an nmt checkpoint: it holds Python objects"):
         load_checkpoint(path)
     assert not marker.exists()
+
+
+def test_a_stored_decode_section_this_version_refuses_gives_way_to_the_defaults(checkpoints, tmp_path, caplog):  # noqa: F811
+    """decode.length_penalty 6 was valid before its range became [-5, 5]: the model still translates."""
+    payload = load_checkpoint(checkpoints["transformer"])
+    payload["config"]["decode"] = {**payload["config"]["decode"], "length_penalty": 6.0}
+    old = tmp_path / "old.pt"
+    save_checkpoint(payload, old)
+    with caplog.at_level("WARNING", logger="nmt.checkpoint"):
+        model, _, cfg = model_from_checkpoint(load_checkpoint(old), source=old)
+    assert cfg.decode.length_penalty == 1.0 and isinstance(model, torch.nn.Module)
+    assert f"{old}: stored config: decode.length_penalty: 6.0 must be in [-5, 5]" in caplog.text
+    assert "default search settings apply" in caplog.text
+    payload["config"]["model"]["transformer"]["heads"] = 0  # elsewhere in the config: refused as before
+    save_checkpoint(payload, old)
+    with pytest.raises(CheckpointError, match=r"model.transformer.heads: 0 must be >= 1"):
+        model_from_checkpoint(load_checkpoint(old), source=old)

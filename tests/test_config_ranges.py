@@ -57,7 +57,7 @@ REFUSED = [
     ("length_penalty-inf", "decode:\n  length_penalty: .inf\n", r"decode.length_penalty: inf is not a finite number$"),
     ("max_time-nan", "train:\n  max_time: .nan\n", r"train.max_time: nan is not a finite number$"),
     ("max_steps-beyond-int64", "train:\n  max_steps: 99999999999999999999999\n",
-     r"train.max_steps: 99999999999999999999999 is too large for a 64-bit integer$"),
+     r"train.max_steps: 99999999999999999999999 does not fit in a 64-bit integer$"),
     ("length_penalty-huge", "decode:\n  length_penalty: 1e308\n", r"decode.length_penalty: 1e\+308 must be in \[-5, 5\]$"),
     ("max_ratio-below-one", "data:\n  max_ratio: 0.5\n",
      r"data: max_ratio \(0.5\): a ratio of the longer side to the shorter is at least 1, so every pair would be "

@@ -87,6 +87,32 @@ def _signalled_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig
         json.dump(outcome, f)
 
 
+def _signalled_in_final_validation_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """A training rank whose run validates once, after its last update; rank 1 alone gets SIGTERM there."""
+    import nmt.train.loop as loop
+
+    _as_rank(rank, world_size, port)
+    validate = loop.validate
+
+    def validate_and_signal(*args, **kwargs):
+        result = validate(*args, **kwargs)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    loop.validate = validate_and_signal
+    run = build_run(cfg)
+    try:
+        try:
+            outcome = {"stop": train_run(run)["stop"]}
+        except Interrupted as err:
+            outcome = {"interrupted": True, "signal": err.signum, "step": err.step}
+    finally:
+        run.close()
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(outcome, f)
+
+
 def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
     """One rank of `nmt experiment`, saving what `run_experiment` returned to it and its threads after."""
     _as_rank(rank, world_size, port)
@@ -207,6 +233,15 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run
         assert (run.progress.step, run.progress.batch_in_epoch) == (4, 8)
     finally:
         run.close()
+
+
+def test_a_signal_to_one_rank_in_the_final_validation_stops_every_rank_alike(small_corpus, tmp_path):
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=3, valid_every=100, device="cpu")
+    start_ranks(_signalled_in_final_validation_rank, 2, cfg, tmp_path)
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert outcomes[0] == outcomes[1] == {"interrupted": True, "signal": signal.SIGTERM, "step": 3}
+    events = [json.loads(line)["event"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert events[-2:] == ["valid", "interrupted"] and (tmp_path / "run" / "ckpt_3.pt").is_file()
 
 
 def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):

@@ -235,3 +235,8 @@ def test_a_named_pipe_as_input_is_read_once_as_standard_input_is(doc, checkpoint
         fifo.unlink()
     status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc.parent))
     assert status == 2 and errors == [f"nmt: error: {doc.parent}: a folder, not an input file"]
+    os.mkfifo(fifo)  # as an output: it would be replaced by a file, its reader left waiting
+    status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(fifo))
+    assert status == 2 and errors == [f"nmt: error: {fifo}: output is a pipe or a device; write to standard output "
+                                      "instead (leave out -o and redirect it)"]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

@@ -165,7 +165,7 @@ def test_a_bad_content_length_is_refused_and_the_connection_closed(server, lengt
 
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("PUT", "/translate", "POST"), ("PATCH", "/translate", "POST"), ("DELETE", "/health", "GET"),
-    ("GET", "/translate", "POST"), ("POST", "/health", "GET"),
+    ("GET", "/translate", "POST"), ("POST", "/health", "GET"), ("OPTIONS", "/translate", "POST"),
 ])
 def test_another_method_on_a_known_path_gets_405_and_allow(server, method, path, allow):
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
@@ -183,7 +183,7 @@ def test_another_method_on_a_known_path_gets_405_and_allow(server, method, path,
 
 
 @pytest.mark.parametrize(("request_bytes", "status", "needle"), [
-    (b"OPTIONS /translate HTTP/1.1\r\nHost: x\r\n\r\n", 501, "Unsupported method ('OPTIONS')"),
+    (b"TRACE /translate HTTP/1.1\r\nHost: x\r\n\r\n", 501, "Unsupported method ('TRACE')"),
     (b"GET /a b HTTP/1.1\r\n\r\n", 400, "Bad request syntax ('GET /a b HTTP/1.1')"),
     (b"garbage\r\n\r\n", 400, "Bad request syntax ('garbage')"),  # no version: answered as HTTP/1.1 all the same
     (b"GET /health HTTP/2.0\r\n\r\n", 505, "Invalid HTTP version (2.0)"),
@@ -197,8 +197,9 @@ def test_the_http_servers_own_errors_are_json_too(server, request_bytes, status,
 
 
 def test_head_gets_its_error_without_a_body(server):
-    status, headers, body = raw(server, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert status == 501 and headers["Content-Type"].startswith("application/json") and body == b""
+    status, headers, body = raw(server, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 405 and headers["Allow"] == "GET" and headers["Content-Type"].startswith("application/json")
+    assert body == b""
 
 
 def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):

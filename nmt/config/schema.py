@@ -91,7 +91,7 @@ class Range:
             if isinstance(x, float) and not math.isfinite(x):
                 return f"{shown} is not a finite number"
             if isinstance(x, int) and not -INT64_LIMIT <= x < INT64_LIMIT:
-                return f"{shown} is too large for a 64-bit integer"
+                return f"{shown} does not fit in a 64-bit integer"
             return f"{shown} must be {self}"
         return None
 

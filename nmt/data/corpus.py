@@ -147,7 +147,7 @@ def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_
     for p in entries:
         if not is_glob(p) and not Path(p).is_file():
             raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
-        if is_glob(p) and not glob.glob(p):
+        if is_glob(p) and not glob.glob(p, recursive=True):  # as datasets reads it: ** spans folders
             raise DataError(f"{p}: no parquet files match{_path_hint(p)}")
     where = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
     try:

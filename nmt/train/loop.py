@@ -154,9 +154,12 @@ class _Loop:
                 self._validate_and_save()
             if self.writer is not None:
                 self.writer.wait()  # every checkpoint on disk: averaging reads them, and the summary names them
-            if signals.signum:
-                self.metrics.write({"event": "interrupted", "step": p.step, "signal": signals.signum})
-                raise Interrupted(signals.signum, self.run_dir / f"ckpt_{p.step}.pt", p.step)
+            signum = signals.signum
+            if self.ctx.enabled:  # one rank may have been signalled alone: all stop alike (every rank is here)
+                signum = int(reduce_on_device([signum], self.device, self.ctx, op="max")[0])
+            if signum:
+                self.metrics.write({"event": "interrupted", "step": p.step, "signal": signum})
+                raise Interrupted(signum, self.run_dir / f"ckpt_{p.step}.pt", p.step)
         averaged = self._write_average() if tc.average_last and self.ctx.is_main else None
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,

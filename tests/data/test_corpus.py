@@ -218,6 +218,9 @@ def test_parquet_flat_and_nested(tmp_path: Path) -> None:
         load(tmp_path, "parquet", tmp_path / "missing.parquet")
     with pytest.raises(DataError, match=r"missing-\*.parquet: no parquet files match"):
         load(tmp_path, "parquet", tmp_path / "missing-*.parquet")
+    (tmp_path / "shards" / "a").mkdir(parents=True)
+    flat_dataset().to_parquet(tmp_path / "shards" / "a" / "part.parquet")
+    assert pairs(load(tmp_path, "parquet", tmp_path / "shards" / "**" / "*.parquet")) == PAIRS  # ** spans folders
 
 
 def test_parquet_non_text_column_is_refused(tmp_path: Path) -> None:

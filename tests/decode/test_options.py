@@ -43,7 +43,7 @@ def test_sampling_gets_a_seeded_step_and_continues_its_stream():
     (dict(length_penalty=float("nan")), r"^length_penalty: nan is not a finite number$"),
     (dict(length_penalty=1e308), r"^length_penalty: 1e\+308 must be in \[-5, 5\]$"),
     (dict(coverage_penalty=float("inf")), r"^coverage_penalty: inf is not a finite number$"),
-    (dict(max_tokens=10**23), r"^max_tokens: 100000000000000000000000 is too large for a 64-bit integer$"),
+    (dict(max_tokens=10**23), r"^max_tokens: 100000000000000000000000 does not fit in a 64-bit integer$"),
 ])
 def test_inconsistent_settings_are_refused_with_their_values(fields, message):
     with pytest.raises(ValueError, match=message):
