@@ -155,6 +155,22 @@ def test_refused_override_is_one_short_line(tmp_path, item, pattern):
     assert re.search(pattern, message), message[:1000]
 
 
+def test_a_text_key_takes_its_set_value_as_typed(tmp_path):
+    """YAML would read `no` as false, `12:30` as 750 and `#1` as a comment: a key that holds text takes the text."""
+    cfg = load_config(write(tmp_path, "train:\n  lr: 0.1\n"),
+                      ["run_dir=runs/x #1", "data.src_lang=no", "data.tgt_lang='on'", "tokenizer.model=12:30"])
+    assert (cfg.run_dir, cfg.data.src_lang, cfg.data.tgt_lang, cfg.tokenizer.model) == ("runs/x #1", "no", "on", "12:30")
+    assert load_config(write(tmp_path, ""), ["train.max_steps=12"]).train.max_steps == 12  # other keys: YAML as ever
+
+
+def test_set_into_a_list_of_corpora_says_to_set_the_whole_list(tmp_path):
+    path = write(tmp_path, "data:\n  train:\n    - {path: a}\n    - {path: b}\n")
+    with pytest.raises(ConfigError, match=r"^--set 'data.train.weight=3': data.train is a list of 2 sections here, "
+                                          r"which --set cannot reach into; set the whole list, e.g. --set 'data.train=\["):
+        load_config(path, ["data.train.weight=3"])
+    assert [c.weight for c in load_config(path, ["data.train=[{path: a}, {path: b, weight: 3}]"]).data.train] == [1, 3]
+
+
 def test_anchors_without_aliases_and_equal_values_under_different_keys_load(tmp_path):
     cfg = load_config(write(tmp_path, "data:\n  test:\n    a: &t {path: x}\n    b: {path: x}\n"), ["data.test.c={path: x}"])
     assert [t.path for t in cfg.data.test.values()] == ["x", "x", "x"]

@@ -59,9 +59,8 @@ REFUSED = [
     ("max_steps-beyond-int64", "train:\n  max_steps: 99999999999999999999999\n",
      r"train.max_steps: 99999999999999999999999 does not fit in a 64-bit integer$"),
     ("length_penalty-huge", "decode:\n  length_penalty: 1e308\n", r"decode.length_penalty: 1e\+308 must be in \[-5, 5\]$"),
-    ("max_ratio-below-one", "data:\n  max_ratio: 0.5\n",
-     r"data: max_ratio \(0.5\): a ratio of the longer side to the shorter is at least 1, so every pair would be "
-     r"dropped; set 1 or more, or 0 to keep every ratio$"),
+    ("max_ratio-below-one", "data:\n  max_ratio: 0.5\n", r"data.max_ratio: 0.5 must be 0 or >= 1$"),
+    ("lr-beyond-any-float", "train:\n  lr: 1" + "0" * 400 + "\n", r"train.lr: 10+ \.\.\. .* is not a finite number$"),
 ]
 
 # Valid edge values: each must load unchanged.

@@ -135,23 +135,47 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
         if not sep or not key.strip():
             raise ConfigError(f"{where}: expected section.key=value")
         parts = key.strip().split(".")
-        try:
-            value = _parse_yaml(text) if text.strip() else None
-        except _Refused as err:
-            raise ConfigError(f"{where}: {err.problem}") from None
-        except yaml.YAMLError:
-            value = text
+        if _text_key(parts) and text.strip() and text.strip()[0] not in "\"'":
+            value: Any = text.strip()  # as typed: YAML would read `no` as false, `12:30` as 750, `#x` as nothing
+        else:
+            try:
+                value = _parse_yaml(text) if text.strip() else None
+            except _Refused as err:
+                raise ConfigError(f"{where}: {err.problem}") from None
+            except yaml.YAMLError:
+                value = text
         _check_override(item, parts, value)
         node = raw
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
+            if isinstance(child, list):
+                raise ConfigError(f"{where}: {shorten('.'.join(parts[: i + 1]))} is a list of {len(child)} sections "
+                                  "here, which --set cannot reach into; set the whole list, e.g. --set "
+                                  f"'{shorten('.'.join(parts[: i + 1]))}=[{{path: a}}, {{path: b, weight: 2}}]'")
             if not isinstance(child, dict):
                 raise ConfigError(f"{where}: {shorten('.'.join(parts[: i + 1]))} is not a section")
             node = child
         node[parts[-1]] = value
     return raw
+
+
+def _text_key(parts: list[str]) -> bool:
+    """Whether the key `parts` names holds text and text only (`run_dir`, `data.src_lang`), so that a `--set` value
+    for it is taken as typed; False for any other key, or none."""
+    tp: Any = ExperimentConfig
+    for part in parts:
+        if typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+            continue
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and inner:
+            tp = inner[0]
+        if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
+            return False
+        tp = typing.get_type_hints(tp)[part]
+    return tp is str
 
 
 def _check_override(item: str, parts: list[str], value: Any) -> None:
@@ -264,7 +288,10 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
             raise ConfigError(f"{source}: {keypath}: expected a list of {len(args)} numbers, got {_describe(value)}")
         return tuple(_convert(a, v, f"{keypath}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # beyond any float: as infinity, which a range refuses
+            raise ConfigError(f"{source}: {keypath}: {shorten(str(value))} is not a finite number") from None
     if tp is float and isinstance(value, str):
         try:  # YAML 1.1 reads "1e-4" as a string
             return float(value)

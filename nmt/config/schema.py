@@ -21,7 +21,7 @@ from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 """The devices `train.device` and `--device` accept by name."""
-CUDA_INDEX = re.compile(r"cuda:(\d{1,4})")
+CUDA_INDEX = re.compile(r"cuda:(\d+)")
 """`cuda:N`, one GPU by number: `train.device` and `--device` accept it besides `DEVICES`."""
 
 
@@ -60,18 +60,24 @@ class Range:
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
+    or_zero: bool = False  # 0 too, outside the bounds: a setting that 0 turns off
 
     def __contains__(self, x: float) -> bool:
         if isinstance(x, float) and not math.isfinite(x):
             return False
         if isinstance(x, int) and not -INT64_LIMIT <= x < INT64_LIMIT:  # beyond what torch and NumPy hold
             return False
+        if self.or_zero and x == 0:
+            return True
         above = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
         below = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
         return above and below
 
     def __str__(self) -> str:
-        """`>= 1`, `> 0`, `in [0, 1)`, or `finite` where unbounded."""
+        """`>= 1`, `> 0`, `in [0, 1)`, `0 or >= 1`, or `finite` where unbounded."""
+        return ("0 or " if self.or_zero else "") + self._bounds()
+
+    def _bounds(self) -> str:
         lo, hi = _number(self.lo), _number(self.hi)
         if self.lo is not None and self.hi is not None:
             return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
@@ -195,8 +201,8 @@ class DataConfig:
     """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them)."""
     max_len: int = num(100, lo=1)
     """Training pairs longer than this on either side are dropped, counted as the model reads them: a side's subwords plus one (the source's EOS; the target's BOS, or EOS), so at most `max_len - 1` subwords a side are kept."""
-    max_ratio: float = num(3.0, lo=0)
-    """Training pairs whose length ratio (longer/shorter, each side's subwords plus one as for `max_len`) exceeds this are dropped; 0 disables, else at least 1."""
+    max_ratio: float = num(3.0, lo=1, or_zero=True)
+    """Training pairs whose length ratio (longer/shorter, each side's subwords plus one as for `max_len`) exceeds this are dropped; 0 disables (below 1, every pair would be dropped)."""
     num_proc: int = num(0, lo=0)
     """Processes that clean and tokenize the corpus; 0: every CPU core this process may use."""
 
@@ -204,9 +210,6 @@ class DataConfig:
         check_ranges(self)
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {self.src_lang!r}")
-        if 0 < self.max_ratio < 1:
-            raise ValueError(f"max_ratio ({self.max_ratio}): a ratio of the longer side to the shorter is at least 1, "
-                             f"so every pair would be dropped; set 1 or more, or 0 to keep every ratio")
         if isinstance(self.train, list) and not self.train:
             raise ValueError("train: an empty list; give one corpus section or a list of them")
         evaluated = {"valid": self.valid, **{f"test.{name}": spec for name, spec in self.test.items()}}
