@@ -118,10 +118,15 @@ pack() {
 trap pack EXIT
 # seconds a command may run before LIMIT stops it; 0: no limit, or none left
 time_left() { ((limit)) && echo $((limit - SECONDS)) || echo 0; }
-run() {
+# true (and logged as skipped) when DEADLINE or LIMIT has passed for the command "$*"
+past_time() {
   if ((deadline && SECONDS >= deadline)); then log "skipped, past DEADLINE=${deadline}s: $*"; return 0; fi
+  if ((limit && SECONDS >= limit)); then log "skipped, past LIMIT=${limit}s: $*"; return 0; fi
+  return 1
+}
+run() {
+  past_time "$@" && return 0
   local left; left=$(time_left)
-  if ((limit && left <= 0)); then log "skipped, past LIMIT=${limit}s: $*"; return 0; fi
   log "$*"
   if ((limit)); then timeout -k 10 "$left" "$@" 2>&1 | tee -a "$out/$stage.log"
   else "$@" 2>&1 | tee -a "$out/$stage.log"; fi
@@ -153,11 +158,9 @@ target_rows() {
 # CONFIG STEPS: trains CONFIG for STEPS updates in bf16, validating every 200, eagerly and with recorded updates side
 # by side, and prints both runs' log lines: recorded RNN updates went wrong after a validation once (2026-11-27)
 recorded_against_eager() {
-  local i rc name=$(basename "$1" .yaml) ways=(false true) left limited=() pids=()
-  if ((deadline && SECONDS >= deadline)); then log "skipped, past DEADLINE=${deadline}s: recorded_against_eager $*"; return 0; fi
-  left=$(time_left)
-  if ((limit && left <= 0)); then log "skipped, past LIMIT=${limit}s: recorded_against_eager $*"; return 0; fi
-  ((limit)) && limited=(timeout -k 10 "$left")
+  local i rc name=$(basename "$1" .yaml) ways=(false true) limited=() pids=()
+  past_time recorded_against_eager "$@" && return 0
+  ((limit)) && limited=(timeout -k 10 "$(time_left)")
   for i in 0 1; do
     log "$py -m nmt train $1 ... --set train.cuda_graphs=${ways[i]} > $out/${name}_graphs_${ways[i]}.log (in the background)"
     "${limited[@]}" "$py" -m nmt train "$1" --restart --set run_dir=/tmp/gpu_${name}_graphs_${ways[i]} \

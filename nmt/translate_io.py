@@ -239,12 +239,11 @@ def write_translations(
     return n
 
 
-def check_output(output: str | Path, input: str | Path | None = None, *, option: str = "-o") -> None:
+def check_output(output: str | Path, input: str | Path | None = None) -> None:
     """Refuse an output file that is the input file, or that cannot be created.
 
     Called before the model loads, so a mistake costs no time. `input` None means
-    standard input, checked too when it is redirected from a file. `option` is the
-    command-line option that named the output, for the messages.
+    standard input, checked too when it is redirected from a file.
 
     Raises:
         UserError: `output` is `input` (same path, a symlink or a hard link to it), a folder,
@@ -254,13 +253,13 @@ def check_output(output: str | Path, input: str | Path | None = None, *, option:
     if path.is_dir():
         raise UserError(f"{output}: output is a folder; give a file name")
     if is_stream(str(output)):  # written beside and renamed over, a pipe would be replaced, its reader left waiting
-        raise UserError(f"{output}: output is a pipe or a device; write to standard output instead (leave out {option}"
-                        " and redirect it)")
+        raise UserError(f"{output}: output is a pipe or a device; write to standard output instead (leave out -o "
+                        "and redirect it)")
     folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
-        raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another {option}")
+        raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another -o")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{output}: output folder {folder} is not writable; choose another {option}")
+        raise UserError(f"{output}: output folder {folder} is not writable; choose another -o")
     if not path.exists():
         return
     out_stat = path.stat()

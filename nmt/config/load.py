@@ -163,24 +163,27 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
 
 def _text_key(parts: list[str]) -> bool:
     """Whether the key `parts` names holds text and text only (`run_dir`, `data.src_lang`), so that a `--set` value
-    for it is taken as typed; False for any other key, or none."""
-    tp: Any = ExperimentConfig
-    for part in parts:
-        if typing.get_origin(tp) is dict:
-            tp = typing.get_args(tp)[1]
-            continue
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        if typing.get_origin(tp) in (typing.Union, types.UnionType) and inner:
-            tp = inner[0]
-        if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
-            return False
-        tp = typing.get_type_hints(tp)[part]
-    return tp is str
+    for it is taken as typed; False for any other key, or none (which `_check_override` then names)."""
+    try:
+        return _key_field(parts, "")[1] is str
+    except ConfigError:
+        return False
 
 
 def _check_override(item: str, parts: list[str], value: Any) -> None:
     """Check one override against the schema, so a mistake names the `--set` item, not the file."""
     where = _set_item(item)
+    field, tp = _key_field(parts, where)
+    _check_range(field, _convert(tp, value, ".".join(parts), where), ".".join(parts), where)
+
+
+def _key_field(parts: list[str], where: str) -> tuple[dataclasses.Field, Any]:
+    """The schema's field that the key `parts` names, and its type (a union's first member where a section
+    goes on below it).
+
+    Raises:
+        ConfigError: a key no section has, or a value read as a section; the message begins with `where`.
+    """
     tp: Any = ExperimentConfig
     for i, part in enumerate(parts):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -195,7 +198,7 @@ def _check_override(item: str, parts: list[str], value: Any) -> None:
         if part not in fields:
             raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, list(fields))}")
         field, tp = fields[part], typing.get_type_hints(tp)[part]
-    _check_range(field, _convert(tp, value, ".".join(parts), where), ".".join(parts), where)
+    return field, tp
 
 
 def _set_item(item: str) -> str:
