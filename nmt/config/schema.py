@@ -493,8 +493,13 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.max_len_a == self.max_len_b == 0:
-            raise ValueError("max_len_a and max_len_b are both 0: no output could be produced")
+        check_length_limit(self.max_len_a, self.max_len_b)
+
+
+def check_length_limit(max_len_a: float, max_len_b: int) -> None:
+    """Refuse a length limit of 0 for every source (`DecodeConfig`, `SearchOptions`)."""
+    if max_len_a == max_len_b == 0:
+        raise ValueError("max_len_a and max_len_b are both 0: no output could be produced")
 
 
 @dataclass

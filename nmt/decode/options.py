@@ -17,7 +17,7 @@ from typing import Literal, Protocol, get_args
 import torch
 from torch import Tensor
 
-from nmt.config.schema import DecodeConfig, range_of
+from nmt.config.schema import DecodeConfig, check_length_limit, range_of
 from nmt.decode.beam import beam_step
 from nmt.decode.greedy import greedy_step
 from nmt.decode.sampling import Sampling, make_sample_step
@@ -99,6 +99,10 @@ class SearchOptions:
                 raise ValueError(f"{name}: {problem}")
         if isinstance(self.strategy, str) and self.strategy not in get_args(Strategy):
             raise ValueError(f"strategy ({self.strategy!r}) must be one of {get_args(Strategy)} or a StepFn")
+        check_length_limit(self.max_len_a, self.max_len_b)
+        if self.sampling is not None and self.strategy not in ("auto", "sample"):
+            raise ValueError(f"sampling settings need strategy 'sample' or 'auto', not {self.strategy!r}, "
+                             "which would ignore them")
         sampling = self.sampling is not None or self.strategy == "sample"
         if self.nbest < 1:
             raise ValueError(f"nbest ({self.nbest}) must be at least 1")

@@ -8,6 +8,7 @@ hypothesis keeps the model's own log-probability of what was drawn, so
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -35,8 +36,8 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature ({self.temperature}) must be > 0")
+        if not 0 < self.temperature < math.inf:
+            raise ValueError(f"temperature ({self.temperature}) must be a finite number > 0")
         if self.top_k < 0:
             raise ValueError(f"top_k ({self.top_k}) must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
@@ -92,7 +93,11 @@ def sample_step(
         origins: zeros (each hypothesis extends itself), (B, 1).
     """
     batch, beam, vocab = log_probs.shape
-    logits = filter_logits(log_probs / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    # Shifted by each row's best first, which the softmax ignores, so that a tiny temperature makes the best
+    # token 0 and the rest -inf, where it made every value -inf and the softmax NaN.
+    best = log_probs.amax(dim=-1, keepdim=True)  # (B, K, 1)
+    best = best.masked_fill(best.isinf(), 0.0)  # a row of -inf stays one
+    logits = filter_logits((log_probs - best) / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     probs = logits.softmax(dim=-1).view(batch * beam, vocab)  # (B*K, V)
     # One draw from each row, as torch.multinomial(probs, 1) makes it (the row whose exponential race it wins,
     # from the same random numbers) without that call's two checks of the values, which wait for a GPU.

@@ -80,6 +80,9 @@ class _Ids:
     pad: int
 
 
+_ROUNDING = 1e-6
+"""Added to a * src_len + b before its floor, so that a length limit is not cut short by binary fractions."""
+
 _GPU_SYNC_EVERY = 8
 """Steps between the host's looks at which sentences are done, off the CPU.
 
@@ -202,7 +205,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, *, beam: int,
 def _max_lengths(src_pad_mask: Tensor, a: float, b: int) -> Tensor:
     """Longest output of each sentence, EOS excluded: (B, S) -> (B,)."""
     src_lens = (~src_pad_mask).sum(dim=1).double()  # (B,)
-    return (a * src_lens + b).floor().long()
+    # A user's 1.15 is 1.149999... in binary, and 1.15 * 100 must give 115, not 114.
+    return (a * src_lens + b + _ROUNDING).floor().long()
 
 
 def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
@@ -267,7 +271,11 @@ def _next_log_probs(model: Seq2Seq, act: _Active, opts: SearchOptions) -> tuple[
 
 
 def _constrain(log_probs: Tensor, step: int, max_len: Tensor | None, bans: _Bans) -> Tensor:
-    """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len. In place.
+    """Forbid PAD and BOS; EOS before min_len; anything but EOS at max_len; NaN everywhere. In place.
+
+    A NaN (a row whose fp16 activations overflowed) becomes -inf: `topk` and `argmax` rank NaN above
+    every number, so one such row would take every beam slot of its sentence and lose its finite
+    hypotheses.
 
     The model's log-probabilities are the search's to write into (`Seq2Seq.decode_step`): only the few
     banned columns are set to -inf, where adding a (V,) row of 0 and -inf to every hypothesis's row took
@@ -279,6 +287,7 @@ def _constrain(log_probs: Tensor, step: int, max_len: Tensor | None, bans: _Bans
             at its maximum yet (before the shortest maximum), which saves an (N, V)
             pass at most steps.
     """
+    log_probs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
     if max_len is not None:
         eos = log_probs[:, bans.eos].clone()  # (N,) the model's own, which a row at its maximum keeps
     log_probs.index_fill_(1, bans.early if step < bans.min_len else bans.always, -math.inf)

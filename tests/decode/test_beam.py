@@ -211,6 +211,25 @@ def test_cached_equals_uncached(beam):
         assert [h.score for h in c] == pytest.approx([h.score for h in u], abs=1e-6)
 
 
+@pytest.mark.parametrize("beam", [2, 3])
+def test_a_nan_row_loses_its_slots_to_finite_hypotheses(beam):
+    """A row whose log-probabilities are NaN (an fp16 overflow) is out of the search: `topk` ranks NaN
+    first, so its candidates took every slot and the sentence got no hypothesis."""
+    nan = [math.nan] * V
+    model = StubModel(table({(): dist(a=0.6, b=0.4), (A,): nan, (B,): dist(eos=0.9, a=0.1)}))
+    hyps = run(model, [7], beam=beam, nbest=1, length_penalty=0.0, max_len_b=5)[0]
+    assert [h.tokens for h in hyps] == [[B]]
+    assert hyps[0].log_prob == pytest.approx(log(0.4 * 0.9))
+
+
+@pytest.mark.parametrize(("a", "b", "src_len", "longest"), [(1.15, 0, 100, 115), (0.7, 5, 170, 124), (0.29, 0, 100, 29)])
+def test_max_len_is_the_floor_of_the_decimal_expression(a, b, src_len, longest):
+    """1.15 * 100 is 114.99999999999999 in binary; the limit a user wrote is 115 tokens."""
+    model = StubModel(table({}, default=dist(a=1.0, eos=1e-9)))  # ends only where it must
+    [[hyp]] = run(model, [7] * src_len, beam=1, max_len_a=a, max_len_b=b)
+    assert len(hyp.tokens) == longest
+
+
 @pytest.mark.parametrize("beam", [1, 2])
 def test_max_len_forces_eos(beam):
     model = StubModel(table({}, default=dist(a=0.6, b=0.4, eos=1e-9)))

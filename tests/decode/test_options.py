@@ -44,6 +44,9 @@ def test_sampling_gets_a_seeded_step_and_continues_its_stream():
     (dict(length_penalty=1e308), r"^length_penalty: 1e\+308 must be in \[-5, 5\]$"),
     (dict(coverage_penalty=float("inf")), r"^coverage_penalty: inf is not a finite number$"),
     (dict(max_tokens=10**23), r"^max_tokens: 100000000000000000000000 does not fit in a 64-bit integer$"),
+    (dict(max_len_a=0.0, max_len_b=0), "max_len_a and max_len_b are both 0: no output could be produced"),
+    (dict(sampling=Sampling(seed=1), strategy="greedy"), "sampling settings need strategy 'sample' or 'auto', not 'greedy'"),
+    (dict(sampling=Sampling(seed=1), strategy="beam"), "sampling settings need strategy 'sample' or 'auto', not 'beam'"),
 ])
 def test_inconsistent_settings_are_refused_with_their_values(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -79,7 +79,8 @@ def test_top_p_never_samples_outside_the_nucleus():
 def test_sampling_needs_beam_one_and_valid_settings():
     with pytest.raises(ValueError, match="beam"):
         sample(StubModel(FLAT), [[7]], Sampling(seed=0), beam=2)
-    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+    for bad in (dict(temperature=0.0), dict(temperature=float("inf")), dict(temperature=float("nan")),
+                dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             Sampling(**bad)
 
@@ -95,3 +96,14 @@ def test_each_draw_is_torch_multinomials_from_the_same_random_numbers(sampling):
         probs = filter_logits(log_probs / sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p).softmax(-1).view(6, 40)
         assert torch.equal(tokens.view(6), torch.multinomial(probs, 1, generator=theirs).view(6))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_vanishing_temperature_draws_the_most_probable_token(seed):
+    """At a temperature so small that every log-probability divided by it overflows, sampling is greedy
+    search, where the softmax of a row of -inf drew PAD and the line came out empty."""
+    kwargs = dict(max_len_a=1.0, max_len_b=4)
+    greedy = greedy_search(StubModel(random_table(seed)), *batch(*SOURCES), **kwargs)
+    sampled = sample(StubModel(random_table(seed)), SOURCES, Sampling(temperature=1e-45, seed=seed), **kwargs)
+    assert [h.tokens for h in sampled] == [h.tokens for h in greedy]
+    assert [h.log_prob for h in sampled] == [h.log_prob for h in greedy]
