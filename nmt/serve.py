@@ -278,6 +278,12 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     for i, line in enumerate(lines):
         if not isinstance(line, str):
             raise _BadRequest(bad, f'"text"[{i}] must be a string, not {type(line).__name__}')
+        if not line.isascii():
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError as err:  # JSON's "\ud800" escape: half of a UTF-16 pair, no character
+                raise _BadRequest(bad, f'"text"[{i}] holds a lone surrogate ({line[err.start]!a} at character '
+                                       f'{err.start}), not text; send whole characters') from None
     beam = request.get("beam")
     if beam is not None and (isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM):
         raise _BadRequest(bad, f'"beam" ({beam!r}) must be an integer in [1, {MAX_BEAM}]')

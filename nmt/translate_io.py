@@ -18,7 +18,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import islice
+from itertools import count, islice
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -135,7 +135,7 @@ def _translate_stream(translator: Translator, options: SearchOptions, raw: Binar
     """Standard input or another stream: line by line from a terminal (with prompts); from a pipe, each line
     answered once it has arrived."""
     if raw is sys.stdin.buffer and sys.stdin.isatty():
-        return interactive(translator, sys.stdin, dst, sys.stderr, options, **write)
+        return interactive(translator, raw, dst, sys.stderr, options, name=name, **write)
     chunks = available_lines(raw, name, max_lines=CHUNK_LINES)
     return write_translations(translator, chunks, dst, options, flush=dst is sys.stdout, progress=bool(progress),
                               **write)
@@ -312,22 +312,25 @@ def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:
 PROMPT = "> "
 
 
-def interactive(translator: Translator, stdin: TextIO, out: TextIO, prompt_to: TextIO,
-                options: SearchOptions | None = None, **kwargs: Any) -> int:
+def interactive(translator: Translator, stdin: BinaryIO, out: TextIO, prompt_to: TextIO,
+                options: SearchOptions | None = None, *, name: str = "<stdin>", **kwargs: Any) -> int:
     """Prompt on `prompt_to`, translate each line as it is typed onto `out`, until end of input.
 
-    `kwargs` are those of `write_translations`. Returns the number of lines.
+    `stdin` is read as bytes and decoded as a pipe's lines are, so that a line that is not
+    UTF-8 stops with the same one line (naming `name` and the line), where a text stream
+    would hand on surrogates that the tokenizer cannot take. `kwargs` are those of
+    `write_translations`. Returns the number of lines.
     """
 
     def typed() -> Iterator[list[str]]:
-        while True:
+        for number in count(1):
             prompt_to.write(PROMPT)
             prompt_to.flush()
-            line = stdin.readline()
-            if not line:
+            raw = stdin.readline()
+            if not raw:
                 prompt_to.write("\n")
                 return
-            yield [line]
+            yield list(decode_lines([raw], name, first=number))
 
     return write_translations(translator, typed(), out, options, flush=True, **kwargs)
 

@@ -125,6 +125,8 @@ def test_concurrent_requests_each_get_their_own_answer(server, translator, small
     (b'{"text": ["a"], "beam": 0}', 400, '"beam" (0) must be an integer in [1, 64]'),
     (b'{"text": ["a"], "beam": true}', 400, '"beam" (True) must be an integer'),
     (b'{"text": ["a"], "beams": 2}', 400, "unknown field 'beams'"),
+    (b'{"text": ["ok", "F\\u00e9lix \\ud800 eats"]}', 400,
+     "\"text\"[1] holds a lone surrogate ('\\ud800' at character 6), not text"),
 ])
 def test_bad_requests_get_400_and_one_line(server, body, status, needle):
     got, reply = request(f"{server.url}/translate", body)

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from nmt.cli import app
 from nmt.config import config_from_dict
 from nmt.decode import Sampling
-from nmt.errors import CheckpointError, UserError
+from nmt.errors import CheckpointError, DataError, UserError
 from nmt.models.transformer import MultiHeadAttention
 from nmt.plot import image_size
 from nmt.translate import Translator
@@ -402,10 +402,20 @@ def test_attention_plots_have_the_expected_size(translators, tmp_path, kind):
 def test_interactive_prompts_on_its_own_stream(translators):
     tr = translators["transformer"]
     out, prompts = io.StringIO(), io.StringIO()
-    n = interactive(tr, io.StringIO("the dog runs .\n\nthe cat .\n"), out, prompts, beam=2)
+    n = interactive(tr, io.BytesIO("the dog runs .\r\n\nthe cat é .\n".encode()), out, prompts, beam=2)
     assert n == 3
-    assert out.getvalue().splitlines() == tr.translate(["the dog runs .", "", "the cat ."], beam=2)
+    assert out.getvalue().splitlines() == tr.translate(["the dog runs .", "", "the cat é ."], beam=2)
     assert prompts.getvalue() == "> > > > \n"
+
+
+def test_interactive_stops_at_a_line_that_is_not_utf8_as_a_pipe_does(translators):
+    """A terminal's text stream hands on bytes that are not UTF-8 as surrogates, which the tokenizer
+    refused with a TypeError; the typed line is named as a pipe's would be."""
+    tr = translators["transformer"]
+    out = io.StringIO()
+    with pytest.raises(DataError, match=r"^<stdin>:2: invalid UTF-8 at byte 4 of the line \(invalid start byte\)"):
+        interactive(tr, io.BytesIO(b"the dog runs .\nbad \xff x\n"), out, io.StringIO(), beam=2)
+    assert out.getvalue().splitlines() == tr.translate(["the dog runs ."], beam=2)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -455,6 +465,30 @@ def test_cli_sampling_with_a_seed_is_reproducible(checkpoints, sources):
 def test_cli_names_the_line_of_invalid_utf8(checkpoints):
     result = runner.invoke(app, ["translate", "-c", str(checkpoints["rnn"])], input=b"the dog .\n\xff\xfe\n")
     assert isinstance(result.exception, UserError) and "<stdin>:2: invalid UTF-8" in str(result.exception)
+
+
+def test_a_terminal_is_answered_line_by_line_and_told_of_bytes_that_are_not_utf8(checkpoints, translators):
+    """`nmt translate` on a real terminal: a typed line is answered before the next is typed, and a line that
+    is not UTF-8 ends the session with the one line a pipe gets and exit status 2 (it was a TypeError)."""
+    import os
+    import subprocess
+    import sys
+
+    controller, terminal = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["rnn"]), "--beam", "1"],
+                            stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(terminal)
+    try:
+        os.write(controller, b"the dog runs .\n")
+        answer = proc.stdout.readline().decode()
+        os.write(controller, b"bad \xff x\n")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        os.close(controller)
+    assert answer.rstrip("\n") == translators["rnn"].translate("the dog runs .", beam=1)
+    assert proc.returncode == 2 and out == b""
+    assert err.decode().count("\n") == 1 and "<stdin>:2: invalid UTF-8 at byte 4 of the line" in err.decode()
 
 
 def test_import_nmt_is_light_and_exports_the_api():
