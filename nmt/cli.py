@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from nmt.errors import UserError, shorten
+from nmt.interrupts import stops_cleanly_on_sigterm
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -94,6 +95,7 @@ def train(
 
 
 @app.command()
+@stops_cleanly_on_sigterm
 def translate(
     checkpoint: Annotated[list[Path], typer.Option(
         "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several (mean of probabilities).")],
@@ -155,6 +157,7 @@ def translate(
 
 
 @app.command("eval")
+@stops_cleanly_on_sigterm
 def evaluate(
     checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", help="Checkpoint to translate with.")] = None,
     split: Annotated[Optional[str], typer.Option(help="valid, test (all test sets) or a test set's name.")] = None,
@@ -191,6 +194,7 @@ def evaluate(
 
 
 @app.command()
+@stops_cleanly_on_sigterm
 def average(
     paths: Annotated[list[Path], typer.Argument(help="Checkpoints to average; with --last, one run directory.")],
     output: Annotated[Optional[Path], typer.Option(
@@ -243,6 +247,7 @@ def experiment(
 
 
 @app.command()
+@stops_cleanly_on_sigterm
 def analyze(
     checkpoints: Annotated[list[str], typer.Option("--checkpoint", "-c", help="NAME=CKPT or CKPT (repeatable).")],
     split: Annotated[Optional[str], typer.Option(help="Test set of the first checkpoint's config (default: its first).")] = None,
@@ -293,6 +298,7 @@ def analyze(
 
 
 @app.command()
+@stops_cleanly_on_sigterm
 def export(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Transformer checkpoint (.pt).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to create for the exported model.")],

@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from nmt.errors import UserError
+from nmt.interrupts import sigterm_interrupts
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -126,32 +125,13 @@ def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
     """Load, bind and serve until interrupted (Ctrl-C or SIGTERM's KeyboardInterrupt); `options` as for `make_server`."""
     server = make_server(checkpoint, **options)
     log.info("serving %s on %s: POST /translate {\"text\": [...]}, GET /health", server.name, server.url)
-    with _sigterm_interrupts():  # through the drain too: a second SIGTERM stops at once, as a second Ctrl-C
+    with sigterm_interrupts():  # through the drain too: a second SIGTERM stops at once, as a second Ctrl-C
         try:
             server.serve_forever()
         except KeyboardInterrupt:
             log.info("stopped")
         finally:
             server.server_close()
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While active, SIGTERM raises KeyboardInterrupt as SIGINT does, so that it too ends in the drain.
-
-    Not `nmt.train.faults.StopSignals`: that one only notes the signal for the training loop to check
-    between steps (and its messages speak of checkpoints); `serve_forever` checks nothing, so here the
-    signal has to raise. Installed only in the main thread (Python delivers signals there); elsewhere,
-    as for a server run from a test's thread, it does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _BadRequest(Exception):

@@ -171,7 +171,10 @@ def test_a_run_stopped_after_some_lines_leaves_the_previous_output(doc, checkpoi
     assert leftovers(doc.parent) == []
 
 
-def test_sigint_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoints):
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+def test_a_signal_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoints, signum, status):
+    """Ctrl-C, or SIGTERM (a scheduler's or `kill`'s), which ended the process where it stood, without the
+    message; the process still ends by SIGTERM, as its sender expects."""
     src, out = tmp_path / "src.txt", tmp_path / "out.txt"
     src.write_text(SOURCE * 1000)
     out.write_text(OLD)
@@ -184,17 +187,44 @@ def test_sigint_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoin
         while not (partial.exists() and partial.stat().st_size) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert partial.exists() and partial.stat().st_size, "the translation never started writing"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
     assert f"the lines translated so far are kept in {partial}; the same command goes on after them" in stderr
     assert out.read_text() == OLD
     assert partial.read_text().count("\n") > 0
+    assert leftovers(tmp_path) == []
+
+
+def test_sigterm_while_standard_input_is_translated_into_a_file_leaves_no_temporary_file(tmp_path, checkpoints):
+    """`nmt translate -o OUT < pipe` writes a temporary file beside OUT until the input ends; SIGTERM left it
+    there for good (nothing removes temporary files beside translations)."""
+    out = tmp_path / "out.txt"
+    out.write_text(OLD)
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(checkpoints["transformer"]),
+                             "-o", str(out), "--beam", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(SOURCE.encode())
+        proc.stdin.flush()  # and left open: the command waits for more
+        deadline = time.monotonic() + 120
+        while not any(tmp_path.glob(".tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert any(tmp_path.glob(".tmp-*")), "the translation never started writing"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert b"Traceback" not in stderr
+    assert out.read_text() == OLD
     assert leftovers(tmp_path) == []
 
 
