@@ -129,6 +129,7 @@ def translate(
 
     With --nbest N a line holds N translations, best first, separated by tabs;
     --scores puts each translation's score (what they are ranked by) and a tab before it.
+    Places the search could not fill (an empty line has one translation) are empty, at -inf.
     Standard input from a terminal is translated line by line as it is typed.
     From -i FILE to -o FILE, a run that is stopped keeps its lines in FILE.partial and
     the same command goes on after them.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -301,7 +302,8 @@ class Translator:
         # The phases are labelled for torch.profiler (`bench/decode_speed.py --profile`).
         with record_function("nmt.tokenize"):
             ids = self._encode(lines, self.max_source_length(opts), first_line)
-        results = [[_empty() for _ in range(opts.nbest)] for _ in lines]
+        # An empty line's one translation is the empty one; the rest of an n-best list the search could not fill.
+        results = [[_empty(), *_missing(opts.nbest - 1)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if len(seq) > 1]  # only EOS: an empty line
         budget = max(1, self.max_tokens_for(opts.max_tokens) // opts.beam)  # source tokens per batch
         with inference(self.model):
@@ -310,9 +312,8 @@ class Translator:
                 hyps = self._search([ids[i] for i in rows], opts)
                 with record_function("nmt.detokenize"):
                     for row, translations in zip(rows, self._finish(hyps, [ids[i] for i in rows])):
-                        if translations:
-                            results[row] = translations
-                        else:  # its every hypothesis scored -inf or NaN: the line stays empty
+                        results[row] = translations + _missing(opts.nbest - len(translations))
+                        if not translations:  # its every hypothesis scored -inf or NaN: the line stays empty
                             log.warning("line %d: no translation with a finite score (the model's output was not "
                                         "finite; an fp16 overflow?); its output line is empty", first_line + row)
         return results
@@ -386,6 +387,12 @@ class Translator:
 
 def _empty() -> Translation:
     return Translation(text="", score=0.0, log_prob=0.0, tokens=[], src_tokens=[])
+
+
+def _missing(n: int) -> list[Translation]:
+    """`n` places of an n-best list that no hypothesis fills (a beam that found fewer, an empty line's
+    others): empty, at a score of -inf, so that every line holds `nbest` translations ranked by score."""
+    return [Translation(text="", score=-math.inf, log_prob=-math.inf, tokens=[], src_tokens=[]) for _ in range(n)]
 
 
 def _pad(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import struct
 from itertools import islice
 from pathlib import Path
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import config_from_dict
+from nmt.data.tokenizer import EOS_ID
 from nmt.decode import Sampling
 from nmt.errors import CheckpointError, DataError, UserError
 from nmt.models.transformer import MultiHeadAttention
@@ -190,10 +192,33 @@ def test_a_model_with_non_finite_outputs_gives_empty_lines_and_a_warning_each(ch
             p.fill_(float("nan"))  # every log-probability NaN: no hypothesis has a finite score
     with caplog.at_level(logging.WARNING, logger="nmt.translate"):
         nbest = tr.translate_nbest(sources[:3], beam=3, nbest=2)
-    assert [[h.text for h in n] for n in nbest] == [["", ""]] * 3
+    assert [[(h.text, h.score) for h in n] for n in nbest] == [[("", -math.inf)] * 2] * 3  # not 0: probability 1
     for line in (1, 2, 3):
         assert f"line {line}: no translation with a finite score" in caplog.text
     assert tr.translate(["", sources[0]], beam=2) == ["", ""]
+
+
+def test_every_line_holds_nbest_translations_even_where_the_search_found_fewer(checkpoints, sources):
+    """A line that the search gives fewer hypotheses than `nbest` is filled up with empty translations at a score
+    of -inf, so that `--nbest N` lines always hold N (lines had fewer fields); an empty line has one translation."""
+    tr = Translator.from_checkpoint(checkpoints["transformer"], device="cpu")
+    pieces = tr.tokenizer.tgt_pieces(range(tr.tokenizer.tgt_vocab_size))
+    word = next(i for i, p in enumerate(pieces) if p.startswith("▁") and p[1:].isalpha())  # a whole word
+    decode_step = tr.model.decode_step
+
+    def eos_or_one_word(tokens, memory, state, **kwargs):  # the real model's step, two tokens left possible
+        log_probs, state, attn = decode_step(tokens, memory, state, **kwargs)
+        kept = torch.full_like(log_probs, -math.inf)
+        kept[:, [EOS_ID, word]] = log_probs[:, [EOS_ID, word]]
+        return kept, state, attn
+
+    tr.model.decode_step = eos_or_one_word
+    [found, empty] = tr.translate_nbest([sources[0], ""], beam=4, nbest=4, max_len_a=0.0, max_len_b=1)
+    assert sorted(h.text for h in found[:2]) == ["", pieces[word][1:]]
+    assert found[0].score >= found[1].score > -math.inf
+    assert [(h.text, h.score, h.log_prob) for h in found[2:]] == [("", -math.inf, -math.inf)] * 2
+    assert [h.score for h in empty] == [0.0, -math.inf, -math.inf, -math.inf]
+    assert format_nbest(found, scores=True).split("\t")[4:] == ["-inf", "", "-inf", ""]
 
 
 def test_output_lengths_beyond_the_models_positions_are_refused_in_one_line(translators, sources):
@@ -436,7 +461,7 @@ def test_cli_scores_and_nbest(checkpoints, sources):
     fields = rows[0].split("\t")
     assert len(fields) == 4 and float(fields[0]) < 0 and float(fields[2]) < 0
     assert float(fields[0]) >= float(fields[2])  # printed in the order they are ranked by
-    assert rows[1] == "0.0000\t\t0.0000\t"
+    assert rows[1] == "0.0000\t\t-inf\t"  # an empty line has one translation
     plain = cli("translate", "-c", ckpt, "--beam", "3", input=text).stdout.split("\n")
     assert plain[0] == fields[1]  # the best hypothesis, without scores
 
