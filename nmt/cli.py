@@ -99,7 +99,7 @@ def train(
 def translate(
     checkpoint: Annotated[list[Path], typer.Option(
         "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several (mean of probabilities).")],
-    input: Annotated[str, typer.Option("--input", "-i", help="Input file, or - for standard input (a terminal: interactive).")] = "-",
+    input: Annotated[str, typer.Option("--input", "-i", help="Input file (.gz: decompressed), or - for standard input (a terminal: interactive).")] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Output file, or - for standard output.")] = "-",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam; 1 when sampling).")] = None,
     nbest: Annotated[int, typer.Option(help="Translations per line, tab-separated.")] = 1,

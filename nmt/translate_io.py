@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from nmt.data.text import available_lines, decode_lines
+from nmt.data.text import READ_ERRORS, available_lines, decode_lines, open_binary
 from nmt.decode import CHUNK_LINES, SearchOptions
 from nmt.errors import UserError
 from nmt.fileio import disk_full, write_atomic
@@ -42,7 +42,7 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
                  restart: bool = False) -> int:
     """`nmt translate`: translate `input` (a file, or "-" for standard input) into `output` ("-": standard output).
 
-    A file is read twice: once to check all of it (UTF-8) and count its lines before
+    A file (a `.gz` one decompressed) is read twice: once to check all of it (UTF-8) and count its lines before
     anything is translated, then to translate it. Standard input from a terminal is
     translated line by line as it is typed (`interactive`); from a pipe, every line is
     answered as soon as it has arrived, so `nmt translate` can serve as a helper process.
@@ -83,9 +83,12 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
 
             write_output(output, run)  # all or nothing: renamed over `output` once complete
             return written
-    with open(input, "rb") as raw:
-        total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
-        raw.seek(0)
+    with open_binary(input) as raw:
+        try:
+            total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
+            raw.seek(0)
+        except READ_ERRORS as err:  # a damaged or cut-short .gz
+            raise UserError(f"{input}: cannot read: {err}") from None
         show = progress if progress is not None else (
             sys.stderr.isatty() and logging.getLogger().getEffectiveLevel() <= logging.INFO)
 

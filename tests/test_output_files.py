@@ -9,7 +9,9 @@ shows it) on the randomly initialised checkpoint of `tests/test_translate.py`.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
+import json
 import os
 import signal
 import stat
@@ -239,6 +241,54 @@ def test_standard_output_on_a_full_disk_is_one_line(checkpoints, doc):
         assert proc.stderr.strip().splitlines() == [
             "nmt: error: standard output: disk full; the translations before it were written: free some space "
             "or write elsewhere"], proc.stderr
+
+
+def test_a_gzip_input_is_translated_and_resumed_as_its_text_would_be(doc, checkpoints, monkeypatch):
+    """`-i doc.txt.gz` was refused as "invalid UTF-8 ... convert the input to UTF-8", where `nmt eval` read it."""
+    ckpt = str(checkpoints["transformer"])
+    packed = doc.parent / "doc.txt.gz"
+    packed.write_bytes(gzip.compress(doc.read_bytes()))
+    plain, from_gz = doc.parent / "plain.txt", doc.parent / "from_gz.txt"
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(plain))[0] == 0
+    format_nbest, written = translate_module.format_nbest, []
+
+    def then_ctrl_c(*args, **kwargs):  # stopped after two lines, then resumed from the compressed file
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(format_nbest(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(translate_module, "format_nbest", then_ctrl_c)
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed), "-o", str(from_gz))[0] == 130
+    monkeypatch.setattr(translate_module, "format_nbest", format_nbest)
+    status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed), "-o", str(from_gz))
+    assert status == 0, errors
+    assert from_gz.read_text() == plain.read_text()
+    packed.write_bytes(gzip.compress(doc.read_bytes())[:-12])  # cut short
+    status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed))
+    assert status == 2 and errors == [f"nmt: error: {packed}: cannot read: Compressed file ended before the "
+                                      "end-of-stream marker was reached"]
+
+
+def test_eval_reads_a_named_pipe_and_names_a_folder(doc, tmp_path, monkeypatch):
+    """`nmt eval --hyp <(cut -f2 out.tsv) --ref ref.txt` said "/dev/fd/63: file not found"."""
+    ref = tmp_path / "ref.txt"
+    ref.write_text(SOURCE)
+    fifo = tmp_path / "hyp_pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(SOURCE.encode(),))
+    writer.start()
+    monkeypatch.setattr(sys, "argv", ["nmt", "--quiet", "eval", "--hyp", str(fifo), "--ref", str(ref), "--json"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.raises(SystemExit) as done:
+        cli.main()
+    if writer.is_alive():  # the pipe was never opened: read it, so that the writer ends and the test fails
+        fifo.read_bytes()
+    writer.join()
+    assert done.value.code == 0, printed.getvalue()
+    assert json.loads(printed.getvalue())[str(fifo)]["bleu"] == 100.0
+    status, errors = nmt(monkeypatch, "eval", "--hyp", str(tmp_path), "--ref", str(ref))
+    assert status == 2 and errors == [f"nmt: error: {tmp_path}: a folder, not a text file"]
 
 
 def test_a_named_pipe_as_input_is_read_once_as_standard_input_is(doc, checkpoints, monkeypatch):

@@ -19,19 +19,26 @@ READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file (`.gz` allowed), without line endings.
+    """Lines of a UTF-8 text file (`.gz` allowed) or a pipe (`<(zcat f.gz)`), without line endings.
 
     Raises:
-        DataError: missing or unreadable file, or invalid UTF-8 (with the line number).
+        DataError: missing or unreadable file, a folder, or invalid UTF-8 (with the line number).
     """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a text file")
+    if not path.exists():
         raise DataError(f"{path}: file not found")
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        with open_binary(path) as f:
             return list(decode_lines(f, str(path)))
     except READ_ERRORS as err:
         raise DataError(f"{path}: cannot read: {err}") from None
+
+
+def open_binary(path: str | Path) -> BinaryIO:
+    """A text file opened for reading bytes; a `.gz` file decompressed as it is read."""
+    return gzip.open(path, "rb") if Path(path).suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
 
 
 def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> Iterator[str]:
