@@ -80,6 +80,40 @@ def test_without_shuffle_batches_go_longest_first(lengths) -> None:
     assert batches == sampler(lengths, shuffle=False).batch_list(0)
 
 
+def greedy_longest_first(longer: np.ndarray, max_tokens: int) -> list[list[int]]:
+    """The rows sorted longest first (ties by index), cut greedily: each batch takes as many rows as its first,
+    longest, row's length fits in `max_tokens` (at least one)."""
+    order = sorted(range(len(longer)), key=lambda i: (-int(longer[i]), i))
+    batches = []
+    while order:
+        take = max(1, max_tokens // int(longer[order[0]]))
+        batches.append(order[:take])
+        order = order[take:]
+    return batches
+
+
+def test_shuffling_reorders_the_same_batches_each_epoch_and_seed_and_off_keeps_them_longest_first() -> None:
+    """Rows of distinct lengths cut into the same batches whatever the row shuffle: shuffling then changes the
+    order of the batches only, differently for each epoch and seed (so an epoch does not start with its
+    longest sentences every time); without shuffling they come longest first, the documented order."""
+    rng = np.random.default_rng(5)
+    longer = rng.permutation(np.arange(1, 61))  # 60 distinct lengths, in no order
+    src, tgt = longer.copy(), np.maximum(longer - rng.integers(0, 3, size=60), 1)  # max(src, tgt) == longer
+    expected = greedy_longest_first(longer, 120)
+    assert len(expected) > 10
+
+    def batches(epoch: int = 0, **kwargs) -> list[list[int]]:
+        return list(TokenBatchSampler(src_lens=src, tgt_lens=tgt, max_tokens=120, **kwargs).batch_list(epoch))
+
+    assert batches(shuffle=False) == expected
+    assert batches(shuffle=False, seed=9) == expected
+    orders = [batches(shuffle=True, seed=seed, epoch=epoch) for seed in (0, 1) for epoch in (0, 1, 2)]
+    for order in orders:
+        assert sorted(order) == sorted(expected)  # the same batches, row for row
+        assert order != expected
+    assert len({tuple(map(tuple, order)) for order in orders}) == len(orders)  # each epoch and seed its own order
+
+
 def epoch_order(s: TokenBatchSampler, epoch: int) -> np.ndarray:
     """The rows of an epoch in the sorted order its batches were cut from, before the batches were shuffled."""
     return s.batch_list(epoch).order

@@ -230,3 +230,56 @@ def test_learned_scores_accept_different_query_and_value_widths(kind):
     expected_width = 8 if kind in ("qkv", "multihead") else 10
     assert attention.context_dim == expected_width
     assert context.shape == (B, TQ, expected_width) and weights.shape == (B, TQ, S)
+
+
+# --------------------------------------------------------------------------- by hand
+
+
+def local_p_centres_by_hand(attention, query: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Luong et al. (2015), eq. 9 with the module's W_p and v_p: p_t = S * sigmoid(v_p^T tanh(W_p h_t)),
+    S each sentence's true length; (B, Tq)."""
+    W_p, v_p = attention.local.W_p.weight, attention.local.v_p.weight[0]  # (Dq, Dq), (Dq,)
+    fraction = torch.sigmoid(torch.tanh(query @ W_p.T) @ v_p)  # (B, Tq)
+    return lengths.to(query.dtype)[:, None] * fraction
+
+
+def test_local_p_centres_and_weights_follow_eq_9_and_10_from_the_modules_weights():
+    """The centre p_t of eq. 9 computed from the module's own W_p and v_p, not read from it; then the dot
+    weights of eq. 10 from that centre: the softmax of h_t . h_s over the real positions within D of p_t,
+    times exp(-(s - p_t)^2 / (2 (D/2)^2)), not renormalised."""
+    window = 1
+    attention = make("dot", window)
+    query, keys, values, mask = inputs()
+    centres = local_p_centres_by_hand(attention, query, LENGTHS)
+    torch.testing.assert_close(attention.local.centres(query, mask), centres)
+    distance = torch.arange(S) - centres.unsqueeze(-1)  # (B, TQ, S)
+    ignored = mask.unsqueeze(1) | (distance.abs() > window)
+    scores = torch.einsum("btd,bsd->bts", query, keys).masked_fill(ignored, float("-inf"))
+    expected = scores.softmax(-1) * torch.exp(-(distance**2) / (2 * (window / 2) ** 2))
+    context, weights = attention(query, keys, values, mask)
+    torch.testing.assert_close(weights, expected)
+    torch.testing.assert_close(context, expected @ values)
+
+
+def test_multihead_context_is_each_heads_context_concatenated_in_order_then_projected():
+    """Vaswani et al. (2017), sec. 3.2.2 with the module's W^Q, W^K, W^V, W^O: head i attends with its own
+    slice of the projected queries, keys and values, softmax(q_i k_i^T / sqrt(Dh)) v_i, and the output is
+    W^O [head_1; ...; head_H] for every one of several queries (with one query any interleaving of heads
+    and queries looks the same)."""
+    attention = make("multihead")
+    query, keys, values, mask = inputs()
+    assert TQ > 1
+    dh = D // HEADS
+    q = query @ attention.query_proj.weight.T  # (B, TQ, D)
+    k = keys @ attention.key_proj.weight.T  # (B, S, D)
+    v = values @ attention.value_proj.weight.T  # (B, S, D)
+    heads = []
+    for i in range(HEADS):
+        part = slice(i * dh, (i + 1) * dh)
+        scores = (q[..., part] @ k[..., part].transpose(1, 2)) / math.sqrt(dh)  # (B, TQ, S)
+        weights = scores.masked_fill(mask[:, None, :], float("-inf")).softmax(-1)
+        heads.append(weights @ v[..., part])  # (B, TQ, Dh)
+    expected = torch.cat(heads, dim=-1) @ attention.out_proj.weight.T  # (B, TQ, D)
+    context, _ = attention(query, keys, values, mask)
+    torch.testing.assert_close(context, expected)
+    assert not torch.allclose(heads[0], heads[1])  # the heads differ: their order matters

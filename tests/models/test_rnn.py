@@ -440,3 +440,95 @@ def test_overfits_a_batch(decoder):
     real = tgt_out != PAD
     assert loss.item() < 0.1
     assert torch.equal(predicted[real], tgt_out[real])
+
+
+# --------------------------------------------------------------------------- decoder steps by hand
+
+
+def gru_by_hand(cell: torch.nn.GRUCell, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """One GRU step from the cell's weights (Cho et al., 2014; gates r, z, n in torch's row order)."""
+    i_r, i_z, i_n = (x @ cell.weight_ih.T + cell.bias_ih).chunk(3, dim=-1)
+    h_r, h_z, h_n = (h @ cell.weight_hh.T + cell.bias_hh).chunk(3, dim=-1)
+    r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+def attend_by_hand(scores: torch.Tensor, memory: Memory) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (B, S) over the encoder states -> softmax over the real positions (B, S), context (B, H)."""
+    weights = scores.masked_fill(memory.pad_mask, float("-inf")).softmax(-1)
+    return weights, torch.einsum("bs,bsh->bh", weights, memory.states)
+
+
+def luong_step_by_hand(model: RNNSeq2Seq, tokens: torch.Tensor, memory: Memory, feed, hidden: torch.Tensor):
+    """Luong et al. (2015) with one GRU layer and "general" scores, from the model's weights:
+    h_t = GRU([E y; h~_{t-1}], h_{t-1}) (no h~ without input feeding), a_t = softmax(h_t^T W_a h_s) (eq. 7-8),
+    c_t = sum_s a_t(s) h_s, h~_t = tanh(W_c [c_t; h_t]) (eq. 5), log p = log_softmax(W_s h~_t + b) (eq. 6).
+    Returns log p (B, V), h_t, h~_t (B, H) and a_t (B, S)."""
+    decoder = model.decoder
+    x = model.tgt_embed.weight[tokens]  # (B, E)
+    if feed is not None:
+        x = torch.cat([x, feed], dim=-1)
+    h = gru_by_hand(decoder.cells.cells[0], x, hidden)  # (B, H)
+    W_a = decoder.context.attention.score.W_a.weight  # (H, H)
+    weights, context = attend_by_hand(torch.einsum("bi,ij,bsj->bs", h, W_a, memory.states), memory)
+    attentional = torch.tanh(torch.cat([context, h], dim=-1) @ decoder.W_c.weight.T)  # (B, H)
+    logits = attentional @ model.output.weight.T + model.output.bias  # (B, V)
+    return logits.log_softmax(-1), h, attentional, weights
+
+
+LUONG_BY_HAND = dict(decoder="luong", attention="general", cell="gru", decoder_layers=1, dropout=0.0)
+
+
+def test_a_luong_step_is_eq_5_on_the_attention_context_and_the_cells_state():
+    """A step of `decode_step` (with input feeding, past the first step so that the fed h~ is not 0) against
+    the step computed from the model's weights by hand: the attentional state h~_t = tanh(W_c [c_t; h_t]) is
+    what the output layer reads and what is fed to the next step."""
+    model = make(**LUONG_BY_HAND, input_feeding=True)
+    src, mask, tgt_in = batch()
+    memory = model.encode(src, mask)
+    _, state, _ = model.decode_step(tgt_in[:, 0], memory, model.init_state(memory))
+    assert state.feed.abs().sum() > 0
+    log_probs, after, attn = model.decode_step(tgt_in[:, 1], memory, state)
+    expected, h, attentional, weights = luong_step_by_hand(model, tgt_in[:, 1], memory, state.feed,
+                                                           state.hidden[:, 0])
+    torch.testing.assert_close(attn, weights)
+    torch.testing.assert_close(after.hidden[:, 0], h)
+    torch.testing.assert_close(after.feed, attentional)
+    torch.testing.assert_close(log_probs, expected)
+
+
+def test_luong_teacher_forcing_at_once_is_eq_5_at_every_step():
+    """Without input feeding `forward` runs the steps at once (`LuongDecoder.over_time`): its logits are those
+    of eq. 5 and 6 computed step by step by hand from the model's weights."""
+    model = make(**LUONG_BY_HAND, input_feeding=False)
+    assert model.decoder.steps_at_once
+    src, mask, tgt_in = batch()
+    memory = model.encode(src, mask)
+    hidden, expected = model.init_state(memory).hidden[:, 0], []
+    for t in range(tgt_in.size(1)):
+        log_probs, hidden, _, _ = luong_step_by_hand(model, tgt_in[:, t], memory, None, hidden)
+        expected.append(log_probs)
+    torch.testing.assert_close(model(src, mask, tgt_in).log_softmax(-1), torch.stack(expected, dim=1))
+
+
+def test_a_bahdanau_step_is_the_readout_of_the_new_state_context_and_input():
+    """Bahdanau et al. (2015), eq. 4-6 with additive scores, from the model's weights: the context from the
+    previous state, e_s = v_a^T tanh(W_a s_{t-1} + U_a h_s + b), the cell fed [E y; c_t], and the deep output
+    o_t = tanh(W_o [s_t; c_t; E y] + b_o) under the output layer."""
+    model = make(decoder="bahdanau", attention="additive", cell="gru", decoder_layers=1, dropout=0.0)
+    decoder, score = model.decoder, model.decoder.context.attention.score
+    src, mask, tgt_in = batch()
+    memory = model.encode(src, mask)
+    _, state, _ = model.decode_step(tgt_in[:, 0], memory, model.init_state(memory))
+    log_probs, after, attn = model.decode_step(tgt_in[:, 1], memory, state)
+    previous, embedded = state.hidden[:, 0], model.tgt_embed.weight[tgt_in[:, 1]]  # (B, H), (B, E)
+    hidden = torch.tanh((previous @ score.W_a.weight.T)[:, None] + memory.states @ score.U_a.weight.T
+                        + score.U_a.bias)  # (B, S, A)
+    weights, context = attend_by_hand(hidden @ score.v_a.weight[0], memory)
+    s = gru_by_hand(decoder.cells.cells[0], torch.cat([embedded, context], dim=-1), previous)
+    readout = torch.tanh(torch.cat([s, context, embedded], dim=-1) @ decoder.readout.weight.T + decoder.readout.bias)
+    expected = (readout @ model.output.weight.T + model.output.bias).log_softmax(-1)
+    torch.testing.assert_close(attn, weights)
+    torch.testing.assert_close(after.hidden[:, 0], s)
+    torch.testing.assert_close(log_probs, expected)

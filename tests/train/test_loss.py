@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -132,3 +134,15 @@ def test_bf16_logits_on_a_gpu_are_scored_as_on_the_cpu_in_fewer_passes():
     assert not counts["copy_"], counts  # the scaled write converts as it goes
     if _READS_HALF.get(torch.bfloat16, True):
         assert not counts["_to_copy"], counts  # the softmax read bf16 itself
+
+
+def test_perplexity_is_exp_of_the_mean_nll_and_stays_finite_far_beyond():
+    """exp(mean NLL) exactly for any loss a model gets from a start of random weights, even the mean NLL of 40
+    of a badly diverged run (exp(40) is about 2.4e17, finite as a float); only absurd means are capped, so that
+    logs get a finite number rather than an overflow."""
+    for nll_sum, ntokens in [(0.0, 5), (6.9, 3), (40.0 * 7, 7), (40.0, 1)]:
+        assert perplexity(nll_sum, ntokens) == pytest.approx(math.exp(nll_sum / ntokens), rel=1e-12)
+    huge = [perplexity(mean, 1) for mean in (40.0, 800.0, 1e6, float("inf"))]
+    assert all(math.isfinite(p) for p in huge)
+    assert huge == sorted(huge) and huge[1] > huge[0]  # the cap lies above 40: a higher loss never reads lower
+    assert perplexity(7.0, 0) == pytest.approx(math.exp(7.0))  # no tokens: the sum itself, not a division by 0

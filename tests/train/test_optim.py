@@ -102,3 +102,24 @@ def test_optimizer_state_saved_without_the_fused_kernel_resumes_with_it(saved_fu
     saved_opt.step()
     for got, expected in zip(after_live, model.parameters(), strict=True):
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("progress", [0.25, 0.75])
+def test_each_schedule_follows_its_own_curve_after_warm_up(progress):
+    """Where the curves part: a quarter and three quarters of the way from the end of warm-up to `max_steps`,
+    cosine is half a cosine period, 0.5 * (1 + cos(pi * progress)), linear 1 - progress, and the others ignore
+    `max_steps`: inverse_sqrt is sqrt(warmup / step) (Vaswani et al., 2017, eq. 3, steps counted from 1),
+    constant and plateau (before any validation) 1."""
+    warmup, max_steps = 10, 110
+    step = warmup + round(progress * (max_steps - warmup))  # 1-based: the update about to run
+    expected = {
+        "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
+        "linear": 1 - progress,
+        "inverse_sqrt": math.sqrt(warmup / step),
+        "constant": 1.0,
+        "plateau": 1.0,
+    }
+    assert expected["cosine"] != pytest.approx(expected["linear"])  # the point tells them apart
+    for schedule, factor in expected.items():
+        cfg = TrainConfig(warmup_steps=warmup, max_steps=max_steps, schedule=schedule)
+        assert lr_factor(step - 1, cfg) == pytest.approx(factor, rel=1e-12), schedule  # lr_factor is 0-based

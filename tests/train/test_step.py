@@ -384,3 +384,77 @@ def test_a_decoder_whose_steps_run_at_once_is_left_uncompiled(rnn, fresh_compile
     frames = counters["frames"]["ok"]
     _same_loss_and_gradients(eager, compiled, _batches_of_new_target_lengths())
     assert counters["frames"]["ok"] == frames
+
+
+# --------------------------------------------------------------------------- the update's arithmetic
+#
+# With plain SGD at a rate of 1 (no momentum, no decay) an update moves each weight by minus the gradient the
+# step hands the optimizer, so the change of the weights reads that gradient back: after clipping, and after the
+# loss's normalisation. The model is in float64, so the change is the gradient to ~1e-12, far below any
+# mistake in the normalisation or the clipping factor.
+
+
+def _sgd_trainable(model: torch.nn.Module, tc: TrainConfig) -> Trainable:
+    """`model` updated by SGD at `tc.lr` (1 below): the weights' change is minus the gradient the step applied."""
+    return _trainable(model, tc, torch.optim.SGD(model.parameters(), lr=tc.lr))
+
+
+def _reference_gradients(model: torch.nn.Module, group: list, smoothing: float) -> tuple[list, int, torch.Tensor]:
+    """The gradient of the sum over `group` of every target token's label-smoothed cross-entropy
+    (`F.cross_entropy`, padding ignored) divided by the group's target tokens, on a copy of `model`; with the
+    number of those tokens and the sum. A parameter the loss does not reach gets zeros."""
+    ref = copy.deepcopy(model)
+    tokens = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in group)
+    total = sum(torch.nn.functional.cross_entropy(ref(b.src, b.src_pad_mask, b.tgt_in).flatten(0, 1),
+                                                  b.tgt_out.flatten(), ignore_index=PAD_ID,
+                                                  label_smoothing=smoothing, reduction="sum")
+                for b in group)
+    (total / tokens).backward()
+    return [torch.zeros_like(p) if p.grad is None else p.grad for p in ref.parameters()], tokens, total.detach()
+
+
+def _applied_steps(before: list, model: torch.nn.Module) -> list:
+    """What an SGD update at a rate of 1 subtracted from each weight."""
+    return [b - p.detach() for b, p in zip(before, model.parameters(), strict=True)]
+
+
+@pytest.mark.parametrize("clip_ratio", [0.25, 4.0, 0.0], ids=["clipped", "below-the-limit", "clipping-off"])
+def test_the_update_clips_the_whole_gradient_to_clip_norm_and_reports_the_norm_before_clipping(clip_ratio):
+    """`train.clip_norm`: a gradient whose norm over all parameters (one vector) exceeds the limit is scaled to
+    it, g * clip_norm / ||g||, every tensor by the same factor; one below the limit, or any with clip_norm 0,
+    is applied whole. Either way the step returns ||g|| before clipping, which the loop logs."""
+    model = _model().double()
+    group = [_batch(1)]
+    expected, _, _ = _reference_gradients(model, group, smoothing=0.1)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected]))
+    clip_norm = clip_ratio * float(norm)
+    tc = TrainConfig(lr=1.0, warmup_steps=0, schedule="constant", clip_norm=clip_norm, label_smoothing=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = train_step(_sgd_trainable(model, tc), group, tc, torch.device("cpu"))
+    assert result.updated
+    torch.testing.assert_close(result.grad_norm, norm, rtol=1e-10, atol=0)
+    scale = clip_norm / float(norm) if 0 < clip_norm < float(norm) else 1.0
+    steps = _applied_steps(before, model)
+    for (name, _), step, g in zip(model.named_parameters(), steps, expected, strict=True):
+        # torch divides by ||g|| + 1e-6: a relative 1e-6 off the exact factor
+        torch.testing.assert_close(step, g * scale, rtol=2e-6, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+    applied = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s) for s in steps]))
+    assert float(applied) == pytest.approx(min(clip_norm, float(norm)) if clip_norm else float(norm), rel=2e-6)
+
+
+def test_an_accumulated_update_applies_the_gradient_of_the_loss_per_target_token():
+    """The loss of an update is the sum of its token losses (smoothed cross-entropy, padding ignored) over every
+    batch of the group, divided by the group's target tokens: not averaged per batch, per sentence or not at
+    all. Batches of 5 and 3 sentences and unequal token counts tell those apart."""
+    model = _model().double()
+    group = [_batch(1, n=5), _batch(2, n=3)]
+    expected, tokens, summed = _reference_gradients(model, group, smoothing=0.1)
+    assert tokens == sum(b.ntokens for b in group) and tokens not in (8, 1)  # not the sentences, not 1
+    tc = TrainConfig(lr=1.0, warmup_steps=0, schedule="constant", clip_norm=0.0, accumulate=2, label_smoothing=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = train_step(_sgd_trainable(model, tc), group, tc, torch.device("cpu"))
+    assert result.updated and result.tokens == result.update_tokens == tokens
+    for (name, _), step, g in zip(model.named_parameters(), _applied_steps(before, model), expected, strict=True):
+        torch.testing.assert_close(step, g, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+    # the returned loss is the sum itself, unnormalised (the loop divides it by the tokens it logs)
+    torch.testing.assert_close(result.loss.double(), summed, rtol=1e-6, atol=0)
