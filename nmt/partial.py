@@ -147,10 +147,29 @@ def _resume_point(fd: int, part: Path, desc: Path, job: dict[str, Any]) -> int:
     lines, end = _complete_lines(fd)
     if earlier != job:
         key, then, now = _first_difference(earlier, job)
+        changed = _changed_file(earlier, key)
+        if changed:  # the same command cannot finish it: the file it read is not there as it was
+            raise UserError(f"{part} holds {lines:,} lines of an interrupted run, but {changed} has changed since "
+                            f"(its {key.rpartition('.')[2]}: {then!r}, now {now!r}), so they may not be its "
+                            "translations: pass --restart to start over")
         raise UserError(f"{part} holds {lines:,} lines of an interrupted run with another {key} ({then!r}, now "
                         f"{now!r}); repeat that run's command to finish it, or pass --restart to start over")
     os.ftruncate(fd, end)
     return lines
+
+
+def _changed_file(earlier: dict[str, Any], key: str) -> str | None:
+    """"the input file PATH" or "the checkpoint PATH" where `key` is the size or the modification time of one
+    that the job read at the same path (`translation_job`); else None."""
+    where, _, field = key.rpartition(".")
+    if field not in ("bytes", "modified_ns"):
+        return None
+    if where == "input":
+        return f"the input file {earlier['input']['path']}"
+    if where.startswith("checkpoints["):
+        index = int(where.removeprefix("checkpoints[").removesuffix("]"))
+        return f"the checkpoint {earlier['checkpoints'][index]['path']}"
+    return None
 
 
 def _complete_lines(fd: int) -> tuple[int, int]:

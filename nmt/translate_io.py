@@ -174,6 +174,10 @@ def check_io(input: str, output: str) -> None:
     Raises:
         UserError: naming the file and what to do.
     """
+    if input == "-" and sys.stdin is None:  # `nmt translate <&-`
+        raise UserError("standard input is closed: give an input file with -i")
+    if output == "-" and sys.stdout is None:  # `nmt translate -i doc.txt >&-`
+        raise UserError("standard output is closed: give an output file with -o")
     if input != "-" and Path(input).is_dir():
         raise UserError(f"{input}: a folder, not an input file")
     if input != "-" and not Path(input).is_file() and not is_stream(input):
@@ -253,7 +257,7 @@ def check_output(output: str | Path, input: str | Path | None = None) -> None:
             or in a folder that does not exist or is not writable.
     """
     path = Path(output)
-    if path.is_dir():
+    if path.is_dir() or str(output).endswith(os.sep):  # `-o new/` named a folder, and would have made a file "new"
         raise UserError(f"{output}: output is a folder; give a file name")
     if is_stream(str(output)):  # written beside and renamed over, a pipe would be replaced, its reader left waiting
         raise UserError(f"{output}: output is a pipe or a device; write to standard output instead (leave out -o "

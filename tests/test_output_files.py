@@ -112,6 +112,28 @@ def test_output_that_is_a_folder_is_one_line(doc, checkpoints, monkeypatch):
     assert errors == [f"nmt: error: {doc.parent}: output is a folder; give a file name"]
 
 
+def test_an_output_named_as_a_folder_is_one_line(doc, checkpoints, monkeypatch):
+    """`-o new/`: a folder that does not exist, where a file named `new` was written."""
+    out = f"{doc.parent / 'new'}{os.sep}"
+    status, errors = nmt(monkeypatch, "translate", "-c", str(checkpoints["transformer"]), "-i", str(doc), "-o", out)
+    assert status == 2 and errors == [f"nmt: error: {out}: output is a folder; give a file name"]
+    assert not (doc.parent / "new").exists()
+
+
+@pytest.mark.parametrize(("closed", "args", "message"), [
+    (0, [], "standard input is closed: give an input file with -i"),
+    (1, ["-i", "{doc}"], "standard output is closed: give an output file with -o"),
+])
+def test_a_closed_standard_stream_is_one_line_before_the_model_loads(doc, checkpoints, closed, args, message):
+    """`nmt translate <&-` and `>&-`: Python's sys.stdin or sys.stdout is None; it was an AttributeError (for
+    standard output, after translating the whole file)."""
+    proc = subprocess.run([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(checkpoints["transformer"]),
+                           *(a.format(doc=doc) for a in args)],
+                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: os.close(closed))
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [f"nmt: error: {message}"], proc.stderr
+
+
 def test_success_replaces_the_output_with_the_usual_file_mode(doc, checkpoints, monkeypatch):
     ckpt = str(checkpoints["transformer"])
     new, old = doc.parent / "new.txt", doc.parent / "old.txt"

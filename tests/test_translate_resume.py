@@ -6,6 +6,7 @@ every resumed output is compared with the output of an uninterrupted run.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -150,15 +151,42 @@ def _other_checkpoint(doc: Path, checkpoints) -> tuple[list[str], str]:
         f"another checkpoints[0].path ('{checkpoints['transformer']}', now '{checkpoints['rnn']}')"
 
 
+def _other_input(doc: Path, checkpoints) -> tuple[list[str], str]:
+    other = doc.parent / "other.txt"
+    other.write_text(SOURCE)
+    return ["-i", str(other)], f"another input.path ('{doc}', now '{other}')"
+
+
 def _input_changed(doc: Path, checkpoints) -> tuple[list[str], str]:
     with open(doc, "a", encoding="utf-8") as f:
         f.write("one more line .\n")
-    return [], f"another input.bytes ({len(SOURCE.encode())}, now {len(SOURCE.encode()) + 16})"
+    return [], (f"but the input file {doc} has changed since (its bytes: {len(SOURCE.encode())}, now "
+                f"{len(SOURCE.encode()) + 16}), so they may not be its translations: pass --restart to start over")
 
 
-@pytest.mark.parametrize("change", [_other_beam, _scores, _other_checkpoint, _input_changed],
-                         ids=["beam", "scores", "checkpoint", "input"])
+def _input_touched(doc: Path, checkpoints) -> tuple[list[str], str]:
+    before = doc.stat().st_mtime_ns
+    os.utime(doc, ns=(before + 10**9, before + 10**9))
+    return [], (f"but the input file {doc} has changed since (its modified_ns: {before}, now {before + 10**9}), "
+                "so they may not be its translations: pass --restart to start over")
+
+
+def _checkpoint_rewritten(doc: Path, checkpoints) -> tuple[list[str], str]:
+    ckpt = checkpoints["transformer"]
+    before = ckpt.stat().st_mtime_ns
+    os.utime(ckpt, ns=(before + 10**9, before + 10**9))
+    return [], (f"but the checkpoint {ckpt} has changed since (its modified_ns: {before}, now {before + 10**9}), "
+                "so they may not be its translations: pass --restart to start over")
+
+
+@pytest.mark.parametrize("change", [_other_beam, _scores, _other_checkpoint, _other_input, _input_changed,
+                                    _input_touched, _checkpoint_rewritten],
+                         ids=["beam", "scores", "checkpoint", "other-input", "input", "input-touched",
+                              "checkpoint-rewritten"])
 def test_another_job_is_refused_naming_what_differs_and_restart_discards(change, doc, checkpoints, monkeypatch):
+    """A changed setting or another file: the same command as before finishes the job. A file changed at the
+    same path: no command can, so the message says so and names the file (it said "repeat that run's
+    command", which is what just failed)."""
     ckpt, out, partial = checkpoints["transformer"], doc.parent / "out.txt", doc.parent / "out.txt.partial"
     with monkeypatch.context() as patch:
         stop_after(patch, 3)
@@ -169,8 +197,11 @@ def test_another_job_is_refused_naming_what_differs_and_restart_discards(change,
         ckpt, args = Path(args[1]), args[2:]
     status, errors = translate(monkeypatch, ckpt, doc, out, *args)
     assert status == 2 and len(errors) == 1, errors
-    assert errors[0].startswith(f"nmt: error: {partial} holds 3 lines of an interrupted run with {difference}"), errors
-    assert errors[0].endswith("repeat that run's command to finish it, or pass --restart to start over")
+    if difference.startswith("another"):
+        assert errors[0] == (f"nmt: error: {partial} holds 3 lines of an interrupted run with {difference}; repeat "
+                             "that run's command to finish it, or pass --restart to start over"), errors
+    else:
+        assert errors[0] == f"nmt: error: {partial} holds 3 lines of an interrupted run, {difference}", errors
     assert partial.read_bytes() == kept and not out.exists()
     expected = uninterrupted(monkeypatch, ckpt, doc, *args)
     status, errors = translate(monkeypatch, ckpt, doc, out, *args, "--restart")
