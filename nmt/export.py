@@ -115,9 +115,20 @@ def export_checkpoint(
     spec = transformer_spec(model.eval(), tokenizer)
     spec.validate()
     spec.optimize(quantization=quantization)
-    # Written beside the destination, then renamed: an error leaves no half-written model behind.
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    _write_model(spec, tokenizer, output)
+    return output
+
+
+def _write_model(spec: TransformerSpec, tokenizer: Tokenizer, output: Path) -> None:
+    """Save `spec` and the sentencepiece model(s) as the folder `output`, replacing an earlier export there.
+
+    Written beside the destination, then renamed: an error leaves no half-written model behind and an
+    earlier export as it was. `output` is resolved first: "." or "x/.." name no folder beside them
+    (`Path(".").parent` is "." itself), so the new model would be written inside the one it replaces.
+    """
+    target = output.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         spec.save(str(staging))
         tokenizer.save(staging)
@@ -126,15 +137,27 @@ def export_checkpoint(
         staging.chmod(0o777 & ~umask)
         for path in staging.iterdir():
             path.chmod(0o666 & ~umask)
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
+        _swap_in(staging, target)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         if disk_full(err):
             raise disk_full_error(output, "a model already there is unchanged") from None
         raise
-    return output
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Rename `staging` to `target`; an earlier `target` is moved aside first, and back if the rename fails."""
+    if not target.exists():
+        staging.rename(target)
+        return
+    previous = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    target.replace(previous)  # onto the empty folder mkdtemp made
+    try:
+        staging.rename(target)
+    except BaseException:
+        previous.replace(target)
+        raise
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> TransformerSpec:

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.config import config_from_dict, config_to_dict
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from nmt.errors import UserError
 from nmt.export import export_checkpoint
 from nmt.models import build_model
@@ -198,6 +198,33 @@ def test_output_folder_is_never_clobbered_without_force(trained, tmp_path):
     result = runner.invoke(app, ["export", "-c", str(trained), "-o", str(other), "--force"])
     assert isinstance(result.exception, UserError) and "is not a CTranslate2 model" in str(result.exception)
     assert (other / "todo.txt").read_text() == "mine" and not list(tmp_path.glob(".*tmp-*"))
+
+
+def test_force_replaces_an_export_named_from_inside_it_or_through_a_linked_parent(trained, tmp_path, monkeypatch):
+    """`-o .` in an export: Path(".").parent is "." itself, so the new model was written inside the folder it
+    replaced and deleted with it. The output is resolved first; an error still leaves the earlier export."""
+    out = export_checkpoint(trained, tmp_path / "ct2")
+    files = sorted(p.name for p in out.iterdir())
+    monkeypatch.chdir(out)
+    result = runner.invoke(app, ["export", "-c", str(trained), "-o", ".", "--force"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == files and sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    (tmp_path / "elsewhere").symlink_to(tmp_path)  # the parent folder, reached through a link
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["export", "-c", str(trained), "-o", "elsewhere/ct2", "--force"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == files and (tmp_path / "elsewhere").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "elsewhere"]
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    def full(self, folder):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Tokenizer, "save", full)
+    monkeypatch.chdir(out)
+    result = runner.invoke(app, ["export", "-c", str(trained), "-o", ".", "--force"])
+    assert isinstance(result.exception, UserError) and "disk full" in str(result.exception)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier export, unchanged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "elsewhere"]  # and no leftovers
 
 
 def test_an_export_that_fills_the_disk_says_so_and_leaves_nothing(trained, small_disk):
