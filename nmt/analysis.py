@@ -19,8 +19,8 @@ import numpy as np
 from nmt.config import EvalConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.errors import UserError
-from nmt.metrics import score
-from nmt.plot import plot_attention, plot_bleu_by_length
+from nmt.metrics import score, with_metrics
+from nmt.plot import bucket_labels, plot_attention, plot_bleu_by_length
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,16 @@ def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:
 def bleu_by_length(
     sources: Sequence[str], hyps: Sequence[str], refs: Sequence[str], *, n_buckets: int = 3, cfg: EvalConfig | None = None
 ) -> list[dict[str, Any]]:
-    """BLEU and chrF per source-length bucket: [{"words": "3-9", "sentences": n, "bleu": .., "chrf": ..}]."""
+    """BLEU and chrF per source-length bucket: [{"words": "3-9", "sentences": n, "bleu": .., "chrf": ..}].
+
+    Both are scored whatever `cfg.metrics` says (`nmt.metrics.with_metrics`); `cfg` gives the tokenizer and case.
+    Buckets of one length have one label ("10-10" twice); `bucket_labels` tells them apart.
+    """
+    settings = with_metrics(cfg)
     rows = []
     for idx in length_buckets(sources, n_buckets):
         lengths = [len(sources[i].split()) for i in idx]
-        s = score([hyps[i] for i in idx], [refs[i] for i in idx], cfg)
+        s = score([hyps[i] for i in idx], [refs[i] for i in idx], settings)
         rows.append({"words": f"{min(lengths)}-{max(lengths)}", "sentences": len(idx), "bleu": s["bleu"], "chrf": s["chrf"]})
     return rows
 
@@ -50,7 +55,7 @@ def bleu_by_length(
 def markdown_table(results: dict[str, list[dict[str, Any]]]) -> str:
     """Models as rows, length buckets as columns (BLEU)."""
     first = next(iter(results.values()))
-    head = "| model | " + " | ".join(f"{r['words']} words" for r in first) + " |"
+    head = "| model | " + " | ".join(bucket_labels(first, unit=" words")) + " |"
     lines = [head, "|" + " --- |" * (len(first) + 1)]
     for name, rows in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r['bleu']:.1f}" for r in rows) + " |")
@@ -108,14 +113,27 @@ def analyze(
 
     The test set comes from the first model's config (`split`) or from `src`/`ref`.
     A model trained for another language pair than the set's is scored all the same,
-    with a warning naming both.
+    with a warning naming both. BLEU and chrF are scored whatever a model's `eval.metrics`
+    says, and those metrics besides (`nmt.metrics.with_metrics`).
 
     Returns:
         {"set": name, "sources": [...], "overall": {model: scores}, "by_length": {model: bucket rows}}.
     """
+    set_name, (sources, refs) = choose_set(translators, split=split, src=src, ref=ref)
+    return score_models(translators, set_name, sources, refs, n_buckets=n_buckets, beam=beam)
+
+
+def choose_set(translators: dict[str, Translator], *, split: str | None = None, src: str | Path | None = None,
+               ref: str | Path | None = None) -> tuple[str, tuple[list[str], list[str]]]:
+    """(name, (sources, references)) of the set `analyze` scores: `src`/`ref`, or the first model's `split`."""
     first = next(iter(translators.values()))
-    set_name, (sources, refs) = next(iter(eval_sets(first.cfg, split=split, src=src, ref=ref).items()))
-    pair = _pair(first)
+    return next(iter(eval_sets(first.cfg, split=split, src=src, ref=ref).items()))
+
+
+def score_models(translators: dict[str, Translator], set_name: str, sources: list[str], refs: list[str], *,
+                 n_buckets: int = 3, beam: int | None = None) -> dict[str, Any]:
+    """`analyze` of the set given."""
+    pair = _pair(next(iter(translators.values())))
     overall, by_length = {}, {}
     for name, translator in translators.items():
         if _pair(translator) != pair:
@@ -123,7 +141,7 @@ def analyze(
                         name, _pair(translator), set_name, pair)
         log.info("%s: translating %d sentences of %s", name, len(sources), set_name)
         hyps = translator.translate(sources, beam=beam)
-        overall[name] = score(hyps, refs, translator.cfg.eval)
+        overall[name] = score(hyps, refs, with_metrics(translator.cfg.eval))
         by_length[name] = bleu_by_length(sources, hyps, refs, n_buckets=n_buckets, cfg=translator.cfg.eval)
     return {"set": set_name, "sources": sources, "overall": overall, "by_length": by_length}
 
@@ -148,28 +166,32 @@ def write_report(
     the chosen test sentences for every model side by side. Returns the markdown path.
 
     The test set is chosen as by `analyze` (`split`, or `src` and `ref`); each checkpoint is loaded once.
+    `sentences` are numbers in the set, counted from 0, and the report and the heatmaps' files are
+    labelled with them; an empty sentence gets a note instead of heatmaps.
+
+    Raises:
+        UserError: a sentence number past the end of the set (before anything is translated).
     """
     out_dir = Path(out_dir)
+    translators = load_translators(checkpoints, device)
+    set_name, (sources, refs) = choose_set(translators, split=split, src=src, ref=ref)
+    chosen = list(dict.fromkeys(sentences))
+    outside = [i for i in chosen if not 0 <= i < len(sources)]
+    if outside:
+        raise UserError(f"--sentences {outside[0]}: {set_name} has {len(sources)} sentences, numbered 0 to "
+                        f"{len(sources) - 1}; choose among those")
     figures = out_dir / "analysis"
     figures.mkdir(parents=True, exist_ok=True)
-    translators = load_translators(checkpoints, device)
-    result = analyze(translators, split=split, src=src, ref=ref, n_buckets=n_buckets, beam=beam)
-    sources = result.pop("sources")
+    result = score_models(translators, set_name, sources, refs, n_buckets=n_buckets, beam=beam)
+    del result["sources"]
     plot_bleu_by_length(result["by_length"], figures / "bleu_by_length.png",
                         title=f"BLEU by source length ({result['set']})")
     (figures / "analysis.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
-    chosen = [sources[i] for i in sentences if i < len(sources)]
-    heatmaps: dict[str, list[str]] = {}
-    for name, translator in translators.items():
-        if not translator.model.has_attention:
-            heatmaps[name] = ["(no attention: one fixed context vector)"] * len(chosen)
-            continue
-        for k, best in enumerate(t[0] for t in translator.translate_nbest(chosen, beam=beam, attention=True)):
-            png = figures / f"attention_{name}_{k}.png"
-            plot_attention(best.attention, best.src_tokens, [*best.tokens, "</s>"], png, title=name)
-            heatmaps.setdefault(name, []).append(f"![{name}](analysis/{png.name})")
-
+    empty = [i for i in chosen if not sources[i].split()]
+    shown = [i for i in chosen if i not in empty]
+    heatmaps = {name: _heatmaps(name, translator, sources, shown, figures, beam)
+                for name, translator in translators.items()}
     lines = [
         "# What attention does",
         "",
@@ -187,10 +209,32 @@ def write_report(
         "",
         "## Attention",
         "",
+        "Sentences are numbered as in the test set, from 0 (`--sentences`).",
+        "",
     ]
-    for k, sentence in enumerate(chosen):
-        lines += [f"Sentence {k + 1}: *{sentence}*", "", "| " + " | ".join(heatmaps) + " |",
-                  "|" + " --- |" * len(heatmaps), "| " + " | ".join(h[k] for h in heatmaps.values()) + " |", ""]
+    for i in chosen:
+        if i in empty:
+            lines += [f"Sentence {i} is empty: nothing to translate, no heatmap.", ""]
+            continue
+        lines += [f"Sentence {i}: *{sources[i]}*", "", "| " + " | ".join(heatmaps) + " |",
+                  "|" + " --- |" * len(heatmaps), "| " + " | ".join(h[i] for h in heatmaps.values()) + " |", ""]
     report = out_dir / "analysis.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report
+
+
+def _heatmaps(name: str, translator: Translator, sources: Sequence[str], numbers: Sequence[int], figures: Path,
+              beam: int | None) -> dict[int, str]:
+    """{sentence number: the markdown cell of `name`'s heatmap of that sentence}; the PNGs are written to `figures`."""
+    if not translator.model.has_attention:
+        return dict.fromkeys(numbers, "(no attention: one fixed context vector)")
+    cells = {}
+    nbest = translator.translate_nbest([sources[i] for i in numbers], beam=beam, attention=True)
+    for i, best in zip(numbers, (t[0] for t in nbest)):
+        if best.attention is None:  # the search found no translation with a finite score
+            cells[i] = "(no translation: no heatmap)"
+            continue
+        png = figures / f"attention_{name}_{i}.png"
+        plot_attention(best.attention, best.src_tokens, [*best.tokens, "</s>"], png, title=f"{name}, sentence {i}")
+        cells[i] = f"![{name}](analysis/{png.name})"
+    return cells

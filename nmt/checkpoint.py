@@ -153,6 +153,7 @@ def _average(paths: list[str | Path], *, upgrade: bool) -> dict[str, Any]:
     """
     def load(path: str | Path) -> dict[str, Any]:
         payload = load_checkpoint(path)
+        _check_weights(payload, path)
         if upgrade:
             model, _, _ = model_from_checkpoint(payload, source=path)
             payload = {**payload, "model": model.state_dict()}
@@ -220,10 +221,17 @@ def _refuse_duplicates(paths: list[Path]) -> None:
                 raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the average")
 
 
+_SET_ASIDE = {
+    "decode": "its decode section is set aside, and the default search settings apply (give yours on the command line)",
+    "eval": "its eval section is set aside, and scores use the default eval settings",
+}
+
+
 def _stored_config(raw: Any, source: str | Path) -> ExperimentConfig:
-    """A checkpoint's config. A `decode` section this version refuses (a range narrowed since the checkpoint was
-    written) gives way to the defaults, with a warning: the search settings are given on the command line,
-    and refusing the whole checkpoint for them would leave its model unusable.
+    """A checkpoint's config. A `decode` or `eval` section this version or this machine refuses (a range
+    narrowed since the checkpoint was written; an `eval.tokenize` whose extra is not installed here) gives
+    way to the defaults, with a warning: search and scoring settings are not part of the model, and refusing
+    the whole checkpoint for them would leave it unusable.
 
     Raises:
         ConfigError: anything else in the config that this version refuses.
@@ -232,12 +240,32 @@ def _stored_config(raw: Any, source: str | Path) -> ExperimentConfig:
     try:
         return config_from_dict(raw, source=where)
     except ConfigError as err:
-        if not isinstance(raw, dict) or not raw.get("decode"):
+        if not isinstance(raw, dict):
             raise
-        cfg = config_from_dict({**raw, "decode": {}}, source=where)  # what else it refuses, if anything
-        log.warning("%s; its decode section is set aside, and the default search settings apply (give yours "
-                    "on the command line)", err)
-        return cfg
+        for aside in (("decode",), ("eval",), ("decode", "eval")):  # the fewest sections set aside
+            if not all(raw.get(k) for k in aside):
+                continue
+            try:
+                cfg = config_from_dict({**raw, **{k: {} for k in aside}}, source=where)
+            except ConfigError:
+                continue
+            log.warning("%s; %s", err, "; ".join(_SET_ASIDE[k] for k in aside))
+            return cfg
+        raise
+
+
+def _check_weights(payload: dict[str, Any], source: str | Path) -> None:
+    """Refuse a checkpoint whose `model` entry is missing or is not weights by name.
+
+    Raises:
+        CheckpointError: naming `source` and what the entry is.
+    """
+    weights = payload.get("model")
+    if "model" not in payload:
+        raise CheckpointError(f"{source}: incompatible checkpoint: it has no 'model' entry")
+    if not isinstance(weights, Mapping) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        what = type(weights).__name__ if not isinstance(weights, Mapping) else "a mapping of more than tensors"
+        raise CheckpointError(f"{source}: its 'model' entry is {what}, not the weights by name nmt saves")
 
 
 def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = "cpu", *, source: str | Path = "checkpoint"):
@@ -256,9 +284,7 @@ def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = 
     except (TypeError, AttributeError, ValueError, RuntimeError) as err:  # sentencepiece's own errors included
         raise CheckpointError(f"{source}: its 'tokenizer' entry is not the sentencepiece models nmt saves "
                               f"({type(err).__name__}: {headline(err)[:200]})") from None
-    if not isinstance(payload.get("model"), Mapping):
-        raise CheckpointError(f"{source}: its 'model' entry is {type(payload.get('model')).__name__}, not the "
-                              "weights by name nmt saves")
+    _check_weights(payload, source)
     model = build_model(
         cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID
     )

@@ -179,10 +179,18 @@ def evaluate(
     if hyp is not None:
         if ref is None:
             raise UserError("--hyp needs --ref")
+        unused = [flag for flag, value in (("--checkpoint", checkpoint), ("--src", src), ("--split", split),
+                                           ("--beam", beam), ("--save-translations", save_translations))
+                  if value is not None]
+        if unused:
+            raise UserError(f"{unused[0]} does not apply to --hyp, which scores ready translations against --ref; "
+                            f"drop {unused[0]}, or translate with --checkpoint instead of --hyp")
         results = {str(hyp): score_files(hyp, ref)}
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
+        if split is not None and (src is not None or ref is not None):
+            raise UserError(f"--split {split} and --src/--ref both choose what to score; give one of them")
         if save_translations is not None:
             check_folder_to_write(save_translations, "--save-translations")
         results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref, beam=beam, device=device,
@@ -200,14 +208,16 @@ def average(
     paths: Annotated[list[Path], typer.Argument(help="Checkpoints to average; with --last, one run directory.")],
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Where to write the averaged checkpoint (with --last, default RUN_DIR/averaged.pt).")] = None,
-    last: Annotated[int, typer.Option(
-        "--last", help="Average the newest N periodic checkpoints (ckpt_<step>.pt) of the run directory given.")] = 0,
+    last: Annotated[Optional[int], typer.Option(
+        "--last", help="Average the newest N periodic checkpoints (ckpt_<step>.pt) of the run directory given.")] = None,
 ) -> None:
     """Average the weights of several checkpoints of one run."""
     from nmt.checkpoint import average_checkpoints, last_checkpoints, save_checkpoint
     from nmt.translate_io import check_output
 
-    if last:
+    if last is not None:
+        if last < 1:
+            raise UserError(f"--last {last}: average at least 1 checkpoint (the newest N of the run directory)")
         if len(paths) != 1 or not paths[0].is_dir():
             raise UserError(f"--last {last} takes one run directory, got {' '.join(map(str, paths))}")
         checkpoints = last_checkpoints(paths[0], last, exact=True)
@@ -236,14 +246,16 @@ def experiment(
     """
     from nmt.config import load_config
     from nmt.experiment import run_experiment
+    from nmt.metrics import METRICS
 
     cfg = load_config(config, overrides or [])
     result = run_experiment(cfg, name or config.stem, results_dir=results, restart=restart,
                             overrides=[f"--set {o}" for o in overrides or []])
     if result is None:  # a torchrun rank other than 0: it trained, rank 0 reports
         return
-    for set_name, s in result["test"].items():
-        typer.echo(f"{result['experiment']} {set_name}: BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}")
+    for set_name, s in result["test"].items():  # BLEU and chrF always, then what eval.metrics adds
+        typer.echo(f"{result['experiment']} {set_name}: "
+                   + " ".join(f"{m.label} {s[m.name]:.2f}" for m in METRICS.values() if m.name in s))
     typer.echo(f"wrote {results / (result['experiment'] + '.json')}")
 
 

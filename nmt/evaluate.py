@@ -5,14 +5,16 @@ The metrics themselves are in `nmt.metrics`, the sets to score in `nmt.data.eval
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
-from nmt.config import EvalConfig
+from nmt.config import DecodeConfig, EvalConfig
+from nmt.config.schema import range_of
 from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
-from nmt.errors import DataError
+from nmt.errors import DataError, UserError
 from nmt.fileio import write_atomic
 from nmt.metrics import score
 from nmt.translate import Translator
@@ -33,6 +35,18 @@ def score_files(hyp: str | Path, ref: str | Path, cfg: EvalConfig | None = None)
     return score(hyps, refs, cfg)
 
 
+def check_beam(beam: int | None) -> None:
+    """Refuse a `beam` that `decode.beam` would refuse (None: the checkpoint's).
+
+    Raises:
+        UserError: naming `--beam` and the range.
+    """
+    beams = range_of(next(f for f in dataclasses.fields(DecodeConfig) if f.name == "beam"))
+    problem = None if beam is None else beams.problem(beam)
+    if problem:
+        raise UserError(f"--beam: {problem}")
+
+
 def evaluate_checkpoint(
     checkpoint: str | Path,
     *,
@@ -48,7 +62,8 @@ def evaluate_checkpoint(
     With `save_dir`, each set's translations are also written to `save_dir/<set>.hyp`
     (the file name of `src` when scoring files).
     """
-    files = file_set(src, ref)  # read and checked before the model loads
+    check_beam(beam)  # this and the files are checked before the model loads
+    files = file_set(src, ref)
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
     out = Path(save_dir) if save_dir is not None else None

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,8 +21,9 @@ import torch
 from nmt.analysis import bleu_by_length
 from nmt.config import ExperimentConfig
 from nmt.data.eval_sets import eval_sets
+from nmt.decode import SearchOptions
 from nmt.errors import CheckpointError
-from nmt.metrics import score
+from nmt.metrics import score, with_metrics
 from nmt.runtime import is_main_process, pick_device
 from nmt.train.loop import train
 from nmt.translate import Translator
@@ -61,12 +63,17 @@ def training_speed(metrics_file: Path) -> float | None:
     return round(statistics.median(speeds), 1) if speeds else None
 
 
+def search_options(translator: Translator, cfg: ExperimentConfig) -> SearchOptions:
+    """The search `cfg.decode` describes, for `translator` (whose own defaults are its checkpoint's)."""
+    return translator.options(**dataclasses.asdict(cfg.decode))
+
+
 def pick_checkpoint(
     run_dir: Path, cfg: ExperimentConfig, device: str = "auto"
 ) -> tuple[Path, Any, dict[str, dict[str, float]]]:
     """A `Translator` of the checkpoint to report: `best.pt`, or `averaged.pt` where training
-    wrote one and it translates the validation set at least as well (with the config's beam;
-    BLEU first, then chrF).
+    wrote one and it translates the validation set at least as well (with `cfg`'s search settings
+    and scoring; BLEU first, then chrF, scored whatever `eval.metrics` says).
 
     Averaging pays off near convergence; over a short run the average reaches back to weak
     early checkpoints and can lose to the best single one, so the validation set decides.
@@ -82,7 +89,7 @@ def pick_checkpoint(
     sources, refs = eval_sets(cfg, split="valid")["valid"]
     scores = {}
     for path, translator in zip(candidates, translators):
-        s = score(translator.translate(sources), refs, cfg.eval)
+        s = score(translator.translate(sources, search_options(translator, cfg)), refs, with_metrics(cfg.eval))
         scores[path.name] = {"bleu": s["bleu"], "chrf": s["chrf"]}
     def rank(i: int) -> tuple[float, float, int]:  # BLEU decides, chrF breaks a tie, then averaged.pt (listed first)
         s = scores[candidates[i].name]
@@ -95,7 +102,12 @@ def pick_checkpoint(
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
                    restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any] | None:
     """Train `cfg` (resuming an interrupted run), score the checkpoint `pick_checkpoint` chooses
-    on every test set with the config's beam, and write `results_dir/<name>.json`.
+    on every test set, and write `results_dir/<name>.json`.
+
+    The test sets, the search settings and the scoring are `cfg`'s (`data.test`, `decode`, `eval`), not those
+    stored in the checkpoint, and the JSON records the search settings used. BLEU and chrF, on which the
+    results table and the choice of checkpoint are built, are scored whatever `eval.metrics` says, and
+    those metrics besides.
 
     Under torchrun every process trains and rank 0 alone scores and writes; the others return None.
 
@@ -107,12 +119,13 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         return None
     run_dir = Path(cfg.run_dir)
     checkpoint, translator, valid_scores = pick_checkpoint(run_dir, cfg, device)
+    options = search_options(translator, cfg)
     tests = {}
-    for set_name, (sources, refs) in eval_sets(translator.cfg, split="test").items():
-        log.info("%s: translating %d sentences (beam %d)", set_name, len(sources), translator.cfg.decode.beam)
-        hyps = translator.translate(sources)
+    for set_name, (sources, refs) in eval_sets(cfg, split="test").items():
+        log.info("%s: translating %d sentences (beam %d)", set_name, len(sources), options.beam)
+        hyps = translator.translate(sources, options)
         tests[set_name] = {
-            **score(hyps, refs, cfg.eval),
+            **score(hyps, refs, with_metrics(cfg.eval)),
             "by_length": bleu_by_length(sources, hyps, refs, cfg=cfg.eval),
         }
         (run_dir / f"{set_name}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
@@ -122,7 +135,8 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "model": translator.model.name,
         "checkpoint": str(checkpoint),
         "valid_by_checkpoint": valid_scores,
-        "beam": cfg.decode.beam,
+        "beam": options.beam,
+        "decode": dataclasses.asdict(cfg.decode),
         "overrides": list(overrides),
         "parameters": summary["parameters"],
         "steps": summary["step"],

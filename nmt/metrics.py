@@ -20,10 +20,14 @@ from typing import Any, Protocol
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric as SacreMetric
 
-from nmt.errors import UserError
+from nmt.errors import UserError, headline
 
 TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "char", "none")
 """sacreBLEU's BLEU tokenizers that `eval.tokenize` accepts."""
+
+REPORTED = ("bleu", "chrf")
+"""The metrics experiments and `nmt analyze` always score (`with_metrics`): their tables, plots and
+the choice between best.pt and averaged.pt are built on them."""
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,35 @@ class ScoreSettings(Protocol):
 
 
 @dataclass(frozen=True)
-class _Defaults:
+class _Settings:
     tokenize: str = "13a"
     lowercase: bool = False
     metrics: tuple[str, ...] = TEXT_METRICS
 
 
-DEFAULTS = _Defaults()
+DEFAULTS = _Settings()
 """The settings `score` uses without a config, and `EvalConfig`'s defaults."""
+
+
+def tokenizer_problem(tokenize: str) -> str | None:
+    """Why sacreBLEU cannot build the BLEU tokenizer `tokenize` here, or None when it can.
+
+    Only ja-mecab needs more than sacreBLEU itself: MeCab and its IPA dictionary, sacreBLEU's `ja`
+    extra. Building a tokenizer takes at most about 10 ms (intl's regexes; ja-mecab's dictionary when
+    installed), so a config checks it as it loads, not at the first validation of a training run.
+    """
+    try:
+        BLEU(tokenize=tokenize)
+    except (RuntimeError, ImportError, AssertionError) as err:  # sacreBLEU's ways to say an extra is missing or wrong
+        return (f"{headline(err).rstrip('.') or type(err).__name__}; install them with: pip install 'sacrebleu[ja]', "
+                "or choose another tokenizer")
+    return None
+
+
+def with_metrics(cfg: ScoreSettings | None, names: Sequence[str] = REPORTED) -> ScoreSettings:
+    """`cfg` (or `DEFAULTS`) scoring `names` first, then the rest of its own `metrics`."""
+    cfg = cfg or DEFAULTS
+    return _Settings(cfg.tokenize, cfg.lowercase, tuple(dict.fromkeys([*names, *cfg.metrics])))
 
 
 def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = None) -> dict[str, Any]:

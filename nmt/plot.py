@@ -54,7 +54,7 @@ def plot_attention(
         src_tokens: the S source labels (x axis, left to right).
         tgt_tokens: the T target labels (y axis, top to bottom).
         path: the PNG to write; its folder must exist.
-        title: drawn above the heatmap.
+        title: drawn small in the bottom-left corner, below the heatmap (the source labels fill the top).
 
     Returns:
         `path`.
@@ -96,22 +96,49 @@ def plot_bleu_by_length(results: dict[str, list[dict[str, Any]]], path: str | Pa
     Raises:
         UserError: matplotlib is not installed.
     """
+    fig = bleu_by_length_figure(results, title=title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def bleu_by_length_figure(results: dict[str, list[dict[str, Any]]], *, title: str = ""):
+    """The `matplotlib.figure.Figure` `plot_bleu_by_length` writes.
+
+    Buckets are placed by their index, labelled with `bucket_labels`: on a category axis two buckets
+    of one label ("10-10", where many sentences have 10 words) would fall on one point.
+    """
     Figure, FigureCanvasAgg = _matplotlib()
     fig = Figure(figsize=(6.4, 4.0), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for name, rows in results.items():
-        ax.plot([r["words"] for r in rows], [r["bleu"] for r in rows], marker="o", label=name)
+        ax.plot(range(len(rows)), [r["bleu"] for r in rows], marker="o", label=name)
+    longest = max(results.values(), key=len)  # every model's rows are the same buckets of one set
+    ax.set_xticks(range(len(longest)), labels=bucket_labels(longest), rotation=45 if len(longest) > 6 else 0,
+                  fontsize=8)
     ax.set_xlabel("source length (words)")
     ax.set_ylabel("BLEU")
     ax.set_title(title or "BLEU by source length")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return fig
+
+
+def bucket_labels(rows: Sequence[dict[str, Any]], *, unit: str = "") -> list[str]:
+    """Each bucket's `words` label and `unit`, numbered where buckets share one ("10-10 #1", "10-10 #2")."""
+    words = [r["words"] for r in rows]
+    seen: dict[str, int] = {}
+    labels = []
+    for w in words:
+        if words.count(w) > 1:
+            seen[w] = seen.get(w, 0) + 1
+            labels.append(f"{w}{unit} #{seen[w]}")
+        else:
+            labels.append(f"{w}{unit}")
+    return labels
 
 
 def _matplotlib():

@@ -1,3 +1,4 @@
+import json
 import re
 
 import pytest
@@ -6,8 +7,9 @@ from typer.testing import CliRunner
 
 from nmt.analysis import bleu_by_length, length_buckets, markdown_table
 from nmt.cli import app
+from nmt.errors import UserError
 from nmt.evaluate import evaluate_checkpoint
-from nmt.plot import plot_bleu_by_length
+from nmt.plot import bleu_by_length_figure, plot_bleu_by_length
 from tests.conftest import tiny_config_dict
 
 
@@ -36,6 +38,73 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_buckets_of_one_length_keep_their_own_point_and_column():
+    # Multi30k's test_2016_flickr in 20 buckets has "10-10" twice: on a category axis they were one point
+    sources = ["w " * n for n in [3, 5, 10, 10, 10, 10, 10, 10, 12, 14]]
+    refs = [f"the reference number {i}" for i in range(10)]
+    rows = bleu_by_length(sources, refs, refs, n_buckets=5)
+    assert [r["words"] for r in rows] == ["3-5", "10-10", "10-10", "10-10", "12-14"]
+    rows[2]["bleu"] = 50.0  # one bucket of the three differs: it must be a point of its own
+    fig = bleu_by_length_figure({"a": rows, "b": rows})
+    ax = fig.axes[0]
+    assert [list(line.get_xdata()) for line in ax.lines] == [[0, 1, 2, 3, 4]] * 2
+    assert list(ax.lines[0].get_ydata()) == [100.0, 100.0, 50.0, 100.0, 100.0]
+    assert list(ax.get_xticks()) == [0, 1, 2, 3, 4]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3-5", "10-10 #1", "10-10 #2", "10-10 #3", "12-14"]
+    head = markdown_table({"a": rows}).splitlines()[0]
+    assert head == "| model | 3-5 words | 10-10 words #1 | 10-10 words #2 | 10-10 words #3 | 12-14 words |"
+
+
+@pytest.fixture(scope="module")
+def ter_only(small_corpus, tmp_path_factory):
+    """A tiny trained Transformer whose config scores TER alone (eval.metrics: [ter])."""
+    tmp = tmp_path_factory.mktemp("ter_only")
+    raw = tiny_config_dict(small_corpus, tmp / "run")
+    raw["eval"] = {"metrics": ["ter"]}
+    (tmp / "ter.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    out = CliRunner().invoke(app, ["train", str(tmp / "ter.yaml"), "--set", "train.max_steps=2"])
+    assert out.exit_code == 0, out.output
+    return tmp / "run" / "best.pt"
+
+
+def test_analysis_scores_bleu_and_chrf_whatever_eval_metrics_says(ter_only, small_corpus, tmp_path):
+    src, ref = small_corpus / "test.en", small_corpus / "test.de"
+    out = CliRunner().invoke(app, ["analyze", "-c", f"m={ter_only}", "--src", str(src), "--ref", str(ref),
+                                   "--beam", "1", "--buckets", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    expected = evaluate_checkpoint(ter_only, src=src, ref=ref, beam=1)[str(src)]
+    assert set(expected) == {"ter", "ter_signature", "sentences", "beam"}  # eval scores what the config says
+    overall = result["overall"]["m"]
+    assert overall["ter"] == expected["ter"] and {"bleu", "chrf"} <= set(overall)  # analyze scores BLEU, chrF too
+    assert [set(r) for r in result["by_length"]["m"]] == [{"words", "sentences", "bleu", "chrf"}] * 2
+    out = CliRunner().invoke(app, ["analyze", "-c", f"m={ter_only}", "--src", str(src), "--ref", str(ref),
+                                   "--beam", "1"])
+    assert out.exit_code == 0 and out.stdout.startswith(f"{src}: overall m {overall['bleu']:.2f}"), out.output
+
+
+def test_report_numbers_sentences_as_the_set_does_and_skips_an_empty_one(ter_only, small_corpus, tmp_path):
+    src, ref = tmp_path / "set.en", tmp_path / "set.de"
+    sources = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    src.write_text(f"{sources[0]}\n\n{sources[2]}\n", encoding="utf-8")  # sentence 1 is empty
+    ref.write_text("".join((small_corpus / "test.de").read_text(encoding="utf-8").splitlines(True)[:3]))
+    out = CliRunner().invoke(app, ["analyze", "-c", f"m={ter_only}", "--report", str(tmp_path / "report"),
+                                   "--src", str(src), "--ref", str(ref), "--beam", "1", "--sentences", "2,1"])
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "report" / "analysis.md").read_text(encoding="utf-8")
+    assert f"Sentence 2: *{sources[2]}*" in text and "Sentence 1 is empty: nothing to translate, no heatmap." in text
+    assert text.index("Sentence 2:") < text.index("Sentence 1 is empty")  # in the order asked for
+    assert "![m](analysis/attention_m_2.png)" in text
+    assert sorted(p.name for p in (tmp_path / "report" / "analysis").glob("attention_*")) == ["attention_m_2.png"]
+
+    # a number past the end of the set is refused, naming its size, before anything is translated or written
+    out = CliRunner().invoke(app, ["analyze", "-c", f"m={ter_only}", "--report", str(tmp_path / "report2"),
+                                   "--src", str(src), "--ref", str(ref), "--sentences", "0,3"])
+    assert isinstance(out.exception, UserError)
+    assert str(out.exception) == f"--sentences 3: {src} has 3 sentences, numbered 0 to 2; choose among those"
+    assert not (tmp_path / "report2" / "analysis").exists()
+
+
 def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
     runner = CliRunner()
     ckpts = {}
@@ -56,7 +125,7 @@ def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
     assert f"| tr | {expected['bleu']:.2f} | {expected['chrf']:.2f} |" in text
     assert text.count("(no attention: one fixed context vector)") == 2  # one per chosen sentence
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert "analysis/bleu_by_length.png" in images and "analysis/attention_tr_1.png" in images
+    assert "analysis/bleu_by_length.png" in images and "analysis/attention_tr_2.png" in images  # its own number
     for image in images:
         assert (report.parent / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -71,7 +140,7 @@ def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
     on_files = evaluate_checkpoint(ckpts["tr"], src=src, ref=ref, beam=1)[str(src)]
     assert f"Test set `{src}`" in text and f"| tr | {on_files['bleu']:.2f} | {on_files['chrf']:.2f} |" in text
     first = src.read_text(encoding="utf-8").splitlines()[0]
-    assert f"Sentence 1: *{first}*" in text
+    assert f"Sentence 0: *{first}*" in text
 
     # --plot into a folder not yet made: the plot makes it
     out = runner.invoke(app, ["analyze", "-c", f"tr={ckpts['tr']}", "--plot", str(tmp_path / "new" / "bleu.png"),

@@ -1,6 +1,7 @@
 """Atomic, self-describing checkpoints."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from nmt.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from nmt.errors import CheckpointError
+from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries
 
 
@@ -105,3 +106,49 @@ def test_average_last_n_checkpoints_of_a_run_from_the_command_line(tmp_path):
     assert torch.equal(averaged["model"]["w"], torch.full((2,), 4.0)) and averaged["progress"] == {"step": 20}
     result = CliRunner().invoke(app, ["average", "--last", "5", str(tmp_path)])
     assert result.exit_code != 0 and "3 periodic checkpoints (ckpt_<step>.pt), 5 wanted" in str(result.exception)
+    for last in ("0", "-1"):  # refused by name, not "no checkpoints to average"
+        result = CliRunner().invoke(app, ["average", "--last", last, str(tmp_path)])
+        assert isinstance(result.exception, UserError)
+        assert str(result.exception).startswith(f"--last {last}: average at least 1 checkpoint")
+
+
+def test_average_names_a_checkpoint_without_weights(tmp_path):
+    good = tmp_path / "good.pt"
+    save_checkpoint({"model": {"w": torch.zeros(2)}, "config": {}, "tokenizer": {}}, good)
+    save_checkpoint({}, tmp_path / "nomodel.pt")  # {'format': 'nmt-checkpoint-1'} alone
+    save_checkpoint({"model": {"w": "text"}}, tmp_path / "strings.pt")
+    for first, second, message in [
+        ("nomodel.pt", "good.pt", "nomodel.pt: incompatible checkpoint: it has no 'model' entry"),
+        ("good.pt", "nomodel.pt", "nomodel.pt: incompatible checkpoint: it has no 'model' entry"),
+        ("strings.pt", "good.pt", "strings.pt: its 'model' entry is a mapping of more than tensors, not the weights"),
+    ]:
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            average_checkpoints([tmp_path / first, tmp_path / second])
+
+
+def test_a_stored_eval_section_this_machine_cannot_score_with_leaves_the_model_usable(small_corpus, tmp_path,
+                                                                                     monkeypatch, caplog):
+    """eval.tokenize ja-mecab, written where MeCab is installed, read where it is not: the model still loads
+    (translation needs no scorer), with a warning naming the key and what to install."""
+    from sacrebleu.tokenizers import tokenizer_ja_mecab
+
+    from nmt.checkpoint import model_from_checkpoint
+    from nmt.config import config_from_dict, config_to_dict
+    from nmt.data.tokenizer import PAD_ID, train_tokenizer
+    from nmt.models import build_model
+    from tests.conftest import tiny_config_dict
+
+    cfg = config_from_dict(tiny_config_dict(small_corpus, tmp_path / "run"))
+    lines = {lang: (small_corpus / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")}
+    tokenizer = train_tokenizer(cfg.tokenizer, lines["en"], lines["de"])
+    model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size,
+                        pad_id=PAD_ID)
+    stored = config_to_dict(cfg)
+    stored["eval"]["tokenize"] = "ja-mecab"
+    stored["decode"]["beam"] = 3
+    payload = {"config": stored, "tokenizer": tokenizer.to_state(), "model": model.state_dict()}
+    monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    _, _, loaded = model_from_checkpoint(payload, source="ja.pt")
+    assert loaded.eval.tokenize == "13a" and loaded.decode.beam == 3  # only the section refused is set aside
+    assert "ja.pt: stored config: eval: tokenize 'ja-mecab'" in caplog.text
+    assert "pip install 'sacrebleu[ja]'" in caplog.text and "its eval section is set aside" in caplog.text

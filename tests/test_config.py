@@ -188,3 +188,21 @@ def test_the_schema_offers_exactly_the_attention_scores_and_corpus_kinds_the_cod
     cases = re.findall(r'^        case ("\w+"(?: \| "\w+")*):', source, flags=re.M)  # case "a": or case "a" | "b":
     assert set(typing.get_args(typing.get_type_hints(CorpusConfig)["kind"])) == {
         kind for case in cases for kind in re.findall(r'"(\w+)"', case)}
+
+
+def test_a_tokenizer_sacrebleu_cannot_build_here_is_refused_at_load(tmp_path, monkeypatch):
+    """eval.tokenize ja-mecab needs MeCab (sacrebleu[ja]): without it, refused when the config loads, naming the key
+    and the extra, not at the first validation of a training run, with nothing saved."""
+    from sacrebleu.tokenizers import tokenizer_ja_mecab
+
+    monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    path = write(tmp_path, "eval:\n  tokenize: ja-mecab\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}: eval: tokenize 'ja-mecab': Japanese tokenization requires extra dependencies, "
+                              "but you do not have them installed; install them with: pip install 'sacrebleu[ja]', "
+                              "or choose another tokenizer")
+    with pytest.raises(ConfigError, match=r"--set 'eval.tokenize=ja-mecab'|eval: tokenize 'ja-mecab'"):
+        load_config(write(tmp_path, "{}\n"), ["eval.tokenize=ja-mecab"])
+    for name in ("13a", "intl", "zh", "char", "none"):
+        assert load_config(write(tmp_path, f"eval:\n  tokenize: '{name}'\n")).eval.tokenize == name

@@ -124,6 +124,17 @@ CASES = [
      ["--sentences 'x,1': 'x' is not a sentence number"], None),
     ("analyze-sentences-negative", "analyze -c {good} --report {dir}/report --sentences -1", 2,
      ["'-1' is not a sentence number"], None),
+    # refused in one line, not a KeyError, a silently ignored option or a model loaded first
+    ("average-no-model", "average {no_model} {good} -o {dir}/avg.pt", 2,
+     ["no_model.pt: incompatible checkpoint: it has no 'model' entry"], None),
+    ("average-last-negative", "average --last -1 {dir}", 2, ["--last -1: average at least 1 checkpoint"], None),
+    ("eval-split-and-files", "eval -c {good} --src {src2} --ref {src2} --split test", 2,
+     ["--split test and --src/--ref both choose what to score; give one of them"], None),
+    ("eval-hyp-save-translations", "eval --hyp {hyp3} --ref {hyp3} --save-translations {dir}/out", 2,
+     ["--save-translations does not apply to --hyp"], None),
+    ("eval-beam-zero-before-loading", "eval -c {misfit} --split test --beam 0", 2, ["--beam: 0 must be >= 1"], None),
+    ("analyze-sentence-past-the-end", "analyze -c {good} --report {dir}/report --sentences 0,30", 2,
+     ["--sentences 30: test has 30 sentences, numbered 0 to 29"], None),
     ("translate-input-utf8-before-progress", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"],
      SUB_ONLY),
 ]
@@ -204,6 +215,8 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
         odd[entry] = value
         save_checkpoint(odd, d / f"{name}.pt")
         paths[name] = str(d / f"{name}.pt")
+    save_checkpoint({}, d / "no_model.pt")  # the format tag alone
+    paths["no_model"] = str(d / "no_model.pt")
     moved = copy.deepcopy(payload)
     moved["config"]["data"]["test"]["test"]["path"] = str(d / "gone" / "test")
     save_checkpoint(moved, d / "moved.pt")

@@ -137,3 +137,47 @@ def test_one_experiment_run_twice_names_each_runs_hardware(experiment_result):
     assert len(rows) == 2 and rows[1].endswith("| 1x NVIDIA H200 | " + gpu["stopped_by"] + " |")
     assert f"- `tiny` ({experiment_result['hardware']}): `--set train.max_steps=4 --set decode.beam=1`" in table
     assert "- `tiny` (1x NVIDIA H200): `--set train.device=cuda`" in table
+
+
+def test_experiment_scores_bleu_and_chrf_whatever_eval_metrics_says(tiny_config_file, tmp_path):
+    """eval.metrics [ter] is a valid config: training validates on TER and BLEU (the early-stopping metric), and
+    the experiment scores BLEU and chrF, which its table and its choice of checkpoint rest on, and TER besides."""
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "ter", "--results", str(results),
+                              "--set", "eval.metrics=[ter]", "--set", "train.max_steps=2", "--set", "decode.beam=1",
+                              "--set", "train.save_every=1", "--set", "train.average_last=2"])
+    assert out.exit_code == 0, out.output
+    r = json.loads((results / "ter.json").read_text(encoding="utf-8"))
+    assert set(r["valid_by_checkpoint"]) == {"averaged.pt", "best.pt"}  # chosen on BLEU, then chrF
+    test = r["test"]["test"]
+    assert list(test)[:6] == ["bleu", "bleu_signature", "chrf", "chrf_signature", "ter", "ter_signature"]
+    assert all({"bleu", "chrf"} <= set(b) for b in test["by_length"])
+    assert f"ter test: BLEU {test['bleu']:.2f} chrF {test['chrf']:.2f} TER {test['ter']:.2f}" in out.stdout
+    assert "| ter | en-de | transformer |" in results_table([r])
+
+
+def test_experiment_scores_with_the_config_it_was_given_not_the_checkpoint_s(experiment_result, tiny_config_file,
+                                                                             small_corpus, tmp_path):
+    """A second run over a finished one trains nothing and scores with its own decode, data.test and eval
+    settings; the checkpoint's (beam 1, the 30-line test set, case-sensitive) are not used."""
+    mini = tmp_path / "mini"
+    for lang in ("en", "de"):
+        lines = (small_corpus / f"test.{lang}").read_text(encoding="utf-8").splitlines()[:5]
+        mini.with_suffix(f".{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "again", "--results",
+                              str(tmp_path / "again"), "--set", "train.max_steps=4", "--set", "decode.beam=2",
+                              "--set", "decode.max_len_a=0", "--set", "decode.max_len_b=2",
+                              "--set", f"data.test={{mini: {{kind: text, path: {mini}}}}}",
+                              "--set", "eval.lowercase=true"])
+    assert out.exit_code == 0, out.output
+    r = json.loads((tmp_path / "again" / "again.json").read_text(encoding="utf-8"))
+    best = tmp_path / "run" / "best.pt"
+    translator = Translator.from_checkpoint(best)
+    assert translator.cfg.decode.beam == 1 and list(translator.cfg.data.test) == ["test"]  # what the checkpoint says
+    assert r["steps"] == 4 and r["beam"] == 2 and (r["decode"]["max_len_a"], r["decode"]["max_len_b"]) == (0, 2)
+    assert list(r["test"]) == ["mini"] and r["test"]["mini"]["sentences"] == 5
+    assert "|case:lc|" in r["test"]["mini"]["bleu_signature"]
+    sources = mini.with_suffix(".en").read_text(encoding="utf-8").splitlines()
+    expected = translator.translate(sources, beam=2, max_len_a=0, max_len_b=2)
+    assert (tmp_path / "run" / "mini.hyp").read_text(encoding="utf-8").splitlines() == expected
+    assert expected != translator.translate(sources)  # the checkpoint's own settings give other translations

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from nmt.plot import DPI, figure_size, image_size, plot_attention
+from nmt.plot import _BOTTOM, DPI, figure_size, image_size, plot_attention
 
 pytest.importorskip("matplotlib")
 
@@ -39,3 +39,17 @@ def test_labels_must_match_the_matrix(tmp_path):
 def test_plotting_leaves_pyplot_alone(tmp_path):
     plot_attention(torch.full((1, 1), 1.0), ["</s>"], ["</s>"], tmp_path / "a.png")
     assert "matplotlib.pyplot" not in sys.modules or sys.modules["matplotlib.pyplot"].get_fignums() == []
+
+
+def test_the_title_is_drawn_where_the_docstring_says_bottom_left_below_the_heatmap(tmp_path):
+    import matplotlib.image
+
+    attention = torch.full((3, 4), 0.25)
+    src, tgt = ["a", "b", "c", "</s>"], ["x", "y", "</s>"]
+    plain = matplotlib.image.imread(plot_attention(attention, src, tgt, tmp_path / "plain.png"))
+    titled = matplotlib.image.imread(plot_attention(attention, src, tgt, tmp_path / "titled.png", title="model"))
+    rows, cols = (abs(titled - plain).sum(axis=-1) > 0).nonzero()
+    height, width = plain.shape[:2]
+    assert len(rows) > 0
+    below_heatmap = height - _BOTTOM * DPI  # pixel rows count from the top
+    assert rows.min() >= below_heatmap and cols.max() < width / 2

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
+from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS, tokenizer_problem
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 """The devices `train.device` and `--device` accept by name."""
@@ -511,11 +511,14 @@ class EvalConfig:
     lowercase: bool = DEFAULTS.lowercase
     """Case-insensitive scores."""
     metrics: list[Literal[TEXT_METRICS]] = field(default_factory=lambda: list(DEFAULTS.metrics))
-    """sacreBLEU metrics that `nmt eval`, experiments and validation report (`nmt.metrics.METRICS`)."""
+    """sacreBLEU metrics that `nmt eval` and validation report (`nmt.metrics.METRICS`). `nmt experiment` and `nmt analyze` always score BLEU and chrF, which their tables, plots and choice of checkpoint are built on, and these besides."""
 
     def __post_init__(self) -> None:
         if not self.metrics:
             raise ValueError("metrics is empty: name at least one of " + ", ".join(TEXT_METRICS))
+        problem = tokenizer_problem(self.tokenize)  # at load, not at the first validation of a training run
+        if problem:
+            raise ValueError(f"tokenize {self.tokenize!r}: {problem}")
 
 
 @dataclass
