@@ -145,7 +145,7 @@ def translate(
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
     except ValueError as err:
         raise UserError(str(err)) from None
-    check_io(input, output)  # a missing input or a bad output fails before the model loads
+    check_io(input, output, checkpoint)  # a missing input or a bad output fails before the model loads
     if attention_plot is not None:
         check_folder_to_write(attention_plot, "--attention-plot")
     translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)

@@ -168,8 +168,9 @@ def file_identity(path: str | Path) -> dict[str, Any]:
     return {"path": os.path.realpath(path), "bytes": st.st_size, "modified_ns": st.st_mtime_ns}
 
 
-def check_io(input: str, output: str) -> None:
-    """Refuse a missing input file, and an output that `check_output` refuses; before any model loads.
+def check_io(input: str, output: str, checkpoints: Sequence[str | Path] = ()) -> None:
+    """Refuse a missing input file, and an output that `check_output` refuses or that is one of the
+    `checkpoints` translated with; before any model loads.
 
     Raises:
         UserError: naming the file and what to do.
@@ -184,6 +185,10 @@ def check_io(input: str, output: str) -> None:
         raise UserError(f"{input}: input file not found")
     if output != "-":
         check_output(output, None if input == "-" else input)  # never overwrite the input
+        for checkpoint in checkpoints:
+            if Path(output).exists() and Path(checkpoint).exists() and Path(output).samefile(checkpoint):
+                raise UserError(f"{output}: output is the checkpoint {checkpoint}; translating would overwrite it, "
+                                "so write to another file")
 
 
 def translate_lines(

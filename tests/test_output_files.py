@@ -112,6 +112,18 @@ def test_output_that_is_a_folder_is_one_line(doc, checkpoints, monkeypatch):
     assert errors == [f"nmt: error: {doc.parent}: output is a folder; give a file name"]
 
 
+def test_an_output_that_is_the_checkpoint_is_one_line(doc, checkpoints, monkeypatch, tmp_path):
+    """`-o best.pt` (a slip for `-c best.pt -o best.txt`) replaced the model by its translations."""
+    ckpt = tmp_path / "best.pt"
+    ckpt.write_bytes(checkpoints["transformer"].read_bytes())
+    (tmp_path / "link.pt").symlink_to(ckpt)
+    for out in (ckpt, tmp_path / "link.pt"):
+        status, errors = nmt(monkeypatch, "translate", "-c", str(ckpt), "-i", str(doc), "-o", str(out))
+        assert status == 2 and errors == [f"nmt: error: {out}: output is the checkpoint {ckpt}; translating would "
+                                          "overwrite it, so write to another file"]
+    assert ckpt.read_bytes() == checkpoints["transformer"].read_bytes()
+
+
 def test_an_output_named_as_a_folder_is_one_line(doc, checkpoints, monkeypatch):
     """`-o new/`: a folder that does not exist, where a file named `new` was written."""
     out = f"{doc.parent / 'new'}{os.sep}"
