@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 import weakref
@@ -67,6 +68,8 @@ class TranslationServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], translator, *, beam: int | None = None, name: str = "") -> None:
         self._handlers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # before binding, which may close
+        if ":" in address[0]:  # an IPv6 address (`--host ::1`, `--host ::` for every interface)
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.translator = translator
         self.beam = beam
@@ -93,7 +96,7 @@ class TranslationServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def translate(self, lines: list[str], beam: int | None) -> list[str]:
         """Translate `lines`, one request at a time."""

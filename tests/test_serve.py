@@ -108,6 +108,30 @@ def test_health(server, checkpoint):
     assert request(f"{server.url}/health") == (200, {"status": "ok", "checkpoint": str(checkpoint)})
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_an_ipv6_address_is_served(checkpoint, translator):
+    """`--host ::1` was refused: "Address family for hostname not supported"."""
+    srv = make_server(checkpoint, host="::1", port=0, device="cpu")
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert srv.url.startswith("http://[::1]:")
+        assert post(srv, {"text": ["the dog runs ."]}) == (200, {"translations": translator.translate(["the dog runs ."])})
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
 def test_concurrent_requests_each_get_their_own_answer(server, translator, small_corpus):
     lines = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:8]
     with ThreadPoolExecutor(max_workers=4) as pool:
