@@ -100,7 +100,7 @@ class SearchOptions:
         if isinstance(self.strategy, str) and self.strategy not in get_args(Strategy):
             raise ValueError(f"strategy ({self.strategy!r}) must be one of {get_args(Strategy)} or a StepFn")
         check_length_limit(self.max_len_a, self.max_len_b)
-        if self.sampling is not None and self.strategy not in ("auto", "sample"):
+        if self.sampling is not None and self.strategy in ("greedy", "beam"):  # a StepFn may be the sampler itself
             raise ValueError(f"sampling settings need strategy 'sample' or 'auto', not {self.strategy!r}, "
                              "which would ignore them")
         sampling = self.sampling is not None or self.strategy == "sample"
