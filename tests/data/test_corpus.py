@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import sys
 import time
@@ -83,6 +84,19 @@ def test_text_cache_is_reused_and_invalidated_by_edits(tmp_path: Path) -> None:
     assert load(tmp_path, "text", tmp_path / "train")["tgt"] == ["changed"] * 4
 
 
+def test_text_edited_to_the_same_size_is_read_again(tmp_path: Path) -> None:
+    """The cache key holds each file's modification time as well as its size: a fixed typo changes no size."""
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "train.en", EN)
+    assert load(tmp_path, "text", tmp_path / "train")["tgt"] == EN
+    before = (tmp_path / "train.en").stat()
+    edited = ["a cat", "a dog", "the tree", "the house"]  # the same lines in another order: the same bytes count
+    write_lines(tmp_path / "train.en", edited)
+    os.utime(tmp_path / "train.en", ns=(before.st_atime_ns, before.st_mtime_ns + 2_000_000_000))  # saved 2 s later
+    assert (tmp_path / "train.en").stat().st_size == before.st_size
+    assert load(tmp_path, "text", tmp_path / "train")["tgt"] == edited
+
+
 def test_text_different_line_counts_name_both_files_and_counts(tmp_path: Path) -> None:
     write_lines(tmp_path / "train.de", DE)
     write_lines(tmp_path / "train.en", EN[:3])
@@ -125,6 +139,18 @@ def test_tsv_missing_column_lists_columns_found(tmp_path: Path) -> None:
     write_lines(tmp_path / "c.tsv", ["german\tenglish", "a\tb"])
     with pytest.raises(DataError, match=r"no src column 'de'.*columns found: 'german', 'english'"):
         load(tmp_path, "tsv", tmp_path / "c.tsv")
+
+
+@pytest.mark.parametrize("kind", ["tsv", "jsonl"])
+def test_source_and_target_reading_the_same_column_is_refused(kind: str, tmp_path: Path) -> None:
+    """A config that names one column for both sides would train the model to copy its input."""
+    path = tmp_path / f"c.{kind}"
+    if kind == "tsv":
+        write_lines(path, ["de\ten", *(f"{d}\t{e}" for d, e in PAIRS)])
+    else:
+        write_lines(path, [json.dumps({"de": d, "en": e}) for d, e in PAIRS])
+    with pytest.raises(DataError, match=rf"c\.{kind}: source and target both read column 'en'"):
+        load(tmp_path, kind, path, src_field="en", tgt_field="en")
 
 
 def test_tsv_row_with_wrong_field_count_names_the_line(tmp_path: Path) -> None:

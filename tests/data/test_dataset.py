@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,37 @@ def test_prepare_split_with_nothing_left_names_split_and_filter(tmp_path: Path, 
         prepare_split(train, cfg, tokenizer, cache_dir=tmp_path / "cache", train=True)
     with pytest.raises(DataError, match=r"data\.valid \(.*dev\): no pairs left of 2 read: dropped 2 with an empty side$"):
         prepare_split(valid, cfg, tokenizer, cache_dir=tmp_path / "cache", train=False)
+
+
+def test_ratio_filter_keeps_a_pair_exactly_at_max_ratio_and_drops_the_ones_above(tokenizer: Tokenizer) -> None:
+    """`max_ratio` is the largest ratio kept: a pair at exactly max(src_len, tgt_len) / min(...) == max_ratio stays."""
+    de = [" ".join(["hund"] * a) for a in range(1, 7) for _ in range(1, 7)]
+    en = [" ".join(["dog"] * b) for _ in range(1, 7) for b in range(1, 7)]
+    lens = [(len(s) + 1, len(t) + 1) for s, t in zip(tokenizer.encode_src(de), tokenizer.encode_tgt(en))]
+    ratios = [Fraction(max(s, t), min(s, t)) for s, t in lens]
+    max_ratio = 2.0
+    assert Fraction(max_ratio) in ratios and any(r > max_ratio for r in ratios)  # both sides of the limit occur
+    expected = [(d, e) for d, e, r in zip(de, en, ratios) if r <= Fraction(max_ratio)]
+
+    ds, report = tokenize_pairs(pair_dataset(de, en), tokenizer, max_len=None, max_ratio=max_ratio)
+    assert list(zip(ds["src"], ds["tgt"])) == expected
+    assert report == {"too_long": 0, "ratio": len(de) - len(expected)}
+
+
+def test_validation_splits_are_not_ratio_filtered(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """`data.max_ratio` drops unbalanced training pairs only: validation keeps every cleaned pair, as for max_len."""
+    de = ["hund", "hund hund hund hund", "katze", "haus"]
+    en = ["dog dog dog dog", "dog", "cat", "house"]
+    write_corpus(tmp_path / "split", de, en)
+    lens = [(len(s) + 1, len(t) + 1) for s, t in zip(tokenizer.encode_src(de), tokenizer.encode_tgt(en))]
+    unbalanced = [max(s, t) > 2 * min(s, t) for s, t in lens]
+    assert unbalanced == [True, True, False, False]  # the premise: two pairs above a ratio of 2
+    spec = CorpusConfig(kind="text", path=str(tmp_path / "split"))
+    cfg = DataConfig(train=spec, valid=spec, max_len=100, max_ratio=2.0)
+
+    train, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=True)
+    assert report == {"pairs": 4, "empty": 0, "too_long": 0, "ratio": 2, "kept": 2}
+    assert train["src_ids"][:] == [[*ids, EOS_ID] for ids in tokenizer.encode_src(["katze", "haus"])]
+    valid, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=False)
+    assert report["ratio"] == 0 and report["kept"] == 4
+    assert list(zip(valid["src"], valid["tgt"])) == list(zip(de, en))

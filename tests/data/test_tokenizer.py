@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nmt.config import TokenizerConfig
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, _sample, train_tokenizer
 from nmt.errors import DataError
 
 
@@ -80,3 +80,28 @@ def test_vocab_too_large_for_the_text_names_the_setting(corpus: tuple[list[str],
 def test_no_training_text_is_a_data_error() -> None:
     with pytest.raises(DataError, match="no joint training text"):
         train_tokenizer(TokenizerConfig(vocab_size=50), ["", ""], [])
+
+
+def test_decoding_drops_unk_as_well_as_the_other_special_ids(tokenizer: Tokenizer) -> None:
+    """A hypothesis holding <unk> detokenizes as if it were not there (sentencepiece alone would write ' ⁇ ')."""
+    ids = tokenizer.encode_tgt(["the big dog"])[0]
+    assert tokenizer.tgt.decode([UNK_ID, *ids]) != "the big dog"  # the premise: sentencepiece shows unknowns
+    assert tokenizer.decode_tgt([[BOS_ID, UNK_ID, *ids[:1], UNK_ID, *ids[1:], EOS_ID, PAD_ID]]) == [
+        tokenizer.tgt.decode(ids)]
+    assert tokenizer.decode_tgt([[UNK_ID, PAD_ID], []]) == ["", ""]
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 12, 50])
+def test_sentence_sample_is_k_non_empty_lines_in_corpus_order(k: int) -> None:
+    """`tokenizer.max_sentences` bounds the text sentencepiece trains on: k lines exactly (all when there are fewer),
+    never an empty one, in the order of the corpus, the same for the same seed."""
+    lines = [f"line {i}" if i % 4 else "" for i in range(48)]  # 36 non-empty lines
+    text = [line for line in lines if line]
+    for seed in range(20):
+        sample = _sample(lines, k, seed)
+        assert len(sample) == min(k, len(text))
+        assert sample == [line for line in text if line in set(sample)]  # distinct and in corpus order
+        assert _sample(iter(lines), k, seed) == sample  # reproducible, and from a one-pass iterator
+    if k < len(text):  # a sample, not the first k lines: over seeds every line gets drawn
+        drawn = {line for seed in range(500) for line in _sample(lines, k, seed)}
+        assert drawn == set(text)

@@ -1,0 +1,123 @@
+"""When training stops and which checkpoint is best: early-stopping patience, ties, `best.pt`, and `max_epochs`.
+
+The validation scores that drive early stopping come from a sequence written by hand: the real validation runs,
+then its loss is replaced by the next score of the sequence, so the expected stop step and best step are read off
+the sequence below, not computed by the loop.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nmt.checkpoint import load_checkpoint, periodic_checkpoints
+from nmt.data.tokenizer import Tokenizer
+from nmt.train import loop
+from nmt.train.loop import train
+from tests.train.helpers import same_weights, tiny_cfg, weights
+
+# Validation losses (lower is better), one per step with valid_every 1. With patience 2:
+#   step 1: 5.0 first          -> best                 step 5: 3.0 ties step 4 -> 1 without improvement
+#   step 2: 4.0 < 5.0          -> best                 step 6: 3.5             -> 2: stop after step 6
+#   step 3: 4.5                -> 1 without improvement
+#   step 4: 3.0 < 4.0          -> best, count back to 0
+# Without patience the run goes on to step 10, and the last best is step 8 (1.0; the ties at 9 and 10 are not better).
+SCORES = [5.0, 4.0, 4.5, 3.0, 3.0, 3.5, 2.0, 1.0, 1.0, 1.0]
+BEST_FLAGS = [True, True, False, True, False, False, True, True, False, False]
+
+
+@pytest.fixture
+def scripted_loss(monkeypatch):
+    """Make validation number i (from `start`) report the loss SCORES[start + i]; returns a setter for `start`."""
+    real = loop.validate
+    at = {"next": 0}
+
+    def validate(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result["loss"] = SCORES[at["next"]]
+        at["next"] += 1
+        return result
+
+    monkeypatch.setattr(loop, "validate", validate)
+    return lambda start: at.update(next=start)
+
+
+def valid_records(run_dir) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == "valid"]
+
+
+def test_patience_stops_after_that_many_validations_without_improvement(small_corpus, tmp_path, scripted_loss):
+    run = tmp_path / "run"
+    summary = train(tiny_cfg(small_corpus, run, valid_every=1, patience=2, max_steps=10, keep_last=10))
+    assert summary["stop"] == "no improvement in 2 validations"
+    assert summary["step"] == 6 and summary["best_metric"] == 3.0
+    assert [(r["step"], r["loss"], r["best"]) for r in valid_records(run)] == list(
+        zip(range(1, 7), SCORES[:6], BEST_FLAGS[:6]))
+    best = load_checkpoint(run / "best.pt")
+    assert best["progress"]["step"] == 4 and best["progress"]["best_step"] == 4
+    assert same_weights(best["model"], weights(run / "ckpt_4.pt"))  # the weights of the best step, not the last
+    assert load_checkpoint(run / "ckpt_6.pt")["progress"]["bad_validations"] == 2
+
+
+def test_without_patience_the_run_ends_at_max_steps_and_a_tie_is_not_a_new_best(small_corpus, tmp_path,
+                                                                                 scripted_loss):
+    run = tmp_path / "run"
+    summary = train(tiny_cfg(small_corpus, run, valid_every=1, max_steps=10, keep_last=10))
+    assert summary["stop"] == "max_steps=10" and summary["best_metric"] == 1.0
+    assert [r["best"] for r in valid_records(run)] == BEST_FLAGS
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == 8
+    assert same_weights(weights(run / "best.pt"), weights(run / "ckpt_8.pt"))
+
+
+def test_patience_counts_across_a_resume(small_corpus, tmp_path, scripted_loss):
+    """Stopped after step 5 (one validation without improvement), the resumed run stops after one more, at step 6."""
+    run = tmp_path / "run"
+    first = train(tiny_cfg(small_corpus, run, valid_every=1, patience=2, max_steps=5, keep_last=10))
+    assert first["stop"] == "max_steps=5"
+    scripted_loss(5)  # the resumed run's first validation is that of step 6
+    summary = train(tiny_cfg(small_corpus, run, valid_every=1, patience=2, max_steps=10, keep_last=10))
+    assert summary["stop"] == "no improvement in 2 validations" and summary["step"] == 6
+    assert [r["best"] for r in valid_records(run)] == BEST_FLAGS[:6]
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == 4
+
+
+def updates_by_epoch(run_dir) -> dict[int, list[float]]:
+    """The target tokens of each update (log_every 1: one `train` record per update), by epoch."""
+    tokens: dict[int, list[float]] = {}
+    for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        if r["event"] == "train":
+            tokens.setdefault(r["epoch"], []).append(r["tokens_per_update"])
+    return tokens
+
+
+def target_tokens(corpus, run_dir, max_len: int = 64) -> int:
+    """Target tokens of one pass over the training files: ids + EOS of each pair that the length filter keeps."""
+    tokenizer = Tokenizer.load(run_dir)
+    src = (corpus / "train.en").read_text(encoding="utf-8").splitlines()
+    tgt = (corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    assert all(s.strip() and t.strip() for s, t in zip(src, tgt, strict=True))  # nothing for cleaning to drop
+    return sum(len(t) + 1 for s, t in zip(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt))
+               if len(s) + 1 <= max_len and len(t) + 1 <= max_len)
+
+
+def test_max_epochs_runs_whole_epochs_and_no_update_of_the_next(small_corpus, tmp_path):
+    """Each epoch's updates train on every target token of the corpus once, the epoch's last smaller group
+    included (accumulating 3 of the 14 batches of an epoch here), and none of epoch max_epochs runs. A run of 1 epoch resumed with
+    max_epochs 2 ends where a run of 2 epochs from the start does, with the same weights."""
+    one = train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=0, max_epochs=1, accumulate=3))
+    total = target_tokens(small_corpus, tmp_path / "a")
+    assert one["stop"] == "max_epochs=1" and one["epoch"] == 1
+    assert {e: sum(t) for e, t in updates_by_epoch(tmp_path / "a").items()} == {0: total}
+    two = train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=0, max_epochs=2, accumulate=3))
+    assert two["stop"] == "max_epochs=2" and two["epoch"] == 2
+    updates = updates_by_epoch(tmp_path / "b")
+    assert {e: sum(t) for e, t in updates.items()} == {0: total, 1: total}
+    assert len(updates[0]) == one["step"] and two["step"] == len(updates[0]) + len(updates[1])
+    resumed = train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=0, max_epochs=2, accumulate=3))
+    assert resumed["epoch"] == 2 and resumed["step"] == two["step"]
+    assert updates_by_epoch(tmp_path / "a") == updates
+    assert same_weights(weights(tmp_path / "a" / f"ckpt_{two['step']}.pt"),
+                        weights(tmp_path / "b" / f"ckpt_{two['step']}.pt"))
+    assert [p.name for p in periodic_checkpoints(tmp_path / "b")] == [f"ckpt_{two['step']}.pt"]

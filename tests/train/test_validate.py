@@ -1,0 +1,93 @@
+"""Validation during training (`nmt.train.validate`) against sums taken one sentence at a time, straight from the
+validation files, and BLEU scored by sacreBLEU itself; and what a resumed run refuses to change."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sacrebleu.metrics import BLEU, CHRF
+
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.config import config_from_dict
+from nmt.data.tokenizer import BOS_ID, EOS_ID
+from nmt.errors import UserError
+from nmt.train.data import prepare_run
+from nmt.train.loop import train
+from nmt.train.validate import validate
+from nmt.translate import Translator
+from tests.train.helpers import tiny_cfg, tiny_raw
+
+
+@pytest.fixture(scope="module")
+def trained(small_corpus, tmp_path_factory):
+    """A run directory after 4 updates: its sentencepiece model, cache and checkpoint."""
+    run = tmp_path_factory.mktemp("validate") / "run"
+    train(tiny_cfg(small_corpus, run, max_steps=4))
+    return run
+
+
+def reference_sums(model, tokenizer, src: list[str], tgt: list[str], smoothing: float) -> tuple[float, float, int]:
+    """(smoothed loss, NLL, tokens) summed over the pairs, each pair alone (no batch, no padding), with torch's own
+    cross-entropy: its label smoothing spreads eps over the whole vocabulary, as `nmt.train.loss` documents."""
+    loss = nll = 0.0
+    n = 0
+    model.eval()
+    with torch.no_grad():
+        for s, t in zip(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt), strict=True):
+            src_ids = torch.tensor([[*s, EOS_ID]])
+            tgt_in, tgt_out = torch.tensor([[BOS_ID, *t]]), torch.tensor([*t, EOS_ID])
+            logits = model(src_ids, torch.zeros_like(src_ids, dtype=torch.bool), tgt_in)[0].double()
+            loss += float(F.cross_entropy(logits, tgt_out, label_smoothing=smoothing, reduction="sum"))
+            nll += float(F.cross_entropy(logits, tgt_out, reduction="sum"))
+            n += len(tgt_out)
+    return loss, nll, n
+
+
+def test_validation_loss_perplexity_and_scores_of_the_first_sentences(small_corpus, trained):
+    """Loss and perplexity cover the whole validation set; text metrics the first `valid_max_sentences` greedy
+    translations, chrF among them although `eval.metrics` names only BLEU, since it picks the best checkpoint."""
+    raw = tiny_raw(small_corpus, trained, max_steps=4, valid_bleu=True, valid_max_sentences=7,
+                   early_stop_metric="chrf")
+    raw["eval"] = {"metrics": ["bleu"]}
+    cfg = config_from_dict(raw)
+    data = prepare_run(cfg, trained)  # the run directory's own sentencepiece model and cache
+    model, tokenizer, _ = model_from_checkpoint(load_checkpoint(trained / "ckpt_4.pt"))
+    src = (small_corpus / "valid.en").read_text(encoding="utf-8").splitlines()
+    tgt = (small_corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    assert len(src) == len(tgt) == len(data.valid) == 30  # the premise: every validation pair is clean
+
+    result = validate(model, data, cfg, torch.device("cpu"))
+    assert model.training  # left in training mode
+    assert set(result) == {"loss", "ppl", "bleu", "chrf"}
+    loss, nll, n = reference_sums(model, tokenizer, src, tgt, cfg.train.label_smoothing)
+    assert result["loss"] == pytest.approx(loss / n, abs=1e-4)
+    assert result["ppl"] == pytest.approx(math.exp(nll / n), abs=0.011)
+
+    translator = Translator(model, tokenizer, cfg, torch.device("cpu"))
+    hyps = translator.translate(src[:7], beam=1)
+    bleu, chrf = BLEU(tokenize=cfg.eval.tokenize, lowercase=cfg.eval.lowercase), CHRF(lowercase=cfg.eval.lowercase)
+    assert result["bleu"] == round(bleu.corpus_score(hyps, [tgt[:7]]).score, 2)
+    assert result["chrf"] == round(chrf.corpus_score(hyps, [tgt[:7]]).score, 2)
+    # the premise: chrF of all 30 translations is another number
+    assert round(chrf.corpus_score(translator.translate(src, beam=1), [tgt]).score, 2) != result["chrf"]
+
+
+@pytest.mark.parametrize("section, change", [("model", ("transformer", "ff_dim", 48)),
+                                             ("tokenizer", (None, "vocab_size", 150))])
+def test_resuming_with_another_model_or_tokenizer_section_is_refused(small_corpus, trained, tmp_path, section,
+                                                                      change):
+    """The run directory keeps its sentencepiece model, so a changed tokenizer section would be ignored silently:
+    resuming refuses it, as it refuses a changed model."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    raw = tiny_raw(small_corpus, run, max_steps=6)
+    sub, key, value = change
+    (raw[section][sub] if sub else raw[section])[key] = value
+    with pytest.raises(UserError, match=rf"ckpt_4\.pt: the run directory holds a run with a different {section} "
+                                        r"section; use --restart"):
+        train(config_from_dict(raw))
+    assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
