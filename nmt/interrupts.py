@@ -5,7 +5,8 @@ action ends the process where it stands: a temporary file beside an output (`nmt
 stays behind, and a stopped translation does not say where its lines were kept. While
 `sigterm_interrupts` is active, SIGTERM raises `Terminated`, a `KeyboardInterrupt`, so every
 `finally` and `except BaseException` on the way out runs as for Ctrl-C; the process then ends
-by SIGTERM after all (exit status 143 in a shell), as the one who sent it expects.
+by SIGTERM after all (exit status 143 in a shell), as the one who sent it expects; as the first process of a
+container, which the default action cannot end, it exits as Ctrl-C makes it (130).
 
 Training has its own handling (`nmt.train.faults.StopSignals`): it finishes the update and
 writes a checkpoint first.
@@ -51,11 +52,12 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for stream in (sys.stdout, sys.stderr):
             try:
-                stream.flush()
+                if stream is not None:  # None: closed when the process started (`>&-`)
+                    stream.flush()
             except (OSError, ValueError):
                 pass
         os.kill(os.getpid(), signal.SIGTERM)
-        raise  # not reached: the signal's default action ends the process
+        raise  # reached only where the signal's default action is ignored (PID 1 of a container): exit 130
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -207,16 +207,21 @@ def test_a_run_stopped_after_some_lines_leaves_the_previous_output(doc, checkpoi
     assert leftovers(doc.parent) == []
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
-def test_a_signal_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoints, signum, status):
+@pytest.mark.parametrize(("signum", "status", "closed"), [(signal.SIGINT, 130, None),
+                                                          (signal.SIGTERM, -signal.SIGTERM, None),
+                                                          (signal.SIGTERM, -signal.SIGTERM, 1)],
+                         ids=["sigint", "sigterm", "sigterm-stdout-closed"])
+def test_a_signal_during_a_real_run_leaves_the_previous_output(tmp_path, checkpoints, signum, status, closed):
     """Ctrl-C, or SIGTERM (a scheduler's or `kill`'s), which ended the process where it stood, without the
-    message; the process still ends by SIGTERM, as its sender expects."""
+    message; the process still ends by SIGTERM, as its sender expects, even with standard output closed
+    (`>&-`), where flushing it raised an AttributeError."""
     src, out = tmp_path / "src.txt", tmp_path / "out.txt"
     src.write_text(SOURCE * 1000)
     out.write_text(OLD)
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(checkpoints["transformer"]),
                              "-i", str(src), "-o", str(out), "--beam", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=None if closed is None else lambda: os.close(closed))
     partial = tmp_path / "out.txt.partial"
     try:
         deadline = time.monotonic() + 120
