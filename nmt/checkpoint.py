@@ -228,10 +228,11 @@ _SET_ASIDE = {
 
 
 def _stored_config(raw: Any, source: str | Path) -> ExperimentConfig:
-    """A checkpoint's config. A `decode` or `eval` section this version or this machine refuses (a range
-    narrowed since the checkpoint was written; an `eval.tokenize` whose extra is not installed here) gives
-    way to the defaults, with a warning: search and scoring settings are not part of the model, and refusing
-    the whole checkpoint for them would leave it unusable.
+    """A checkpoint's config. A `decode` or `eval` section this version refuses (a range narrowed since the
+    checkpoint was written) gives way to the defaults, with a warning: search and scoring settings are not
+    part of the model, and refusing the whole checkpoint for them would leave it unusable. (An
+    `eval.tokenize` whose extra is not installed here is no refusal: the model translates, and scoring
+    says what to install.)
 
     Raises:
         ConfigError: anything else in the config that this version refuses.

@@ -16,7 +16,7 @@ from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
 from nmt.errors import DataError, UserError
 from nmt.fileio import write_atomic
-from nmt.metrics import score
+from nmt.metrics import score, tokenizer_problem
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ def evaluate_checkpoint(
     files = file_set(src, ref)
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
+    problem = tokenizer_problem(cfg.eval.tokenize)
+    if problem:  # before translating, not after
+        raise UserError(f"{checkpoint}: eval.tokenize {cfg.eval.tokenize!r}: {problem}")
     out = Path(save_dir) if save_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,10 @@ DEFAULTS = _Settings()
 """The settings `score` uses without a config, and `EvalConfig`'s defaults."""
 
 
+_TOKENIZER_ERRORS = (RuntimeError, ImportError, AssertionError)
+"""sacreBLEU's ways to say that a tokenizer's extra is missing or broken."""
+
+
 def tokenizer_problem(tokenize: str) -> str | None:
     """Why sacreBLEU cannot build the BLEU tokenizer `tokenize` here, or None when it can.
 
@@ -92,7 +96,7 @@ def tokenizer_problem(tokenize: str) -> str | None:
     """
     try:
         BLEU(tokenize=tokenize)
-    except (RuntimeError, ImportError, AssertionError) as err:  # sacreBLEU's ways to say an extra is missing or wrong
+    except _TOKENIZER_ERRORS as err:
         return (f"{headline(err).rstrip('.') or type(err).__name__}; install them with: pip install 'sacrebleu[ja]', "
                 "or choose another tokenizer")
     return None
@@ -108,7 +112,8 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = 
     """Corpus scores of `hyps` against one reference each: {name: score, name_signature: ..., sentences: n}.
 
     Raises:
-        UserError: the two lists differ in length, or are empty.
+        UserError: the two lists differ in length, or are empty; the tokenizer cannot be built here
+            (`tokenizer_problem`).
     """
     cfg = cfg or DEFAULTS
     if len(hyps) != len(refs):
@@ -118,7 +123,10 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = 
     hyps, refs = list(hyps), [list(refs)]
     result: dict[str, Any] = {}
     for name in cfg.metrics:
-        scorer = METRICS[name].scorer(cfg.tokenize, cfg.lowercase)
+        try:
+            scorer = METRICS[name].scorer(cfg.tokenize, cfg.lowercase)
+        except _TOKENIZER_ERRORS:
+            raise UserError(f"eval.tokenize {cfg.tokenize!r}: {tokenizer_problem(cfg.tokenize)}") from None
         result[name] = round(scorer.corpus_score(hyps, refs).score, 2)
         result[f"{name}_signature"] = str(scorer.get_signature())
     result["sentences"] = len(hyps)

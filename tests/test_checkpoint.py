@@ -126,15 +126,18 @@ def test_average_names_a_checkpoint_without_weights(tmp_path):
             average_checkpoints([tmp_path / first, tmp_path / second])
 
 
-def test_a_stored_eval_section_this_machine_cannot_score_with_leaves_the_model_usable(small_corpus, tmp_path,
-                                                                                     monkeypatch, caplog):
-    """eval.tokenize ja-mecab, written where MeCab is installed, read where it is not: the model still loads
-    (translation needs no scorer), with a warning naming the key and what to install."""
+def test_a_checkpoint_scored_with_a_tokenizer_this_machine_lacks_translates_and_eval_says_what_to_install(
+        small_corpus, tmp_path, monkeypatch, caplog):
+    """eval.tokenize ja-mecab, written where MeCab is installed, read where it is not: the model loads with its
+    settings as they are (translation needs no scorer), and `nmt eval` stops before translating, naming the key
+    and what to install, where scoring with another tokenizer would give numbers unlike the run's."""
     from sacrebleu.tokenizers import tokenizer_ja_mecab
 
-    from nmt.checkpoint import model_from_checkpoint
+    from nmt.checkpoint import model_from_checkpoint, save_checkpoint
     from nmt.config import config_from_dict, config_to_dict
     from nmt.data.tokenizer import PAD_ID, train_tokenizer
+    from nmt.errors import UserError
+    from nmt.evaluate import evaluate_checkpoint
     from nmt.models import build_model
     from tests.conftest import tiny_config_dict
 
@@ -145,10 +148,16 @@ def test_a_stored_eval_section_this_machine_cannot_score_with_leaves_the_model_u
                         pad_id=PAD_ID)
     stored = config_to_dict(cfg)
     stored["eval"]["tokenize"] = "ja-mecab"
-    stored["decode"]["beam"] = 3
     payload = {"config": stored, "tokenizer": tokenizer.to_state(), "model": model.state_dict()}
     monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
     _, _, loaded = model_from_checkpoint(payload, source="ja.pt")
-    assert loaded.eval.tokenize == "13a" and loaded.decode.beam == 3  # only the section refused is set aside
-    assert "ja.pt: stored config: eval: tokenize 'ja-mecab'" in caplog.text
-    assert "pip install 'sacrebleu[ja]'" in caplog.text and "its eval section is set aside" in caplog.text
+    assert loaded.eval.tokenize == "ja-mecab" and not caplog.records
+    save_checkpoint(payload, tmp_path / "ja.pt")
+    translated = []
+    monkeypatch.setattr("nmt.translate.Translator.translate", lambda *a, **k: translated.append(a) or [])
+    with pytest.raises(UserError) as err:
+        evaluate_checkpoint(tmp_path / "ja.pt", src=small_corpus / "test.en", ref=small_corpus / "test.de")
+    assert str(err.value) == (f"{tmp_path / 'ja.pt'}: eval.tokenize 'ja-mecab': Japanese tokenization requires extra "
+                              "dependencies, but you do not have them installed; install them with: pip install "
+                              "'sacrebleu[ja]', or choose another tokenizer")
+    assert not translated

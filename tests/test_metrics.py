@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from nmt.config import config_from_dict
-from nmt.errors import ConfigError
+from nmt.config import EvalConfig, config_from_dict
+from nmt.errors import ConfigError, UserError
 from nmt.metrics import METRICS, TEXT_METRICS, format_scores, score
 from nmt.train.loop import train
 from tests.conftest import tiny_config_dict
@@ -54,3 +54,14 @@ def test_early_stopping_on_ter_keeps_the_lowest(small_corpus, tmp_path):
     assert summary["best_metric"] == min(r["ter"] for r in valid)
     best_so_far = [r["ter"] < min([v["ter"] for v in valid[:i]], default=float("inf")) for i, r in enumerate(valid)]
     assert [r["best"] for r in valid] == best_so_far
+
+
+def test_a_tokenizer_this_machine_cannot_build_is_one_line_naming_the_key(monkeypatch):
+    """What `nmt analyze` of a ja-mecab checkpoint meets where MeCab is missing: not sacreBLEU's RuntimeError."""
+    from sacrebleu.tokenizers import tokenizer_ja_mecab
+
+    monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    settings = EvalConfig(tokenize="ja-mecab", metrics=["chrf", "bleu"])
+    with pytest.raises(UserError, match=r"^eval.tokenize 'ja-mecab': Japanese tokenization requires extra "
+                                        r"dependencies.*pip install 'sacrebleu\[ja\]', or choose another tokenizer$"):
+        score(["ein Hund"], ["ein Hund"], settings)

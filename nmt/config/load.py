@@ -21,6 +21,7 @@ import yaml
 
 from nmt.config.schema import ExperimentConfig, range_of
 from nmt.errors import ConfigError, shorten
+from nmt.metrics import tokenizer_problem
 
 
 class _Refused(Exception):
@@ -101,7 +102,11 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    return config_from_dict(apply_overrides(raw, overrides), source=str(path))
+    cfg = config_from_dict(apply_overrides(raw, overrides), source=str(path))
+    problem = tokenizer_problem(cfg.eval.tokenize)  # here, not at the first validation of a training run
+    if problem:
+        raise ConfigError(f"{path}: eval.tokenize {cfg.eval.tokenize!r}: {problem}")
+    return cfg
 
 
 def _parse_yaml(text: str) -> Any:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS, tokenizer_problem
+from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 """The devices `train.device` and `--device` accept by name."""
@@ -516,9 +516,6 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.metrics:
             raise ValueError("metrics is empty: name at least one of " + ", ".join(TEXT_METRICS))
-        problem = tokenizer_problem(self.tokenize)  # at load, not at the first validation of a training run
-        if problem:
-            raise ValueError(f"tokenize {self.tokenize!r}: {problem}")
 
 
 @dataclass
