@@ -303,6 +303,12 @@ def test_a_gzip_input_is_translated_and_resumed_as_its_text_would_be(doc, checkp
     status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed), "-o", str(from_gz))
     assert status == 0, errors
     assert from_gz.read_text() == plain.read_text()
+    for name, data in (("plain.gz", doc.read_bytes()), ("packed.txt", gzip.compress(doc.read_bytes()))):
+        (doc.parent / name).write_bytes(data)  # told by its first bytes, not its name
+        status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc.parent / name), "-o",
+                             str(doc.parent / f"{name}.out"))
+        assert status == 0, errors
+        assert (doc.parent / f"{name}.out").read_text() == plain.read_text()
     packed.write_bytes(gzip.compress(doc.read_bytes())[:-12])  # cut short
     status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed))
     assert status == 2 and errors == [f"nmt: error: {packed}: cannot read: Compressed file ended before the "

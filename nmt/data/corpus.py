@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import gzip
 import itertools
 import json
 import os
@@ -41,7 +40,7 @@ from datasets import Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetGenerationError
 
 from nmt.config import CorpusConfig
-from nmt.data.text import READ_ERRORS
+from nmt.data.text import READ_ERRORS, open_binary
 from nmt.data.textfiles import file_stamp, is_glob, read_text_shards, text_prefixes
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
@@ -326,7 +325,7 @@ def _lines(path: str) -> Iterator[str]:
     """
     lineno = 0
     try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        with open_binary(path) as f:
             for lineno, raw in enumerate(f, 1):
                 try:
                     line = raw.decode("utf-8")

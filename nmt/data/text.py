@@ -37,8 +37,20 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def open_binary(path: str | Path) -> BinaryIO:
-    """A text file opened for reading bytes; a `.gz` file decompressed as it is read."""
-    return gzip.open(path, "rb") if Path(path).suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
+    """A text file opened for reading bytes; one that gzip wrote (whatever its name) decompressed as it is read.
+
+    A regular file is told by its first bytes, so that `doc.gz` holding plain text is read as it is; a pipe,
+    which cannot be read twice, by its name.
+    """
+    if os.path.isfile(path):
+        with open(path, "rb") as head:
+            packed = head.read(2) == _GZIP_MAGIC
+    else:
+        packed = Path(path).suffix == ".gz"
+    return gzip.open(path, "rb") if packed else open(path, "rb")  # type: ignore[return-value]
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> Iterator[str]:

@@ -21,7 +21,6 @@ nothing else is stripped: `clean_pairs` does that.
 from __future__ import annotations
 
 import glob
-import gzip
 import hashlib
 import json
 import os
@@ -33,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset
 
-from nmt.data.text import READ_ERRORS
+from nmt.data.text import READ_ERRORS, open_binary
 from nmt.errors import DataError
 
 BLOCK_BYTES = 1 << 22
@@ -123,10 +122,10 @@ def _aligned(src_path: str, tgt_path: str) -> Iterator[tuple[pa.Array, pa.Array]
 
 
 def line_blocks(path: str) -> Iterator[pa.Array]:
-    """The lines of a text file (`.gz` decompressed) as Arrow string arrays of a block's lines each."""
+    """The lines of a text file (gzip's decompressed) as Arrow string arrays of a block's lines each."""
     lines_before = 0
     try:
-        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+        with open_binary(path) as f:
             carry = f.read(3)
             carry = carry.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not text
             while True:
