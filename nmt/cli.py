@@ -206,7 +206,7 @@ def evaluate(
 @stops_cleanly_on_sigterm
 def average(
     paths: Annotated[list[Path], typer.Argument(help="Checkpoints to average; with --last, one run directory.")],
-    output: Annotated[Optional[Path], typer.Option(
+    output: Annotated[Optional[str], typer.Option(  # text: Path() would drop the slash of `-o folder/`
         "--output", "-o", help="Where to write the averaged checkpoint (with --last, default RUN_DIR/averaged.pt).")] = None,
     last: Annotated[Optional[int], typer.Option(
         "--last", help="Average the newest N periodic checkpoints (ckpt_<step>.pt) of the run directory given.")] = None,

@@ -111,6 +111,8 @@ CASES = [
      ["model_list.pt: its 'model' entry is list, not the weights by name nmt saves"], None),
     # outputs that could not be written, refused before any checkpoint is read or line translated
     ("average-output-folder", "average {good} {misfit} -o {dir}", 2, ["output is a folder; give a file name"], None),
+    ("average-output-new-folder", "average {good} {misfit} -o {dir}/new/", 2,
+     ["/new/: output is a folder; give a file name"], None),
     ("average-output-nowhere", "average {good} {misfit} -o {dir}/nowhere/avg.pt", 2,
      ["avg.pt: output folder", "nowhere does not exist"], None),
     ("eval-save-translations-file", "eval -c {good} --split test --save-translations {src2}", 2,
