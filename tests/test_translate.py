@@ -496,6 +496,7 @@ def test_a_terminal_is_answered_line_by_line_and_told_of_bytes_that_are_not_utf8
     """`nmt translate` on a real terminal: a typed line is answered before the next is typed, and a line that
     is not UTF-8 ends the session with the one line a pipe gets and exit status 2 (it was a TypeError)."""
     import os
+    import select
     import subprocess
     import sys
 
@@ -505,11 +506,14 @@ def test_a_terminal_is_answered_line_by_line_and_told_of_bytes_that_are_not_utf8
     os.close(terminal)
     try:
         os.write(controller, b"the dog runs .\n")
+        # the answer before the next line is typed: a wait of its own, so that none fails the test, not hangs it
+        assert select.select([proc.stdout], [], [], 120)[0], "no answer to the typed line"
         answer = proc.stdout.readline().decode()
         os.write(controller, b"bad \xff x\n")
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
+        proc.wait()
         os.close(controller)
     assert answer.rstrip("\n") == translators["rnn"].translate("the dog runs .", beam=1)
     assert proc.returncode == 2 and out == b""
