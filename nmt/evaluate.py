@@ -5,15 +5,14 @@ The metrics themselves are in `nmt.metrics`, the sets to score in `nmt.data.eval
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
-from nmt.config import DecodeConfig, EvalConfig
-from nmt.config.schema import range_of
+from nmt.config import EvalConfig
 from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
+from nmt.decode.options import DECODE_RANGES
 from nmt.errors import DataError, UserError
 from nmt.fileio import write_atomic
 from nmt.metrics import score, tokenizer_problem
@@ -41,8 +40,7 @@ def check_beam(beam: int | None) -> None:
     Raises:
         UserError: naming `--beam` and the range.
     """
-    beams = range_of(next(f for f in dataclasses.fields(DecodeConfig) if f.name == "beam"))
-    problem = None if beam is None else beams.problem(beam)
+    problem = None if beam is None else DECODE_RANGES["beam"].problem(beam)
     if problem:
         raise UserError(f"--beam: {problem}")
 

@@ -93,7 +93,7 @@ class SearchOptions:
     sync_every: int | None = None
 
     def __post_init__(self) -> None:
-        for name, valid in _DECODE_RANGES.items():
+        for name, valid in DECODE_RANGES.items():
             problem = valid.problem(getattr(self, name))
             if problem:
                 raise ValueError(f"{name}: {problem}")
@@ -144,5 +144,5 @@ class SearchOptions:
 
 
 # The keys a `decode` section shares with `SearchOptions`, and their valid values.
-_DECODE_RANGES = {f.name: range_of(f) for f in dataclasses.fields(DecodeConfig)
-                  if range_of(f) is not None and f.name in {g.name for g in dataclasses.fields(SearchOptions)}}
+DECODE_RANGES = {f.name: range_of(f) for f in dataclasses.fields(DecodeConfig)
+                 if range_of(f) is not None and f.name in {g.name for g in dataclasses.fields(SearchOptions)}}
