@@ -43,7 +43,7 @@ def bleu_by_length(
     Both are scored whatever `cfg.metrics` says (`nmt.metrics.with_metrics`); `cfg` gives the tokenizer and case.
     Buckets of one length have one label ("10-10" twice); `bucket_labels` tells them apart.
     """
-    settings = with_metrics(cfg)
+    settings = with_metrics(cfg, besides=False)  # a bucket's row keeps these two only
     rows = []
     for idx in length_buckets(sources, n_buckets):
         lengths = [len(sources[i].split()) for i in idx]

@@ -89,7 +89,8 @@ def pick_checkpoint(
     sources, refs = eval_sets(cfg, split="valid")["valid"]
     scores = {}
     for path, translator in zip(candidates, translators):
-        s = score(translator.translate(sources, search_options(translator, cfg)), refs, with_metrics(cfg.eval))
+        s = score(translator.translate(sources, search_options(translator, cfg)), refs,
+                  with_metrics(cfg.eval, besides=False))  # the choice reads these two only
         scores[path.name] = {"bleu": s["bleu"], "chrf": s["chrf"]}
     def rank(i: int) -> tuple[float, float, int]:  # BLEU decides, chrF breaks a tie, then averaged.pt (listed first)
         s = scores[candidates[i].name]

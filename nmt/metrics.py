@@ -102,10 +102,10 @@ def tokenizer_problem(tokenize: str) -> str | None:
     return None
 
 
-def with_metrics(cfg: ScoreSettings | None, names: Sequence[str] = REPORTED) -> ScoreSettings:
-    """`cfg` (or `DEFAULTS`) scoring `names` first, then the rest of its own `metrics`."""
+def with_metrics(cfg: ScoreSettings | None, names: Sequence[str] = REPORTED, *, besides: bool = True) -> ScoreSettings:
+    """`cfg` (or `DEFAULTS`) scoring `names` first, then (`besides`) the rest of its own `metrics`."""
     cfg = cfg or DEFAULTS
-    return _Settings(cfg.tokenize, cfg.lowercase, tuple(dict.fromkeys([*names, *cfg.metrics])))
+    return _Settings(cfg.tokenize, cfg.lowercase, tuple(dict.fromkeys([*names, *(cfg.metrics if besides else ())])))
 
 
 def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ margins for the labels, the colour bar and the title, at `DPI` dots per inch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,11 @@ def bleu_by_length_figure(results: dict[str, list[dict[str, Any]]], *, title: st
 def bucket_labels(rows: Sequence[dict[str, Any]], *, unit: str = "") -> list[str]:
     """Each bucket's `words` label and `unit`, numbered where buckets share one ("10-10 #1", "10-10 #2")."""
     words = [r["words"] for r in rows]
+    shared = Counter(words)
     seen: dict[str, int] = {}
     labels = []
     for w in words:
-        if words.count(w) > 1:
+        if shared[w] > 1:
             seen[w] = seen.get(w, 0) + 1
             labels.append(f"{w}{unit} #{seen[w]}")
         else:
