@@ -2,7 +2,7 @@
 
     python bench/decode_speed.py CHECKPOINT FILE [--limit N] [--copies K] [--beam 5] [--threads T] [--device cpu]
         [--precision fp32,bf16] [--max-tokens N] [--chunk-lines N] [--repeat R] [--ref REFERENCES]
-        [--outputs DIR] [--against DIR]
+        [--outputs DIR] [--against DIR] [--output-len N]
 
 FILE holds one source sentence per line (plain text or .gz). Each setting
 translates the same lines as `nmt translate` does, through
@@ -17,6 +17,11 @@ wall time and peak memory (resident set size sampled every 5 ms on CPU,
 `torch.cuda.max_memory_allocated` on CUDA), and the batch budget and precision
 each row ran with, in one table. `cached` uses `decode_step` with KV caches;
 `uncached` recomputes the decoder over the whole prefix at each step.
+
+`--output-len N` makes every output exactly N subwords (EOS after them): `min_len` N,
+`max_len_a` 0, `max_len_b` N. A toy or briefly trained model's outputs are short;
+this times the search at the lengths of the users' text (news sentences are 30-70
+subwords), whose cost per step grows with the length (caches, attention).
 
 `--profile` translates once more per row under torch.profiler and prints the
 operators with the most self time (GPU time on CUDA) and the kernels launched per
@@ -82,15 +87,16 @@ def _rss_mib() -> float:
 
 
 def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: bool, max_tokens: int | None,
-                repeat: int = 1, chunk_lines: int | None = None) -> dict:
+                repeat: int = 1, chunk_lines: int | None = None, lengths: dict | None = None) -> dict:
     """Translate `lines` `repeat` times after a short warm-up; the row is the fastest round.
 
     The first round after the warm-up also pays what a process pays once per new
     batch shape (on CUDA: growing the caching allocator's pool, choosing matrix
-    product algorithms), so its time is kept beside the fastest as `first_seconds`.
+    product algorithms), so its time is kept beside the fastest as `first_seconds`. `lengths` holds
+    length settings of the search (`output_lengths`).
     """
-    device = translator.device
-    translator.translate_nbest(lines[:16], beam=beam, cached=cached, max_tokens=max_tokens)  # warm-up
+    device, lengths = translator.device, lengths or {}
+    translator.translate_nbest(lines[:16], beam=beam, cached=cached, max_tokens=max_tokens, **lengths)  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -99,7 +105,7 @@ def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: 
         for _ in range(repeat):
             start = time.perf_counter()
             out = list(translator.translate_stream_nbest(lines, beam=beam, cached=cached, max_tokens=max_tokens,
-                                                         chunk_size=chunk_lines))
+                                                         chunk_size=chunk_lines, **lengths))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             rounds.append(time.perf_counter() - start)
@@ -109,9 +115,15 @@ def run_setting(translator: Translator, lines: list[str], *, beam: int, cached: 
     return {"sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds, "seconds": seconds,
             "first_seconds": rounds[0], "rounds": repeat,
             "max_tokens": translator.max_tokens_for(max_tokens), "precision": translator.precision,
-            "chunk_lines": chunk_lines or translator.chunk_lines(translator.options(beam=beam, max_tokens=max_tokens)),
+            "chunk_lines": chunk_lines or translator.chunk_lines(translator.options(beam=beam, max_tokens=max_tokens,
+                                                                                    **lengths)),
             "target_tokens": tokens, "peak_mem_mib": peak, "mem": "cuda_max_allocated" if device.type == "cuda" else "rss",
             "outputs": [n[0].text for n in out]}
+
+
+def output_lengths(n: int | None) -> dict:
+    """The search settings that make every output exactly n subwords ({} for None: the checkpoint's)."""
+    return {} if n is None else {"min_len": n, "max_len_a": 0.0, "max_len_b": n}
 
 
 def main() -> None:
@@ -138,6 +150,8 @@ def main() -> None:
     parser.add_argument("--against", type=Path, default=None,
                         help="a DIR of another run's --outputs: count the lines identical to its same search")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--output-len", type=int, default=None,
+                        help="every output exactly N subwords, whatever the model would write (see above)")
     parser.add_argument("--profile", action="store_true",
                         help="after each row's timing, translate once more under torch.profiler: top operators, "
                              "kernels per sentence")
@@ -151,7 +165,7 @@ def main() -> None:
     refs = read_lines(args.ref)[: len(lines)] if args.ref else None
     if refs is not None and len(refs) != len(lines):
         parser.error(f"--ref {args.ref}: {len(refs)} lines for {len(lines)} sources")
-    for name, unit in (("repeat", "rounds"), ("copies", "copies"), ("chunk_lines", "lines")):
+    for name, unit in (("repeat", "rounds"), ("copies", "copies"), ("chunk_lines", "lines"), ("output_len", "subwords")):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # --chunk-lines: None by default
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: give 1 or more {unit}")
     lines, refs = lines * args.copies, refs * args.copies if refs is not None else None
@@ -161,8 +175,9 @@ def main() -> None:
     for precision in args.precision.split(","):
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=precision)
         copies = f" ({args.copies} copies)" if args.copies > 1 else ""
+        forced = f"; every output {args.output_len} subwords" if args.output_len else ""
         print(f"{len(lines)} sentences from {args.file}{copies}; device {translator.device}, precision "
-              f"{translator.precision}, {torch.get_num_threads()} threads")
+              f"{translator.precision}, {torch.get_num_threads()} threads{forced}")
         print(f"{'search':<8} {'cache':<9} {'sent/s':>8} {'tok/s':>9} {'seconds':>8} {'first s':>8} {'tokens':>7} {'peak MiB':>9} "
               f"{'max_tokens':>10} {'chunk':>6} {'precision':>9} {'BLEU':>6} {'same as --against':>17}")
         for name, beam, cached in SETTINGS:
@@ -170,7 +185,7 @@ def main() -> None:
                 continue
             beam = beam or args.beam
             r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens, repeat=args.repeat,
-                            chunk_lines=args.chunk_lines)
+                            chunk_lines=args.chunk_lines, lengths=output_lengths(args.output_len))
             search = f"{name}{beam}_{'cached' if cached else 'uncached'}"
             results[f"{search}_{translator.precision}"] = r
             r["bleu"] = score(r["outputs"], refs)["bleu"] if refs is not None else None
@@ -189,7 +204,8 @@ def main() -> None:
                     trace = args.trace / f"{search}_{translator.precision}.json"
                 with Profile(translator.device, trace=trace) as prof:
                     list(translator.translate_stream_nbest(lines, beam=beam, cached=cached, max_tokens=args.max_tokens,
-                                                           chunk_size=args.chunk_lines))
+                                                           chunk_size=args.chunk_lines,
+                                                           **output_lengths(args.output_len)))
                 print(f"{search} {translator.precision}: {prof.summary(len(lines), 'sentence')}", flush=True)
         for name in ("greedy1", f"beam{args.beam}"):
             c = results.get(f"{name}_cached_{translator.precision}")

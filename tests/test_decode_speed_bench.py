@@ -1,5 +1,6 @@
 """bench/decode_speed.py end to end on a tiny trained checkpoint: rows per precision, the fastest of
-repeated rounds, BLEU against references, the lines identical to another run's saved outputs, and a profile of each row."""
+repeated rounds, BLEU against references, the lines identical to another run's saved outputs, a profile of each row,
+and outputs of a forced length."""
 
 from __future__ import annotations
 
@@ -60,3 +61,10 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
     assert mismatch.returncode != 0 and "beam2_cached.txt: 30 lines, but this run translated 1" in mismatch.stderr
     no_rounds = _bench(ckpt, src, "--repeat", "0")
     assert no_rounds.returncode == 2 and "--repeat 0: give 1 or more rounds" in no_rounds.stderr
+
+    forced = _bench(ckpt, src, "--output-len", "12", "--outputs", str(tmp_path / "forced"), "--json", str(tmp_path / "forced.json"))
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert "every output 12 subwords" in forced.stdout
+    assert json.loads((tmp_path / "forced.json").read_text())["beam2_cached_fp32"]["target_tokens"] == 30 * 13  # EOS too
+    no_length = _bench(ckpt, src, "--output-len", "0")
+    assert no_length.returncode == 2 and "--output-len 0: give 1 or more subwords" in no_length.stderr
