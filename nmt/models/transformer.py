@@ -305,7 +305,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: Tensor, self_mask: Tensor | None, past: KV | None, memory_kv: KV, memory_mask: Tensor, *,
         need_attn: bool = False, start: int = 0, memory_bias: Tensor | None = None, group: int = 1,
-        self_bias: Tensor | None = None,
+        self_bias: Tensor | None = None, order: Tensor | None = None,
     ) -> tuple[Tensor, KV, Tensor | None]:
         """Run T new target positions that follow the `past` ones.
 
@@ -315,9 +315,12 @@ class DecoderLayer(nn.Module):
                 (T = 1), which sees every earlier position, and for a whole prefix (no `past`)
                 attended by the fused kernels, which take `is_causal` instead.
             past: cached self-attention keys and values of the t = `start` earlier
-                positions, or None (t = 0). Either exactly (B, H, t, Dh), grown by
-                concatenation, or preallocated buffers (B, H, L, Dh) with L >= t + T
+                positions, or None (t = 0). Either exactly (B0, H, t, Dh), grown by
+                concatenation, or preallocated buffers (B0, H, L, Dh) with L >= t + T
                 (`Transformer.init_state` with `max_len`), written in place at t .. t + T - 1.
+            order: the rows (B,) of `past` that the B hypotheses continue (a search's reorder,
+                `TransformerState.index_select`), taken here as the cache is extended, or None:
+                B0 = B rows in order.
             memory_kv: cross-attention keys and values of the source (B, H, S, Dh).
             memory_mask: source padding (B, 1, 1, S).
             need_attn: return cross-attention weights per head (B, H, T, S).
@@ -336,15 +339,16 @@ class DecoderLayer(nn.Module):
         if past is None:
             cache = (k, v)
         elif past[0].size(2) >= end:
-            # Preallocated: no reallocation and O(t) copy per step, and the buffers keep one
-            # shape for the whole search. Attend over the filled prefix only, so the result
-            # is the growing cache's to the bit.
+            # Preallocated: no reallocation, and the buffers keep one shape for the whole search.
+            # Attend over the filled prefix only, so the result is the growing cache's to the bit.
+            if order is not None:
+                past = (_take_filled(past[0], order, start), _take_filled(past[1], order, start))
             past[0][:, :, start:end] = k
             past[1][:, :, start:end] = v
             cache = past
             k, v = past[0][:, :, :end], past[1][:, :, :end]  # (B, H, t + T, Dh) views
         else:  # grown (also past a full buffer's capacity, so a short max_len is never an error)
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, t + T, Dh)
+            k, v = _grown(past[0], k, order), _grown(past[1], v, order)  # (B, H, t + T, Dh)
             cache = (k, v)
         # no past: a whole prefix, causally masked
         y, _ = self.self_attn(q, k, v, self_mask, causal=past is None, bias=self_bias, group=group)
@@ -410,6 +414,7 @@ class Decoder(nn.Module):
     def forward(
         self, tokens: Tensor, memory_kv: list[KV], memory_pad_mask: Tensor, *, past: list[KV] | None = None,
         start: int = 0, attn_layer: int | None = None, memory_bias: Tensor | None = None,
+        order: Tensor | None = None,
     ) -> tuple[Tensor, list[KV], Tensor | None]:
         """Decode tokens (B, T) at positions start .. start + T - 1.
 
@@ -423,6 +428,7 @@ class Decoder(nn.Module):
             attn_layer: index of the layer whose cross-attention weights to return.
             memory_bias: `memory_pad_mask` as the encoder built its `attention_bias` (B, 1, 1, S), which the
                 fused kernels take instead of converting the mask at every layer; None on the manual path.
+            order: the rows of `past` that the B tokens continue, or None (`DecoderLayer.forward`).
 
         Returns:
             States (B, T, D), per-layer caches (`DecoderLayer.forward`) holding start + T positions,
@@ -447,7 +453,8 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             layer_past = None if past is None else past[i]
             x, kv, weights = layer(x, self_mask, layer_past, memory_kv[i], memory_mask, need_attn=i == wanted,
-                                   start=start, memory_bias=memory_bias, group=group, self_bias=self_bias)
+                                   start=start, memory_bias=memory_bias, group=group, self_bias=self_bias,
+                                   order=order)
             present.append(kv)
             attn = weights if i == wanted else attn
         return self.norm(x), present, attn
@@ -459,28 +466,48 @@ class TransformerState:
 
     Attributes:
         self_kv: per decoder layer, self-attention keys and values: either exactly the
-            t positions so far (B, H, t, Dh), or buffers (B, H, L, Dh) preallocated for
+            t positions so far (B0, H, t, Dh), or buffers (B0, H, L, Dh) preallocated for
             L positions of which the first t are filled (see `Transformer.init_state`).
             (The cross-attention keys and values live in `Memory.extra`, see `encode`.)
         step: t, the number of tokens decoded so far (the next token's position).
+        order: the rows (B,) of `self_kv` that the state's B hypotheses continue, or None
+            (B = B0, in order): a reorder not yet taken, see `index_select`.
     """
 
     self_kv: list[KV]
     step: int
+    order: Tensor | None = None
 
     def index_select(self, order: Tensor) -> TransformerState:
         """Keep (and repeat) hypotheses `order` (B',): caches are reordered, not recomputed.
 
-        Of preallocated buffers only the t filled positions are copied, into new buffers of the same length
-        whose later positions are left unwritten: each step writes its position before it reads it.
+        The caches are not copied here but by the next `decode_step`, which takes the rows as it
+        extends them (`_grown`: one copy of a grown cache a step, where a reorder and then a
+        concatenation made two); of preallocated buffers it takes only the t filled positions, into
+        new buffers of the same length whose later positions are left unwritten (each step writes
+        its position before it reads it). Reorders in a row compose into one.
         """
-        return TransformerState(self_kv=[(_take_filled(k, order, self.step), _take_filled(v, order, self.step))
-                                         for k, v in self.self_kv], step=self.step)
+        rows = order if self.order is None else self.order.index_select(0, order)
+        return TransformerState(self_kv=self.self_kv, step=self.step, order=rows)
+
+
+def _grown(cache: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
+    """Rows `order` (B,) of a grown cache (B0, H, t, Dh) (all of them where None), then the new positions
+    (B, H, T, Dh): (B, H, t + T, Dh), written in one copy."""
+    if order is None:
+        return torch.cat([cache, new], dim=2)
+    if torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad):  # `out=` records no gradient
+        return torch.cat([cache.index_select(0, order), new], dim=2)
+    t = cache.size(2)
+    out = cache.new_empty(order.numel(), cache.size(1), t + new.size(2), cache.size(3))  # (B, H, t + T, Dh)
+    torch.index_select(cache, 0, order, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
 
 
 def _take_filled(cache: Tensor, order: Tensor, filled: int) -> Tensor:
     """Rows `order` of a cache (B, H, L, Dh) whose first `filled` positions hold keys or values: (B', H, L, Dh)."""
-    if cache.size(2) <= filled:  # grown, or a full buffer
+    if cache.size(2) <= filled or (torch.is_grad_enabled() and cache.requires_grad):  # `out=` records no gradient
         return cache.index_select(0, order)
     taken = cache.new_empty(order.numel(), *cache.shape[1:])
     torch.index_select(cache[:, :, :filled], 0, order, out=taken[:, :, :filled])
@@ -657,8 +684,8 @@ class Transformer(nn.Module):
             state: from `init_state` or the previous step. Grown caches are not modified.
                 Preallocated buffers are shared with the new state and written at position
                 `state.step` only, which `state` itself never reads, so `state` stays valid;
-                but two steps from one state share that position: `index_select` (which
-                copies) before branching, as search does.
+                but two steps from one state share that position: `index_select` before
+                branching (a step after it writes into copies), as search does.
             need_attn: also return cross-attention weights (see `attn_layer`, `attn_head`).
 
         Returns:
@@ -667,7 +694,7 @@ class Transformer(nn.Module):
         attn_layer = self.attn_layer if need_attn else None
         states, self_kv, attn = self.decoder(  # states (B, 1, D)
             tokens[:, None], memory.extra["cross_kv"], memory.pad_mask, past=state.self_kv, start=state.step,
-            attn_layer=attn_layer, memory_bias=memory.extra["bias"],
+            attn_layer=attn_layer, memory_bias=memory.extra["bias"], order=state.order,
         )
         log_probs = self.output(states[:, -1]).float().log_softmax(dim=-1)  # (B, V)
         if attn is not None:

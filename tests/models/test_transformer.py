@@ -213,6 +213,31 @@ def test_decode_step_matches_full_decode_also_after_reordering(norm, positions, 
             torch.testing.assert_close(log_probs, reordered[:, t], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("max_len", [None, 8])  # grown caches, preallocated buffers
+@pytest.mark.parametrize("grad", [False, True])  # a step that records gradients copies the rows apart
+def test_reorders_in_a_row_are_taken_as_one_by_the_next_step(max_len, grad):
+    """A reorder is taken when the next step extends the caches: two in a row (one dropping a hypothesis)
+    give the full decode of the hypotheses they pick together, and the state reordered leaves its caches
+    to the state it came from."""
+    src, src_mask, tgt = batch()
+    model = make_model(attention_impl="sdpa")
+    with torch.set_grad_enabled(grad):
+        memory = model.encode(src, src_mask)
+        state = model.init_state(memory, max_len=max_len)
+        for t in range(3):
+            _, state, _ = model.decode_step(tgt[:, t], memory, state)
+        first, then = torch.tensor([2, 0, 0, 1]), torch.tensor([3, 1, 0])
+        rows = first[then]  # [1, 0, 2]
+        taken = state.index_select(first).index_select(then)
+        assert taken.self_kv is state.self_kv and torch.equal(taken.order, rows)
+        memory = memory.index_select(rows)
+        full = model.decode(tgt[rows], model.encode(src[rows], src_mask[rows])).log_softmax(-1)
+        for t in range(3, 6):
+            log_probs, taken, _ = model.decode_step(tgt[rows, t], memory, taken)
+            assert taken.order is None and taken.self_kv[0][0].size(0) == 3
+            torch.testing.assert_close(log_probs, full[:, t], atol=1e-5, rtol=0)
+
+
 def test_cross_attention_keys_and_values_are_computed_once():
     src, src_mask, tgt = batch()
     model = make_model()
