@@ -53,6 +53,7 @@ import torch
 from profiling import Profile  # bench/profiling.py, beside this script
 
 from nmt.data.text import read_lines
+from nmt.heap import keep_freed_memory
 from nmt.metrics import score
 from nmt.translate import Translator
 
@@ -156,7 +157,12 @@ def main() -> None:
                         help="after each row's timing, translate once more under torch.profiler: top operators, "
                              "kernels per sentence")
     parser.add_argument("--trace", type=Path, default=None, help="with --profile: a Chrome trace per row here")
+    parser.add_argument("--malloc", choices=["keep", "default"], default="keep",
+                        help="keep: freed memory kept for reuse, as the nmt command has it (nmt.heap); default: "
+                             "glibc's own settings, which return it to the kernel")
     args = parser.parse_args()
+    if args.malloc == "keep":
+        keep_freed_memory()
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -77,6 +77,7 @@ from nmt.config import CorpusConfig, load_config
 from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
+from nmt.heap import keep_freed_memory
 from nmt.models import count_parameters
 from nmt.runtime import (
     ATTENTION_KERNELS,
@@ -353,7 +354,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--join", type=int, default=1, metavar="K",
                     help="Train on each K consecutive training pairs joined into one: sentences K times as long.")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--malloc", choices=["keep", "default"], default="keep",
+                    help="keep: freed memory kept for reuse, as the nmt command has it (nmt.heap); default: glibc's "
+                         "own settings, which return it to the kernel")
     args = ap.parse_args(argv)
+    if args.malloc == "keep":
+        keep_freed_memory()
 
     cfg = load_config(args.config, args.overrides)
     if args.join < 1:

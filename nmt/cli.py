@@ -371,8 +371,10 @@ def hoist_global_flags(args: list[str]) -> list[str]:
 
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
+    from nmt.heap import keep_freed_memory
     from nmt.train.faults import Interrupted
 
+    keep_freed_memory()  # before any tensor: a CPU step's memory is reused, not faulted in anew
     try:
         app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt")
     except UserError as err:
