@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 NMT  := $(VENV)/bin/nmt
 TOY  := runs/toy_transformer
 
-# Train a Transformer on the embedded toy corpus (about 4 minutes on 2 CPU cores),
+# Train a Transformer on the embedded toy corpus (about 2 minutes on 2 CPU cores),
 # score it on the toy test set, and translate a few test sentences.
 demo: install
 	$(NMT) train configs/toy_transformer.yaml --restart $(ARGS)
@@ -35,12 +35,12 @@ demo: install
 	paste -d '\n' $(TOY)/sample.en $(TOY)/sample.de
 
 # The tests run in TEST_JOBS processes (pytest-xdist; 0 runs them in this one): most of them are single-
-# threaded, or wait on processes they start, so two processes take 5-6 minutes on 2 cores where one took 8-9.
+# threaded, or wait on processes they start, so two processes take 7-8 minutes on 2 cores (1,376 tests).
 test: install
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(ARGS)
 
 # The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the data-scale bench):
-# 3 to 4 minutes here, in one process (some time their signals); CI runs them after `make test`.
+# about 6 minutes here, in one process (some time their signals); CI runs them after `make test`.
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)
 
