@@ -177,7 +177,7 @@ def main() -> None:
     lines, refs = lines * args.copies, refs * args.copies if refs is not None else None
     if args.outputs:
         args.outputs.mkdir(parents=True, exist_ok=True)
-    results = {}
+    results, lengths = {}, output_lengths(args.output_len)
     for precision in args.precision.split(","):
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=precision)
         copies = f" ({args.copies} copies)" if args.copies > 1 else ""
@@ -191,7 +191,7 @@ def main() -> None:
                 continue
             beam = beam or args.beam
             r = run_setting(translator, lines, beam=beam, cached=cached, max_tokens=args.max_tokens, repeat=args.repeat,
-                            chunk_lines=args.chunk_lines, lengths=output_lengths(args.output_len))
+                            chunk_lines=args.chunk_lines, lengths=lengths)
             search = f"{name}{beam}_{'cached' if cached else 'uncached'}"
             results[f"{search}_{translator.precision}"] = r
             r["bleu"] = score(r["outputs"], refs)["bleu"] if refs is not None else None
@@ -210,8 +210,7 @@ def main() -> None:
                     trace = args.trace / f"{search}_{translator.precision}.json"
                 with Profile(translator.device, trace=trace) as prof:
                     list(translator.translate_stream_nbest(lines, beam=beam, cached=cached, max_tokens=args.max_tokens,
-                                                           chunk_size=args.chunk_lines,
-                                                           **output_lengths(args.output_len)))
+                                                           chunk_size=args.chunk_lines, **lengths))
                 print(f"{search} {translator.precision}: {prof.summary(len(lines), 'sentence')}", flush=True)
         for name in ("greedy1", f"beam{args.beam}"):
             c = results.get(f"{name}_cached_{translator.precision}")

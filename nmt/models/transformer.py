@@ -491,12 +491,17 @@ class TransformerState:
         return TransformerState(self_kv=self.self_kv, step=self.step, order=rows)
 
 
+def _records_grad(*tensors: Tensor) -> bool:
+    """Whether autograd records an operation on `tensors`: then an `out=` copy, which it cannot record, is no way."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _grown(cache: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
     """Rows `order` (B,) of a grown cache (B0, H, t, Dh) (all of them where None), then the new positions
     (B, H, T, Dh): (B, H, t + T, Dh), written in one copy."""
     if order is None:
         return torch.cat([cache, new], dim=2)
-    if torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad):  # `out=` records no gradient
+    if _records_grad(cache, new):
         return torch.cat([cache.index_select(0, order), new], dim=2)
     t = cache.size(2)
     out = cache.new_empty(order.numel(), cache.size(1), t + new.size(2), cache.size(3))  # (B, H, t + T, Dh)
@@ -507,7 +512,7 @@ def _grown(cache: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
 
 def _take_filled(cache: Tensor, order: Tensor, filled: int) -> Tensor:
     """Rows `order` of a cache (B, H, L, Dh) whose first `filled` positions hold keys or values: (B', H, L, Dh)."""
-    if cache.size(2) <= filled or (torch.is_grad_enabled() and cache.requires_grad):  # `out=` records no gradient
+    if cache.size(2) <= filled or _records_grad(cache):
         return cache.index_select(0, order)
     taken = cache.new_empty(order.numel(), *cache.shape[1:])
     torch.index_select(cache[:, :, :filled], 0, order, out=taken[:, :, :filled])
