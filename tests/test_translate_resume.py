@@ -113,9 +113,12 @@ def test_sigkill_during_a_real_run_then_the_same_command(tmp_path, checkpoints, 
     src, out, partial = tmp_path / "src.txt", tmp_path / "out.txt", tmp_path / "out.txt.partial"
     src.write_text(SOURCE * 500)
     ckpt = checkpoints["transformer"]
-    expected = uninterrupted(monkeypatch, ckpt, src)
+    # Two chunks of 2,000 lines (4,000 tokens over beam 2): the kill lands while the second is searched. In one
+    # chunk, the whole file could be written between the first bytes seen and the kill.
+    chunks = ["--max-tokens", "4000"]
+    expected = uninterrupted(monkeypatch, ckpt, src, *chunks)
     command = [sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(ckpt), "-i", str(src), "-o", str(out),
-               "--beam", "2"]
+               "--beam", "2", *chunks]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
