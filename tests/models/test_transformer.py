@@ -5,8 +5,19 @@ import torch
 import torch.nn.functional as F
 
 from nmt.models.contract import Memory, Seq2Seq
-from nmt.models.masks import block_bias, causal_mask, pad_mask_from_tokens, sentences_per_row
-from nmt.models.transformer import MultiHeadAttention, Transformer, TransformerState
+from nmt.models.masks import (
+    attention_bias,
+    block_bias,
+    causal_mask,
+    pad_mask_from_tokens,
+    sentences_per_row,
+)
+from nmt.models.transformer import (
+    MultiHeadAttention,
+    Transformer,
+    TransformerState,
+    one_query_attention,
+)
 from tests.models.tiny import padded_batch
 from tests.op_counts import OpCounter
 
@@ -51,6 +62,37 @@ def test_manual_attention_matches_torch_sdpa_on_the_same_projections():
         torch.testing.assert_close(fused(q, k, v, mask)[0], ref, atol=1e-5, rtol=0)
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
         assert torch.all(weights.masked_select(mask.squeeze(1)) == 0)  # heads averaged: (B, Tq, Tk)
+
+
+def test_one_query_attention_matches_torch_sdpa_with_padding():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 4, 6, 8), torch.randn(3, 4, 6, 8)
+    pad = torch.tensor([[False] * 6, [False] * 2 + [True] * 4, [False] * 5 + [True]])[:, None, None, :]
+    for tensor in (q, k, v):
+        tensor.requires_grad_(True)
+    out = one_query_attention(q, k, v, attention_bias(pad, torch.float32))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad)  # True = attend in sdpa
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    for got, want in zip(grads, torch.autograd.grad(ref.square().sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert torch.all(grads[1][1, :, 2:] == 0)  # padded keys get nothing
+    torch.testing.assert_close(one_query_attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v))
+
+
+def test_search_steps_on_a_cpu_attend_by_matrix_products_and_whole_prefixes_by_the_fused_kernel():
+    src, src_mask, tgt = batch()
+    model = make_model(attention_impl="sdpa")
+    fused = "_scaled_dot_product_flash_attention_for_cpu"
+    with torch.no_grad():
+        with OpCounter() as ops:
+            memory = model.encode(src, src_mask)
+            model.decode(tgt, memory)
+        assert ops.counts[fused] == 2 + 2 * 2, ops.counts  # encoder self-attention, decoder self and cross
+        state = model.init_state(memory)
+        with OpCounter() as ops:
+            model.decode_step(tgt[:, 0], memory, state)
+    assert not ops.counts[fused] and ops.counts["bmm"] == 2 * 2 * 2, ops.counts  # two products a call
 
 
 def test_self_attention_projects_like_torch_multihead_attention_with_one_matrix():
