@@ -58,8 +58,8 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) ->
     """`attention` of a single query position (a search step), with the padding as an additive bias:
     q (B, H, 1, Dh), k and v (B, H, Tk, Dh), bias broadcastable to (B, H, 1, Tk) or None -> (B, H, 1, Dh).
 
-    Two batched matrix products and a softmax, the scaling and bias added in place: on a CPU 1.5-2x
-    faster than torch's fused kernel for one query row over contiguous keys (`MultiHeadAttention.forward`).
+    Two batched matrix products and a softmax, the scaling and bias added in place: on a CPU in fp32
+    1.5-2x faster than torch's fused kernel for one query row over contiguous keys (`MultiHeadAttention.forward`).
     """
     scores = q @ k.transpose(-2, -1)  # (B, H, 1, Tk)
     scores.mul_(1.0 / math.sqrt(q.size(-1)))
@@ -185,9 +185,11 @@ class MultiHeadAttention(nn.Module):
                 in fewer, longer rows, which fused kernels tile better on short sentences.
                 The manual path attends sentence by sentence with `mask` whatever it is.
 
-        A single query position on a CPU (each search step) takes `one_query_attention` on the fused
+        A single fp32 query position on a CPU (each search step) takes `one_query_attention` on the fused
         path: torch's CPU kernel, made for many query rows, is slower there (`bench/decode_speed.py`:
-        beam 5 10-14% faster on 60-subword outputs of a Multi30k-sized model). GPUs keep the kernel.
+        beam 5 6-12% faster on a Multi30k-sized model). In bf16 the CPU's products gained nothing on the
+        kernel and kept 42% more peak memory in beam search (a oneDNN plan for every key length), so bf16
+        keeps the kernel, as GPUs do.
 
         Returns:
             The output (B, Tq, D) and the weights or None.
@@ -199,7 +201,8 @@ class MultiHeadAttention(nn.Module):
             if causal and mask is None:
                 mask = causal_mask(Tq, device=q.device)
             context, weights = attention(q, k, v, mask, p)
-        elif Tq == 1 and p == 0.0 and group == 1 and q.device.type == "cpu" and (mask is None or bias is not None):
+        elif (Tq == 1 and p == 0.0 and group == 1 and q.device.type == "cpu" and q.dtype == torch.float32
+              and (mask is None or bias is not None)):
             # Where causal, the one query has one key (Tq = Tk): nothing to mask.
             context = one_query_attention(q, k, v, None if causal or mask is None else bias)
         elif group > 1:

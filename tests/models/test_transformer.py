@@ -80,7 +80,7 @@ def test_one_query_attention_matches_torch_sdpa_with_padding():
     torch.testing.assert_close(one_query_attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v))
 
 
-def test_search_steps_on_a_cpu_attend_by_matrix_products_and_whole_prefixes_by_the_fused_kernel():
+def test_fp32_search_steps_on_a_cpu_attend_by_matrix_products_and_the_rest_by_the_fused_kernel():
     src, src_mask, tgt = batch()
     model = make_model(attention_impl="sdpa")
     fused = "_scaled_dot_product_flash_attention_for_cpu"
@@ -92,7 +92,12 @@ def test_search_steps_on_a_cpu_attend_by_matrix_products_and_whole_prefixes_by_t
         state = model.init_state(memory)
         with OpCounter() as ops:
             model.decode_step(tgt[:, 0], memory, state)
-    assert not ops.counts[fused] and ops.counts["bmm"] == 2 * 2 * 2, ops.counts  # two products a call
+        assert not ops.counts[fused] and ops.counts["bmm"] == 2 * 2 * 2, ops.counts  # two products a call
+        model.to(torch.bfloat16)  # bf16 keeps the kernel: its products gained nothing and kept more memory
+        memory = model.encode(src, src_mask)
+        with OpCounter() as ops:
+            model.decode_step(tgt[:, 0], memory, model.init_state(memory))
+    assert ops.counts[fused] == 2 * 2 and not ops.counts["bmm"], ops.counts
 
 
 def test_self_attention_projects_like_torch_multihead_attention_with_one_matrix():
