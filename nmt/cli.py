@@ -111,7 +111,7 @@ def translate(
     max_len_a: Annotated[Optional[float], typer.Option(help="Longest output is a x source length + b tokens (default: the checkpoint's).")] = None,
     max_len_b: Annotated[Optional[int], typer.Option(help="See --max-len-a.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
-    precision: Annotated[str, typer.Option(help="auto (fp32), fp32, bf16 or fp16 (the weights cast to that type; bf16 about 2x faster on a CPU with fast bf16 products, README).")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto (fp32), fp32, bf16 or fp16 (the weights cast to that type; bf16 1.5-2x faster on a CPU with fast bf16 products, README).")] = "auto",
     sample: Annotated[bool, typer.Option("--sample", help="Sample translations instead of searching (back-translation).")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most probable tokens (0: all).")] = 0,

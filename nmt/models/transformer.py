@@ -188,7 +188,7 @@ class MultiHeadAttention(nn.Module):
         A single fp32 query position on a CPU (each search step) takes `one_query_attention` on the fused
         path: torch's CPU kernel, made for many query rows, is slower there (`bench/decode_speed.py`:
         beam 5 6-12% faster on a Multi30k-sized model). In bf16 the CPU's products gained nothing on the
-        kernel and kept 42% more peak memory in beam search (a oneDNN plan for every key length), so bf16
+        kernel and kept 42% more peak memory in beam search (oneDNN caches a plan for every key length), so bf16
         keeps the kernel, as GPUs do.
 
         Returns:
