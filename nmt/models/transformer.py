@@ -201,21 +201,21 @@ class MultiHeadAttention(nn.Module):
             if causal and mask is None:
                 mask = causal_mask(Tq, device=q.device)
             context, weights = attention(q, k, v, mask, p)
-        elif (Tq == 1 and p == 0.0 and group == 1 and q.device.type == "cpu" and q.dtype == torch.float32
-              and (mask is None or bias is not None)):
-            # Where causal, the one query has one key (Tq = Tk): nothing to mask.
-            context = one_query_attention(q, k, v, None if causal or mask is None else bias)
         elif group > 1:
             rows = (side_by_side(t, group) for t in (q, k, v))
             context = F.scaled_dot_product_attention(*rows, attn_mask=bias, dropout_p=p)  # (B / group, H, ., Dh)
         else:
-            if mask is None or causal:
+            if mask is None or causal:  # causal with one query: one key (Tq = Tk), nothing to mask
                 attn_mask = None
             elif bias is not None:
                 attn_mask = bias
             else:  # sdpa's boolean mask means True = attend: the one place our polarity is inverted.
                 attn_mask = ~mask
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=causal)
+            additive = attn_mask is None or attn_mask.is_floating_point()
+            if Tq == 1 and p == 0.0 and additive and q.device.type == "cpu" and q.dtype == torch.float32:
+                context = one_query_attention(q, k, v, attn_mask)
+            else:
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=causal)
         context = context.transpose(1, 2).reshape(B, Tq, self.d_model)  # (B, Tq, D)
         if weights is not None and average_heads:
             weights = weights.mean(dim=1)  # (B, Tq, Tk)
