@@ -111,6 +111,10 @@ class Translator:
         warn_if_slow_precision(device, self.precision, "precision:")
         self.model = model.to(device=device, dtype=HALF_DTYPES.get(self.precision)).eval()
         self.tokenizer = tokenizer
+        if cfg.decode.coverage_penalty > 0 and not self.model.has_attention:  # trained before `nmt train` refused it
+            log.warning("%s has no attention: its decode.coverage_penalty (%g) is left out", self.model.name,
+                        cfg.decode.coverage_penalty)
+            cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, coverage_penalty=0.0))
         self.cfg = cfg
         self.device = device
         self.checkpoints: list[Path] = []
@@ -294,8 +298,10 @@ class Translator:
         """`opts` with its strategy made a step function once, so a seeded sampler's draws go on
         from batch to batch and chunk to chunk instead of starting again."""
         if opts.wants_attention and not self.model.has_attention:
-            raise UserError(f"{self.model.name} has no attention: the coverage penalty ({opts.coverage_penalty:g}) "
-                            "and attention plots need a model with attention")
+            asked = [f"the coverage penalty ({opts.coverage_penalty:g})"] if opts.coverage_penalty > 0 else []
+            asked += ["attention plots"] if opts.attention else []
+            verb = "need" if opts.attention else "needs"
+            raise UserError(f"{self.model.name} has no attention: {' and '.join(asked)} {verb} a model with attention")
         return dataclasses.replace(opts, strategy=opts.step_fn(self.device))
 
     def _translate(self, lines: list[str], opts: SearchOptions, first_line: int = 1) -> list[list[Translation]]:

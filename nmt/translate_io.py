@@ -183,12 +183,14 @@ def check_io(input: str, output: str, checkpoints: Sequence[str | Path] = ()) ->
         raise UserError(f"{input}: a folder, not an input file")
     if input != "-" and not Path(input).is_file() and not is_stream(input):
         raise UserError(f"{input}: input file not found")
+    if input != "-" and Path(input).is_file():  # a pipe is opened once, to be read
+        try:
+            open(input, "rb").close()
+        except OSError as err:
+            raise UserError(f"{input}: cannot read the input file ({err.strerror})") from None
     if output != "-":
         check_output(output, None if input == "-" else input)  # never overwrite the input
-        for checkpoint in checkpoints:
-            if Path(output).exists() and Path(checkpoint).exists() and Path(output).samefile(checkpoint):
-                raise UserError(f"{output}: output is the checkpoint {checkpoint}; translating would overwrite it, "
-                                "so write to another file")
+        refuse_overwriting(output, checkpoints, "the checkpoint", "translating")
 
 
 def translate_lines(
@@ -249,6 +251,18 @@ def write_translations(
                 _plot(hyps[0], plot_path / f"{line}.png", line)
             bar.update(1)
     return n
+
+
+def refuse_overwriting(output: str | Path, files: Sequence[str | Path], what: str, doing: str) -> None:
+    """Refuse an `output` that is one of `files` (the same path, a symlink or a hard link to it), which the
+    command reads: `what` names them in the message ("the checkpoint"), `doing` the command ("translating").
+
+    Raises:
+        UserError: naming the file and what to do.
+    """
+    for file in files:
+        if Path(output).exists() and Path(file).exists() and Path(output).samefile(file):
+            raise UserError(f"{output}: output is {what} {file}; {doing} would overwrite it, so write to another file")
 
 
 def check_output(output: str | Path, input: str | Path | None = None) -> None:

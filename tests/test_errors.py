@@ -61,6 +61,12 @@ CASES = [
     ("data-all-filtered", "train {all_too_long}", 2, ["data.train (", "no pairs left of 400 read",
                                                       "400 longer than data.max_len=2", "raise data.max_len"], None),
     ("data-all-empty", "train {all_empty}", 2, ["data.train", "no joint training text"], None),
+    ("data-empty-files", "train {zero_bytes}", 2, ["data.train (", "zero", "empty, no pairs to read"], None),
+    ("data-empty-jsonl", "train {zero_jsonl}", 2, ["data.train (", "zero.jsonl): empty, no pairs to read"], None),
+    ("config-no-corpus", "train {no_corpus}", 2, ["no_corpus.yaml: data.train: required for training"], None),
+    ("config-coverage-without-attention", "train {coverage_noattn}", 2,
+     ["coverage_noattn.yaml: decode.coverage_penalty (0.2) needs attention", "set decode.coverage_penalty to 0"],
+     None),
     ("data-vocab-too-large", "train {vocab_big}", 2, ["tokenizer.vocab_size (5000) is too large", "at most"], None),
     ("data-hub-unreachable", "train {hub}", 2, ["hub dataset 'no-such-user/no-such-corpus'", "could not be loaded",
                                                 "kind: disk"], SUB),
@@ -129,6 +135,8 @@ CASES = [
     # refused in one line, not a KeyError, a silently ignored option or a model loaded first
     ("average-no-model", "average {no_model} {good} -o {dir}/avg.pt", 2,
      ["no_model.pt: incompatible checkpoint: it has no 'model' entry"], None),
+    ("average-output-is-an-input", "average {good} {good_copy} -o {good_copy}", 2,
+     ["good_copy.pt: output is the input checkpoint", "averaging would overwrite it"], None),
     ("average-last-negative", "average --last -1 {dir}", 2, ["--last -1: average at least 1 checkpoint"], None),
     ("eval-split-and-files", "eval -c {good} --src {src2} --ref {src2} --split test", 2,
      ["--split test and --src/--ref both choose what to score; give one of them"], None),
@@ -195,6 +203,13 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     lines("blank.en", en), lines("blank.de", [b""] * len(de))
     config("all_empty", data("train", path=str(d / "blank")))
     config("vocab_big", lambda c: c["tokenizer"].update(vocab_size=5000))
+    lines("zero.en", []), lines("zero.de", []), lines("zero.jsonl", [])
+    config("zero_bytes", data("train", path=str(d / "zero")))
+    config("zero_jsonl", lambda c: c["data"].__setitem__("train", {"kind": "jsonl", "path": str(d / "zero.jsonl")}))
+    config("no_corpus", lambda c: c["data"].pop("train"))
+    config("coverage_noattn", lambda c: (c["model"].update(type="rnn", rnn={"decoder": "none", "embed_dim": 8,
+                                                                            "hidden_size": 16}),
+                                         c["decode"].update(coverage_penalty=0.2)))
     config("hub", data("train", kind="hf", path="no-such-user/no-such-corpus", hf_config="de-en"))
     paths["hyp3"] = lines("hyp3.txt", (small_corpus / "test.de").read_bytes().splitlines()[:3])
     paths["hyp_utf8"] = lines("hyp_utf8.txt", [b"ok", b"ok", b"caf\xe9"])
@@ -224,7 +239,9 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     save_checkpoint(moved, d / "moved.pt")
     (d / "truncated.pt").write_bytes((d / "good.pt").read_bytes()[:5000])
     torch.save({"state_dict": {"w": torch.zeros(2)}}, d / "foreign.pt")
-    paths.update({name: str(d / f"{name}.pt") for name in ("good", "misfit", "moved", "truncated", "foreign")})
+    (d / "good_copy.pt").write_bytes((d / "good.pt").read_bytes())
+    paths.update({name: str(d / f"{name}.pt")
+                  for name in ("good", "good_copy", "misfit", "moved", "truncated", "foreign")})
     return paths
 
 
@@ -313,3 +330,26 @@ def test_debug_shows_the_traceback(launched):
     assert "Traceback (most recent call last)" in stderr
     assert "nmt.errors.ConfigError: " in stderr and "nope.yaml: config file not found" in stderr
     assert proc.returncode != 0
+
+
+@pytest.fixture
+def unreadable(tmp_path) -> Path:
+    """A regular file this process may not read: one without permissions, or, for root (whom permissions do not
+    stop), a write-only file of /proc/sys."""
+    path = tmp_path / "unreadable.txt"
+    path.write_text("the man sees the dog .\n", encoding="utf-8")
+    path.chmod(0)
+    for candidate in (path, Path("/proc/sys/vm/compact_memory")):
+        try:
+            open(candidate, "rb").close()
+        except PermissionError:
+            return candidate
+        except OSError:
+            continue
+    pytest.skip("no file here that this process may not read (root reads every file of tmp_path)")
+
+
+def test_an_unreadable_input_file_is_one_line_before_the_model_loads(bad, unreadable, monkeypatch):
+    status, stderr = run_in_process(["translate", "-c", bad["good"], "-i", str(unreadable)], None, monkeypatch)
+    assert status == 2, stderr
+    assert stderr == f"nmt: error: {unreadable}: cannot read the input file (Permission denied)\n"

@@ -549,3 +549,30 @@ def test_gpu_search_never_runs_cudnn_attention(checkpoints, sources, precision):
             module.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
     assert tr.translate(sources, beam=3)
     assert seen and not any(seen)
+
+
+def test_a_checkpoint_without_attention_but_with_a_coverage_penalty_translates_without_it(
+        translators, sources, caplog):
+    """`nmt train` refuses that config now; a checkpoint trained with it before still translates, the
+    penalty left out with a warning, while a penalty asked for on the command line is still refused."""
+    import dataclasses
+
+    from nmt.data.tokenizer import PAD_ID
+    from nmt.models import build_model
+
+    given = translators["rnn"]
+    cfg = dataclasses.replace(given.cfg, model=dataclasses.replace(
+        given.cfg.model, rnn=dataclasses.replace(given.cfg.model.rnn, decoder="none")),
+        decode=dataclasses.replace(given.cfg.decode, coverage_penalty=0.2))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, src_vocab_size=given.tokenizer.src_vocab_size,
+                        tgt_vocab_size=given.tokenizer.tgt_vocab_size, pad_id=PAD_ID)
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        translator = Translator(model, given.tokenizer, cfg, torch.device("cpu"))
+    assert "rnn/none has no attention: its decode.coverage_penalty (0.2) is left out" in caplog.text
+    assert translator.options().coverage_penalty == 0
+    assert translator.translate(sources, beam=2) == translator.translate(sources, beam=2, coverage_penalty=0)
+    with pytest.raises(UserError, match=r"the coverage penalty \(0.3\) needs a model with attention"):
+        translator.translate(sources, beam=2, coverage_penalty=0.3)
+    with pytest.raises(UserError, match="has no attention: attention plots need a model with attention$"):
+        translator.translate_nbest(sources, beam=2, attention=True)

@@ -74,13 +74,13 @@ class _StrictLoader(yaml.SafeLoader):
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
-    """Read a YAML file, apply `section.key=value` overrides, and validate.
+def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, training: bool = False) -> ExperimentConfig:
+    """Read a YAML file, apply `section.key=value` overrides, and validate (`training`: as a config to train).
 
     Raises:
         ConfigError: missing file, YAML syntax error, unknown key, wrong type or
-            value; the message names the file (or the `--set` item) and the
-            dotted key path.
+            value, or (`training`) what keeps it from training (`ExperimentConfig.training_problem`);
+            the message names the file (or the `--set` item) and the dotted key path.
     """
     path = Path(path)
     if path.is_dir():
@@ -106,6 +106,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
     problem = tokenizer_problem(cfg.eval.tokenize)  # here, not at the first validation of a training run
     if problem:
         raise ConfigError(f"{path}: eval.tokenize {cfg.eval.tokenize!r}: {problem}")
+    problem = cfg.training_problem() if training else None
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
     return cfg
 
 

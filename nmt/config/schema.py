@@ -487,7 +487,7 @@ class DecodeConfig:
     min_len: int = num(0, lo=0, hi=MAX_POSITIONS)
     """No end of sentence before this many output tokens."""
     coverage_penalty: float = num(0.0, lo=0)
-    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables (needs a model with attention)."""
+    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables. It needs a model with attention: `nmt train` refuses it with `model.rnn.decoder: none`."""
     max_tokens: int = num(0, lo=0)
     """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. A batch that runs out of CUDA memory (a smaller GPU, a larger model or beam) is translated in halves, and later batches take at most half its tokens, with a warning that names the value to set. On CPU larger batches gain nothing and cost memory."""
 
@@ -545,6 +545,19 @@ class ExperimentConfig:
         if self.model.type == "transformer" and positions < max_len:
             raise ValueError(f"model.transformer.max_positions ({positions}) must be at least data.max_len "
                              f"({max_len}): training sequences are up to max_len tokens long")
+
+    def training_problem(self) -> str | None:
+        """What keeps this config from training, or None. (A config can be valid without training: a
+        checkpoint's config translates without corpora, and those checkpoints trained before `nmt train`
+        refused a coverage penalty without attention translate with the penalty left out.)"""
+        for name in ("train", "valid"):
+            if getattr(self.data, name) is None:
+                return f"data.{name}: required for training (a corpus section with kind and path)"
+        if self.model.type == "rnn" and self.model.rnn.decoder == "none" and self.decode.coverage_penalty > 0:
+            return (f"decode.coverage_penalty ({self.decode.coverage_penalty:g}) needs attention, which "
+                    "model.rnn.decoder 'none' has not: set decode.coverage_penalty to 0 or choose the bahdanau "
+                    "or luong decoder")
+        return None
 
 
 _VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")

@@ -168,6 +168,8 @@ def clean_pairs(ds: Dataset, *, num_proc: int = 1) -> tuple[Dataset, dict[str, i
     Returns:
         The cleaned `Dataset` (columns `src`, `tgt`) and the counts `{"empty": n}`.
     """
+    if not len(ds):  # `map` over no rows would leave no columns either
+        return ds.select_columns(["src", "tgt"]), {"empty": 0}
     cleaned = ds.with_format("arrow").map(
         _strip_and_drop_empty,
         batched=True,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from datasets import concatenate_datasets
 
-from nmt.config import ExperimentConfig, ModelConfig, TrainConfig
+from nmt.config import CorpusConfig, DataConfig, ExperimentConfig, ModelConfig, TrainConfig
 from nmt.data.batching import Batch, Padding, Rounding, TokenBatchSampler, collate_flat
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import (
@@ -31,7 +31,7 @@ from nmt.data.dataset import (
     write_tokenizer_sample,
 )
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
-from nmt.errors import ConfigError, UserError
+from nmt.errors import ConfigError, DataError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,14 @@ class RunData:
     """(rows, weight) of each training corpus in `train`, in order (None: one corpus of weight 1)."""
 
 
+def _read_train(spec: CorpusConfig, data: DataConfig, cache: Path) -> Any:
+    """One training corpus as read (`load_pairs`); an empty one is an error here, before a tokenizer is trained."""
+    pairs = load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
+    if not len(pairs):
+        raise DataError(f"data.train ({spec.path}): empty, no pairs to read; give a corpus that holds sentence pairs")
+    return pairs
+
+
 def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
     """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits.
 
@@ -56,10 +64,9 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     Raises:
         UserError: a missing split, bad data, or a run directory whose tokenizer is not `tokenizer`.
     """
+    if (problem := cfg.training_problem()) is not None:
+        raise ConfigError(problem)
     data = cfg.data
-    for name in ("train", "valid"):
-        if getattr(data, name) is None:
-            raise ConfigError(f"data.{name}: required for training (a corpus section with kind and path)")
     cache = run_dir / "cache"
     num_proc = data.num_proc or available_cores()
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
@@ -74,9 +81,8 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     corpora = data.train_corpora
     if tokenizer is None:
         # the tokenizer learns from every training corpus as it is, unweighted
-        raw = _one_after_another([
-            clean_pairs(load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache),
-                        num_proc=num_proc)[0] for spec in corpora])
+        raw = _one_after_another([clean_pairs(_read_train(spec, data, cache), num_proc=num_proc)[0]
+                                  for spec in corpora])
         with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
             # in a child: drawing rows from all over the corpus would leave its pages resident here
             src_file, tgt_file = in_child_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,

@@ -189,11 +189,33 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
     return progress
 
 
+REPLACED = ".replaced"
+"""The folder in a run directory where `--restart` keeps the run it replaces until the new one has started."""
+
+
+def _run_outputs(run_dir: Path) -> list[Path]:
+    """What a run writes into its directory besides config.yaml and `.lock`: what `--restart` replaces."""
+    named = [run_dir / name for name in ("best.pt", "averaged.pt", "metrics.jsonl", "cache", "tensorboard")]
+    return [*run_dir.glob("ckpt_*.pt"), *run_dir.glob("spm*.model"), *(p for p in named if p.exists())]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def prepare_run_dir(run_dir: Path, restart: bool) -> None:
     """Create the run directory and make sure it is writable before any work starts.
 
-    The caller holds the run directory's lock (`nmt.train.lock`); `restart` deletes the run's
-    outputs but never `.lock`, which another process may be waiting on.
+    The caller holds the run directory's lock (`nmt.train.lock`). `restart` moves the run's
+    outputs (checkpoints, tokenizer, caches, logs; never `.lock`, which another process may be
+    waiting on) into `REPLACED`, where they stay until the new run has started
+    (`drop_replaced`): a restart that fails first, on a mistyped corpus path for instance, puts
+    them back (`restore_replaced`), so that it leaves the old run as it was. A restart killed
+    before its run started leaves them there: the next start puts them back, or, restarting
+    again, keeps them aside for its own start.
     """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,13 +225,35 @@ def prepare_run_dir(run_dir: Path, restart: bool) -> None:
     except OSError as err:
         raise UserError(f"run_dir {run_dir}: not writable ({err.strerror}); choose another run_dir") from None
     remove_stale_temporaries(run_dir)
-    if restart:
-        for p in [*run_dir.glob("ckpt_*.pt"), run_dir / "best.pt", run_dir / "averaged.pt", run_dir / "metrics.jsonl"]:
-            p.unlink(missing_ok=True)
-        for p in run_dir.glob("spm*.model"):
-            p.unlink()
-        shutil.rmtree(run_dir / "cache", ignore_errors=True)
-        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+    aside = run_dir / REPLACED
+    if aside.is_dir():  # a --restart that never started: what it wrote since is no run
+        if restart:
+            for p in _run_outputs(run_dir):
+                _remove(p)
+        else:
+            log.warning("%s: putting back the run that a --restart killed before its start had set aside", run_dir)
+            restore_replaced(run_dir)
+    elif restart:
+        aside.mkdir()
+        for p in _run_outputs(run_dir):
+            p.rename(aside / p.name)
+
+
+def restore_replaced(run_dir: Path) -> None:
+    """Put the run that `prepare_run_dir` set aside for a restart back in its place (nothing if none was)."""
+    aside = run_dir / REPLACED
+    if not aside.is_dir():
+        return
+    for p in _run_outputs(run_dir):  # the failed restart's own, in the way
+        _remove(p)
+    for p in aside.iterdir():
+        p.rename(run_dir / p.name)
+    aside.rmdir()
+
+
+def drop_replaced(run_dir: Path) -> None:
+    """Delete the run that a restart set aside, once the new run has started."""
+    shutil.rmtree(run_dir / REPLACED, ignore_errors=True)
 
 
 def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path) -> None:

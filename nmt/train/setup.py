@@ -24,7 +24,7 @@ from torch import nn
 from nmt.config import ExperimentConfig, TrainConfig, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID, Tokenizer
-from nmt.errors import UserError
+from nmt.errors import ConfigError, UserError
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     HALF_DTYPES,
@@ -46,7 +46,7 @@ from nmt.train.half import HalfCopy
 from nmt.train.lock import RunLock, lock_run_dir
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
-from nmt.train.resume import Progress, prepare_run_dir, resume_run
+from nmt.train.resume import Progress, drop_replaced, prepare_run_dir, restore_replaced, resume_run
 from nmt.train.start import starting_point
 from nmt.train.step import Trainable
 
@@ -171,10 +171,16 @@ def train_sampler(data: RunData, tc: TrainConfig, device: torch.device, ctx: Dis
 
 
 def _prepare_first(cfg: ExperimentConfig, run_dir: Path, restart: bool, tokenizer: Tokenizer | None) -> RunData:
-    """Rank 0's part before the others start: the run directory, its config.yaml, the tokenizer and the data."""
+    """Rank 0's part before the others start: the run directory, the tokenizer and the data."""
     prepare_run_dir(run_dir, restart)
-    save_config(cfg, run_dir / "config.yaml")
     return prepare_run(cfg, run_dir, tokenizer=tokenizer)
+
+
+def _started(given: ExperimentConfig, run_dir: Path) -> None:
+    """Rank 0, once the run can start: its config.yaml, and the run a restart replaces gone. A run that fails
+    before this (bad data, a refused resume) leaves both as they were."""
+    save_config(given, run_dir / "config.yaml")
+    drop_replaced(run_dir)
 
 
 def _log_run(run: Run, given: ExperimentConfig, shapes: int, why_not: str) -> None:
@@ -209,6 +215,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     Raises:
         UserError: bad config, data or run directory, or another training holds the run directory.
     """
+    if (problem := cfg.training_problem()) is not None:  # before the run directory is made: nothing written
+        raise ConfigError(problem)
     start = starting_point(cfg)  # a bad init_from or tokenizer.model fails before anything is written
     cfg = start.cfg
     run_dir = Path(cfg.run_dir)
@@ -249,10 +257,13 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         run = Run(cfg=cfg, ctx=ctx, device=device, data=data, trainable=t, progress=progress,
                   sampler=sampler, lock=lock, owns_group=owns_group)
         if ctx.is_main:
+            _started(given, run_dir)
             _log_run(run, given, shapes, why_not)
         return run
     except BaseException:
         try:
+            if ctx.is_main:
+                restore_replaced(run_dir)
             if owns_group:
                 shutdown_distributed()
         finally:

@@ -57,14 +57,14 @@ def test_random_sigkills_always_leave_a_resumable_run(small_corpus, tmp_path):
     # finished on its own would be one kill fewer); the last run below sets a reachable one.
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=100_000, save_every=3, valid_every=9,
                        keep_last=2)
-    written = run / "config.yaml"
+    written = run / ".lock"  # each start writes its PID there once it holds the run directory
     kills = 0
     for _ in range(12):
         before = latest_checkpoint(run)
         before_step = load_checkpoint(before)["progress"]["step"] if before else 0
         stamp = written.stat().st_mtime_ns if written.exists() else None
         proc = nmt_process("train", str(config))
-        # Past the imports the run writes its config: from there on, preparing data, loading, steps, saving.
+        # Past the imports the run locks its directory: from there on, preparing data, loading, steps, saving.
         wait_for(lambda stamp=stamp: written.exists() and written.stat().st_mtime_ns != stamp, proc)
         time.sleep(rng.uniform(0.0, 2.5))
         if proc.poll() is None:

@@ -1,0 +1,82 @@
+"""`--restart` and refused starts never lose the run a directory holds: the old run goes only once the new one starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+
+from nmt.config import config_from_dict
+from nmt.errors import UserError
+from nmt.train.loop import train
+from nmt.train.resume import REPLACED, prepare_run_dir
+from nmt.train.setup import build_run
+from tests.train.helpers import tiny_cfg, tiny_raw
+
+OUTPUTS = ("best.pt", "ckpt_2.pt", "metrics.jsonl", "spm.model", "config.yaml")
+
+
+def _trained(small_corpus: Path, tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    run = tmp_path / "run"
+    train(tiny_cfg(small_corpus, run, max_steps=2, save_every=2))
+    return run, _contents(run)
+
+
+def _contents(run: Path) -> dict[str, bytes]:
+    return {name: (run / name).read_bytes() for name in OUTPUTS if (run / name).is_file()}
+
+
+def test_a_restart_that_fails_before_its_start_leaves_the_old_run_as_it_was(small_corpus, tmp_path):
+    run, before = _trained(small_corpus, tmp_path)
+    assert set(before) == set(OUTPUTS) and (run / "cache").is_dir() and (run / "tensorboard").is_dir()
+    raw = tiny_raw(small_corpus, run, max_steps=2, save_every=2)
+    raw["data"]["train"]["path"] = str(tmp_path / "trian")  # a typo
+    with pytest.raises(UserError, match="text corpus not found"):
+        build_run(config_from_dict(raw), restart=True)
+    assert _contents(run) == before
+    assert (run / "cache").is_dir() and (run / "tensorboard").is_dir() and not (run / REPLACED).exists()
+    # a restart that starts replaces the run: nothing of the old one is left aside
+    summary = train(tiny_cfg(small_corpus, run, max_steps=1, save_every=1), restart=True)
+    assert summary["step"] == 1 and not (run / "ckpt_2.pt").exists() and (run / "ckpt_1.pt").is_file()
+    assert not (run / REPLACED).exists()
+
+
+def test_a_refused_or_failed_start_keeps_config_yaml(small_corpus, tmp_path):
+    run, before = _trained(small_corpus, tmp_path)
+    wider = tiny_raw(small_corpus, run, max_steps=2, save_every=2)
+    wider["model"]["transformer"].update(d_model=64, ff_dim=64)
+    with pytest.raises(UserError, match="different model section"):
+        build_run(config_from_dict(wider))
+    missing = tiny_raw(small_corpus, run, max_steps=4)
+    missing["data"]["train"]["path"] = str(tmp_path / "nope")
+    with pytest.raises(UserError, match="text corpus not found"):
+        build_run(config_from_dict(missing))
+    assert _contents(run) == before
+    # the run that starts writes its own
+    train(tiny_cfg(small_corpus, run, max_steps=3, save_every=3))
+    assert b"max_steps: 3" in (run / "config.yaml").read_bytes()
+
+
+def test_a_config_without_corpora_creates_no_run_directory(small_corpus, tmp_path):
+    cfg = tiny_cfg(small_corpus, tmp_path / "run")
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=None))
+    with pytest.raises(UserError, match="data.valid: required for training"):
+        build_run(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_restart_killed_before_its_start_is_undone_by_the_next_start(small_corpus, tmp_path, caplog):
+    run, before = _trained(small_corpus, tmp_path)
+    prepare_run_dir(run, restart=True)  # what a --restart does first; then it was killed, having written this:
+    (run / "spm.model").write_bytes(b"half a tokenizer")
+    prepare_run_dir(run, restart=True)  # restarted again: the old run stays aside, the killed one's files go
+    assert not (run / "spm.model").exists() and (run / REPLACED / "ckpt_2.pt").is_file()
+    (run / "spm.model").write_bytes(b"half a tokenizer")
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        prepare_run_dir(run, restart=False)  # a plain start puts the old run back
+    assert "putting back the run that a --restart killed before its start had set aside" in caplog.text
+    assert _contents(run) == before and not (run / REPLACED).exists()
+    summary = train(tiny_cfg(small_corpus, run, max_steps=4, save_every=2))  # and resumes it
+    assert summary["step"] == 4
