@@ -44,6 +44,8 @@ CASES = [
     ("config-not-utf8", "train {latin1}", 2, ["latin1.yaml: line 2: not UTF-8"], None),
     ("config-unknown-key", "train {unknown_key}", 2, ["unknown key 'train.max_stepz'; did you mean 'max_steps'?"], None),
     ("config-wrong-type", "train {wrong_type}", 2, ["wrong_type.yaml: train.max_steps: expected int, got str 'lots'"], None),
+    ("config-norwegian-unquoted", "train {norwegian}", 2, ["norwegian.yaml: data.tgt_lang: expected str, got bool False",
+                                                        "an unquoted yes, no, on, off, true or false", "in quotes"], None),
     ("config-negative-dropout", "train {tiny} --set model.transformer.dropout=-0.1", 2,
      ["model.transformer.dropout: -0.1 must be in [0, 1)"], None),
     ("config-heads-divide", "train {tiny} --set model.transformer.heads=3", 2,
@@ -187,6 +189,7 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     paths["latin1"] = lines("latin1.yaml", [b"train:", b"  run_dir: caf\xe9"])
     config("unknown_key", lambda c: c["train"].update(max_stepz=3))
     config("wrong_type", lambda c: c["train"].update(max_steps="lots"))
+    paths["norwegian"] = lines("norwegian.yaml", [b"data:", b"  src_lang: en", b"  tgt_lang: no"])
     config("missing_data", data("train", path=str(d / "nope")))
     config("relative", lambda c: (data("train", path="corpus/train")(c), data("valid", path="corpus/valid")(c)))
     (d / "elsewhere").mkdir()

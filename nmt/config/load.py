@@ -309,7 +309,9 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
         except ValueError:
             pass
     if tp in (int, float, str, bool) and (type(value) is not tp):
-        raise ConfigError(f"{source}: {keypath}: expected {tp.__name__}, got {_describe(value)}")
+        hint = ("; YAML reads an unquoted yes, no, on, off, true or false as a boolean: put the text in quotes"
+                if tp is str and isinstance(value, bool) else "")
+        raise ConfigError(f"{source}: {keypath}: expected {tp.__name__}, got {_describe(value)}{hint}")
     return value
 
 
