@@ -115,6 +115,8 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
     """
+    # read before training, so that a test set that cannot be read fails now, not after the run
+    test_sets = eval_sets(cfg, split="test", of_checkpoint=False) if cfg.data.test and is_main_process() else None
     summary = train(cfg, restart=restart)
     if not is_main_process():
         return None
@@ -122,7 +124,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     checkpoint, translator, valid_scores = pick_checkpoint(run_dir, cfg, device)
     options = search_options(translator, cfg)
     tests = {}
-    for set_name, (sources, refs) in eval_sets(cfg, split="test").items():
+    for set_name, (sources, refs) in (test_sets or eval_sets(cfg, split="test")).items():
         log.info("%s: translating %d sentences (beam %d)", set_name, len(sources), options.beam)
         hyps = translator.translate(sources, options)
         tests[set_name] = {

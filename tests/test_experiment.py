@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import load_config
+from nmt.errors import DataError
 from nmt.experiment import hardware, pick_checkpoint
 from nmt.results import END, START, main, results_table
 from nmt.translate import Translator
@@ -181,3 +182,12 @@ def test_experiment_scores_with_the_config_it_was_given_not_the_checkpoint_s(exp
     expected = translator.translate(sources, beam=2, max_len_a=0, max_len_b=2)
     assert (tmp_path / "run" / "mini.hyp").read_text(encoding="utf-8").splitlines() == expected
     assert expected != translator.translate(sources)  # the checkpoint's own settings give other translations
+
+
+def test_a_test_set_that_cannot_be_read_stops_the_experiment_before_it_trains(tiny_config_file, tmp_path):
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--results", str(results),
+                              "--set", f"data.test.test.path={tmp_path / 'tset'}", "--set", "train.max_steps=2"])
+    assert isinstance(out.exception, DataError)  # `nmt` prints it as one line and exits 2
+    assert str(out.exception).startswith(f"data.test.test: text corpus not found: tried {tmp_path / 'tset'}.en")
+    assert not (tmp_path / "run").exists() and not results.exists()

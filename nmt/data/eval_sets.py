@@ -14,9 +14,10 @@ EvalSets = dict[str, tuple[list[str], list[str]]]
 
 
 def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Path | None = None,
-              ref: str | Path | None = None) -> EvalSets:
+              ref: str | Path | None = None, of_checkpoint: bool = True) -> EvalSets:
     """The files `src` and `ref`, or the config's `split`
-    ('valid', 'test' for every test set, or one test set's name; default 'test').
+    ('valid', 'test' for every test set, or one test set's name; default 'test'). Errors speak of the
+    checkpoint's config, or with `of_checkpoint` False of the config a run is about to train.
 
     Raises:
         UserError: only one of `src` and `ref`, or a split the config does not have.
@@ -47,6 +48,8 @@ def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Pat
             pairs, _ = clean_pairs(load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang))
         except DataError as err:
             key = "data.valid" if spec is data.valid else f"data.test.{name}"
+            if not of_checkpoint:
+                raise DataError(f"{key}: {err}") from None
             raise DataError(f"the checkpoint's {key}: {err}; or score other files with --src and --ref") from None
         sets[name] = (list(pairs["src"]), list(pairs["tgt"]))
     return sets
