@@ -20,6 +20,8 @@ from pathlib import Path
 
 import datasets
 import huggingface_hub
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -65,6 +67,9 @@ CASES = [
     ("data-all-empty", "train {all_empty}", 2, ["data.train", "no joint training text"], None),
     ("data-empty-files", "train {zero_bytes}", 2, ["data.train (", "zero", "empty, no pairs to read"], None),
     ("data-empty-jsonl", "train {zero_jsonl}", 2, ["data.train (", "zero.jsonl): empty, no pairs to read"], None),
+    ("data-parquet-no-rows", "train {parquet_no_rows}", 2, ["no_rows.parquet: empty, a parquet file of no rows"], SUB),
+    ("data-not-parquet", "train {not_parquet}", 2, ["src2.txt: cannot read as parquet: ArrowInvalid: Parquet magic bytes"],
+     SUB),
     ("config-no-corpus", "train {no_corpus}", 2, ["no_corpus.yaml: data.train: required for training"], None),
     ("config-coverage-without-attention", "train {coverage_noattn}", 2,
      ["coverage_noattn.yaml: decode.coverage_penalty (0.2) needs attention", "set decode.coverage_penalty to 0"],
@@ -210,6 +215,10 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     config("zero_bytes", data("train", path=str(d / "zero")))
     config("zero_jsonl", lambda c: c["data"].__setitem__("train", {"kind": "jsonl", "path": str(d / "zero.jsonl")}))
     config("no_corpus", lambda c: c["data"].pop("train"))
+    pq.write_table(pa.table({"en": pa.array([], pa.string()), "de": pa.array([], pa.string())}), d / "no_rows.parquet")
+    config("parquet_no_rows", lambda c: c["data"].__setitem__("train", {"kind": "parquet",
+                                                                        "path": str(d / "no_rows.parquet")}))
+    config("not_parquet", lambda c: c["data"].__setitem__("train", {"kind": "parquet", "path": str(d / "src2.txt")}))
     config("coverage_noattn", lambda c: (c["model"].update(type="rnn", rnn={"decoder": "none", "embed_dim": 8,
                                                                             "hidden_size": 16}),
                                          c["decode"].update(coverage_penalty=0.2)))

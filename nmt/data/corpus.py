@@ -28,6 +28,7 @@ import dataclasses
 import glob
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from datasets import Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetGenerationError
 
@@ -148,11 +150,15 @@ def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_
             raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
         if is_glob(p) and not glob.glob(p, recursive=True):  # as datasets reads it: ** spans folders
             raise DataError(f"{p}: no parquet files match{_path_hint(p)}")
+        if not is_glob(p) and _parquet_rows(p) == 0:  # datasets fails on it with an error of its batch size
+            raise DataError(f"{p}: empty, a parquet file of no rows; give one that holds sentence pairs")
     where = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
     try:
-        ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
+        with _quiet("datasets"):  # its log line of the failure would come before ours
+            ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
     except Exception as err:  # pyarrow and datasets raise many kinds
-        raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
+        cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ is not None else err
+        raise DataError(f"{where}: cannot read as parquet: {_short(cause)}") from None
     return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
 
 
@@ -428,6 +434,26 @@ def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
             "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
             "and use kind: disk (or parquet, jsonl) with path: DIR"
         ) from None
+
+
+def _parquet_rows(path: str) -> int | None:
+    """The rows a parquet file's footer counts, or None where it has none (not a parquet file)."""
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:  # the load that follows names what is wrong
+        return None
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """No log records below CRITICAL from logger `name` and its children inside the block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _short(err: BaseException) -> str:
