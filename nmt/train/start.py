@@ -10,6 +10,7 @@ of training one on the corpus.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,12 @@ from typing import Any
 import torch
 
 from nmt.checkpoint import load_checkpoint
-from nmt.config import ExperimentConfig, config_from_dict
+from nmt.config import ExperimentConfig, config_from_dict, config_to_dict
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import CheckpointError, ConfigError
+from nmt.runtime import is_main_process
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,11 +67,33 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
         raise CheckpointError(f"{where}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None
     except ConfigError as err:
         raise CheckpointError(f"{where}: {err} (a checkpoint of another nmt version?)") from None
+    unused = [*_set_aside("model", cfg.model, parent.model), *_set_aside("tokenizer", cfg.tokenizer, parent.tokenizer)]
+    if unused and is_main_process():  # every rank reads the parent; one says so
+        log.warning("%s: the model and tokenizer are the parent's, so this config's %s %s not used", where,
+                    "; ".join(unused), "is" if len(unused) == 1 else "are")
     try:
         cfg = dataclasses.replace(cfg, model=parent.model, tokenizer=parent.tokenizer)
     except ValueError as err:
         raise ConfigError(f"{where}: the parent model does not fit this config: {err}") from None
     return Start(cfg, tokenizer=tokenizer, weights=weights)
+
+
+def _set_aside(section: str, given: Any, parent: Any) -> list[str]:
+    """`section.key: value (the parent's: value)` for each key that the config sets to a value of its own, neither
+    the default nor the parent's: a setting fine-tuning leaves unused. (Keys left at their defaults are not
+    named: a fine-tuning config may leave the section out.)"""
+    default = type(given)()
+
+    def walk(mine: dict, theirs: dict, base: dict, prefix: str) -> list[str]:
+        out = []
+        for key, value in mine.items():
+            if isinstance(value, dict):
+                out += walk(value, theirs[key], base[key], f"{prefix}.{key}")
+            elif value != theirs[key] and value != base[key]:
+                out.append(f"{prefix}.{key}: {value!r} (the parent's: {theirs[key]!r})")
+        return out
+
+    return walk(config_to_dict(given), config_to_dict(parent), config_to_dict(default), section)
 
 
 def _sentencepiece_file(path: Path) -> Tokenizer:

@@ -115,3 +115,22 @@ def test_a_sentencepiece_model_with_other_special_ids_is_refused(small_corpus, t
     raw["tokenizer"].update({"model": f"{prefix}.model", "joint": False})
     with pytest.raises(ConfigError, match="set joint: true"):
         config_from_dict(raw)
+
+
+def test_settings_of_its_own_that_fine_tuning_leaves_unused_are_named(small_corpus, tmp_path, parent, caplog):
+    import logging
+
+    from nmt.train.start import starting_point
+
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        starting_point(config_from_dict(child_raw(small_corpus, tmp_path / "a", parent)))  # sections left out
+    assert "not used" not in caplog.text
+    raw = child_raw(small_corpus, tmp_path / "b", parent)
+    raw["model"] = {"transformer": {"d_model": 64, "dropout": 0.1}}  # the parent's dropout, and a width of its own
+    raw["tokenizer"] = {"vocab_size": 300}
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        start = starting_point(config_from_dict(raw))
+    assert start.cfg.model.transformer.d_model == 32
+    assert (f"train.init_from: {parent}: the model and tokenizer are the parent's, so this config's "
+            "model.transformer.d_model: 64 (the parent's: 32); tokenizer.vocab_size: 300 (the parent's: 200) "
+            "are not used") in caplog.text
