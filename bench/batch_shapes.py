@@ -144,13 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: give 1 (the corpus as it is) or more")
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, training=True)
     joined = f"-joined-{args.join.replace(',', '-')}" if args.join else ""
     run_dir = Path(args.run_dir or Path("runs/bench/batch_shapes") / (Path(args.config).stem + joined))
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.join:
         prefix = write_joined(cfg, [int(k) for k in args.join.split(",")], run_dir)
-        cfg = load_config(args.config, [*args.set, f"data.train={{kind: text, path: {prefix}}}"])
+        cfg = load_config(args.config, [*args.set, f"data.train={{kind: text, path: {prefix}}}"], training=True)
     ds = prepare_run(cfg, run_dir).train
     src_lens, tgt_lens = (np.tile(a.astype(np.int64), args.repeat) for a in length_arrays(ds))
     times = f" (the corpus {args.repeat} times)" if args.repeat > 1 else ""

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="Also write the rows here.")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, training=True)
     run_dir = args.run_dir or Path("runs/bench") / Path(args.config).stem
     run_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_run(cfg, run_dir)

@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.malloc == "keep":
         keep_freed_memory()
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, training=True)
     if args.join < 1:
         ap.error(f"--join {args.join}: give 1 (the corpus as it is) or more")
     if cfg.model.type != "transformer" and ("base" in args.shapes or args.reference):

@@ -31,7 +31,7 @@ from nmt.data.dataset import (
     write_tokenizer_sample,
 )
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
-from nmt.errors import ConfigError, DataError, UserError
+from nmt.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,12 @@ def _read_train(spec: CorpusConfig, data: DataConfig, cache: Path) -> Any:
 def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
     """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits.
 
-    `tokenizer`, when given, is used instead of training one (`nmt.train.start`).
+    `tokenizer`, when given, is used instead of training one (`nmt.train.start`). `cfg` is a config that
+    trains (`ExperimentConfig.training_problem`, which `build_run` and `load_config(training=True)` check).
 
     Raises:
-        UserError: a missing split, bad data, or a run directory whose tokenizer is not `tokenizer`.
+        UserError: bad data, or a run directory whose tokenizer is not `tokenizer`.
     """
-    if (problem := cfg.training_problem()) is not None:
-        raise ConfigError(problem)
     data = cfg.data
     cache = run_dir / "cache"
     num_proc = data.num_proc or available_cores()
