@@ -8,7 +8,9 @@ training process only copies finished batches to the device.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -19,7 +21,15 @@ from typing import Any, Literal
 import torch
 from datasets import concatenate_datasets
 
-from nmt.config import CorpusConfig, DataConfig, ExperimentConfig, ModelConfig, TrainConfig
+from nmt.checkpoint import periodic_checkpoints
+from nmt.config import (
+    CorpusConfig,
+    DataConfig,
+    ExperimentConfig,
+    ModelConfig,
+    TrainConfig,
+    config_to_dict,
+)
 from nmt.data.batching import Batch, Padding, Rounding, TokenBatchSampler, collate_flat
 from nmt.data.corpus import clean_pairs, load_pairs
 from nmt.data.dataset import (
@@ -32,6 +42,7 @@ from nmt.data.dataset import (
 )
 from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
 from nmt.errors import DataError, UserError
+from nmt.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +81,14 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     num_proc = data.num_proc or available_cores()
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
     load_pairs(data.valid, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
-    given, tokenizer = tokenizer, Tokenizer.load(run_dir)
+    given, tokenizer = tokenizer, _run_tokenizer(cfg, run_dir, given=tokenizer is not None)
     if given is not None and tokenizer is not None and given.to_state() != tokenizer.to_state():
         raise UserError(f"run_dir {run_dir}: holds other sentencepiece models than train.init_from or "
                         "tokenizer.model gives; choose a new run_dir")
     if tokenizer is None and given is not None:
         tokenizer = given
         tokenizer.save(run_dir)
+        _write_tokenizer_record(cfg, run_dir, given=True)
     corpora = data.train_corpora
     if tokenizer is None:
         # the tokenizer learns from every training corpus as it is, unweighted
@@ -89,6 +101,7 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
             paths = ", ".join(str(spec.path) for spec in corpora)
             tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file, where=f"data.train ({paths})")
         tokenizer.save(run_dir)
+        _write_tokenizer_record(cfg, run_dir, given=False)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     parts = [prepare_split(spec, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc) for spec in corpora]
     train = _one_after_another([split for split, _ in parts])
@@ -99,6 +112,56 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
                                             num_proc=num_proc)
     weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
     return RunData(tokenizer, train, valid, reports, train_parts=weighted)
+
+
+TOKENIZER_RECORD = "spm.json"
+"""Beside a run's sentencepiece models: what they were trained on, or that they were given (`_tokenizer_record`)."""
+
+
+def _tokenizer_record(cfg: ExperimentConfig, *, given: bool) -> dict[str, Any]:
+    """What decides the run's tokenizer: the tokenizer section and, for one trained here, the corpora it learns
+    from (local paths made absolute; weights left out, since it learns from every corpus unweighted) and the
+    seed of its sample; for one given (`train.init_from`, `tokenizer.model`), where it came from."""
+    if given:
+        return {"given": cfg.train.init_from or cfg.tokenizer.model}
+    corpora = [{**config_to_dict(spec), "weight": None,
+                "path": [p if spec.kind == "hf" else os.path.abspath(p) for p in spec.paths]}
+               for spec in cfg.data.train_corpora]
+    return {"tokenizer": config_to_dict(cfg.tokenizer), "langs": [cfg.data.src_lang, cfg.data.tgt_lang],
+            "train": corpora, "seed": cfg.train.seed}
+
+
+def _write_tokenizer_record(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> None:
+    record = json.dumps(_tokenizer_record(cfg, given=given), indent=1).encode()
+    write_atomic(run_dir / TOKENIZER_RECORD, lambda f: f.write(record))
+
+
+def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Tokenizer | None:
+    """The run directory's tokenizer, if this start is to keep it.
+
+    A run that has checkpoints keeps its tokenizer, whatever the config now says: resuming refuses a changed
+    tokenizer section (`check_same_model`), and may go on with other corpora. Without a checkpoint the
+    tokenizer is the leftover of a start that failed or was stopped before its first checkpoint, and is kept
+    only when it was made exactly as this start would make it (`TOKENIZER_RECORD`); otherwise this start
+    makes its own, so that a corrected config (another `tokenizer.vocab_size`, another corpus) is not
+    trained with the models of the mistaken one.
+    """
+    tokenizer = Tokenizer.load(run_dir)
+    if tokenizer is None or periodic_checkpoints(run_dir) or (run_dir / "best.pt").exists():
+        return tokenizer
+    try:
+        record = json.loads((run_dir / TOKENIZER_RECORD).read_bytes())
+    except (OSError, ValueError):
+        record = None
+    if record == _tokenizer_record(cfg, given=given):
+        log.info("%s: keeping the sentencepiece model an earlier start of this run trained", run_dir)
+        return tokenizer
+    for path in [*run_dir.glob("spm*.model"), run_dir / TOKENIZER_RECORD]:
+        path.unlink(missing_ok=True)
+    if not given:
+        log.info("%s: an earlier start that made no checkpoint left a tokenizer made otherwise; training a new one",
+                 run_dir)
+    return None
 
 
 def _one_after_another(splits: list[Any]) -> Any:

@@ -17,6 +17,7 @@ from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
+from nmt.train.data import TOKENIZER_RECORD
 from nmt.train.optim import Schedule, load_optimizer_state
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,8 @@ REPLACED = ".replaced"
 
 def _run_outputs(run_dir: Path) -> list[Path]:
     """What a run writes into its directory besides config.yaml and `.lock`: what `--restart` replaces."""
-    named = [run_dir / name for name in ("best.pt", "averaged.pt", "metrics.jsonl", "cache", "tensorboard")]
+    named = [run_dir / name for name in ("best.pt", "averaged.pt", "metrics.jsonl", TOKENIZER_RECORD, "cache",
+                                         "tensorboard")]
     return [*run_dir.glob("ckpt_*.pt"), *run_dir.glob("spm*.model"), *(p for p in named if p.exists())]
 
 

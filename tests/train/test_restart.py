@@ -1,4 +1,5 @@
-"""`--restart` and refused starts never lose the run a directory holds: the old run goes only once the new one starts."""
+"""`--restart` and refused starts never lose the run a directory holds: the old run goes only once the new one starts;
+and what a start that made no checkpoint left is not taken for a run."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from nmt.config import config_from_dict
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import UserError
 from nmt.train.loop import train
 from nmt.train.resume import REPLACED, prepare_run_dir
 from nmt.train.setup import build_run
 from tests.train.helpers import tiny_cfg, tiny_raw
 
-OUTPUTS = ("best.pt", "ckpt_2.pt", "metrics.jsonl", "spm.model", "config.yaml")
+OUTPUTS = ("best.pt", "ckpt_2.pt", "metrics.jsonl", "spm.model", "spm.json", "config.yaml")
 
 
 def _trained(small_corpus: Path, tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
@@ -80,3 +82,51 @@ def test_a_restart_killed_before_its_start_is_undone_by_the_next_start(small_cor
     assert _contents(run) == before and not (run / REPLACED).exists()
     summary = train(tiny_cfg(small_corpus, run, max_steps=4, save_every=2))  # and resumes it
     assert summary["step"] == 4
+
+
+def _filtered_out(small_corpus: Path, run: Path, vocab_size: int) -> dict:
+    """A config whose training pairs are all longer than `data.max_len`: it fails after training its tokenizer."""
+    raw = tiny_raw(small_corpus, run, max_steps=1)
+    raw["tokenizer"]["vocab_size"] = vocab_size
+    raw["data"]["max_len"] = 2
+    with pytest.raises(UserError, match="no pairs left"):
+        build_run(config_from_dict(raw))
+    assert (run / "spm.model").is_file() and not list(run.glob("ckpt_*.pt"))
+    return raw
+
+
+def test_a_corrected_start_trains_its_own_tokenizer_not_the_failed_starts(small_corpus, tmp_path, caplog):
+    run = tmp_path / "run"
+    raw = _filtered_out(small_corpus, run, vocab_size=150)
+    assert Tokenizer.load(run).src_vocab_size == 150
+    raw["data"]["max_len"] = 64
+    raw["tokenizer"]["vocab_size"] = 200  # corrected too
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        build_run(config_from_dict(raw)).close()
+    assert "left a tokenizer made otherwise; training a new one" in caplog.text
+    assert Tokenizer.load(run).src_vocab_size == 200
+    # so does a start on another corpus, of the same tokenizer section
+    raw = _filtered_out(small_corpus, tmp_path / "other", vocab_size=200)
+    before = (tmp_path / "other" / "spm.model").read_bytes()
+    raw["data"]["max_len"] = 64
+    raw["data"]["train"]["path"] = str(small_corpus / "valid")
+    build_run(config_from_dict(raw)).close()
+    assert (tmp_path / "other" / "spm.model").read_bytes() != before
+
+
+def test_a_start_made_as_the_failed_one_keeps_its_tokenizer(small_corpus, tmp_path, caplog):
+    run = tmp_path / "run"
+    raw = _filtered_out(small_corpus, run, vocab_size=200)
+    before = (run / "spm.model").read_bytes()
+    raw["data"]["max_len"] = 64  # the length filter is no part of the tokenizer: it learns from the pairs as read
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        build_run(config_from_dict(raw)).close()
+    assert "keeping the sentencepiece model an earlier start of this run trained" in caplog.text
+    assert "trained sentencepiece" not in caplog.text and (run / "spm.model").read_bytes() == before
+
+
+def test_a_run_with_checkpoints_keeps_its_tokenizer_without_its_record(small_corpus, tmp_path):
+    run, before = _trained(small_corpus, tmp_path)
+    (run / "spm.json").unlink()  # a run of an nmt that wrote none
+    summary = train(tiny_cfg(small_corpus, run, max_steps=4, save_every=2))
+    assert summary["step"] == 4 and (run / "spm.model").read_bytes() == before["spm.model"]
