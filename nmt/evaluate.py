@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from nmt.config import EvalConfig
+from nmt.config import DataConfig, EvalConfig
 from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
 from nmt.decode.options import DECODE_RANGES
@@ -77,5 +77,6 @@ def evaluate_checkpoint(
         results[name] = {**score(hyps, references, cfg.eval), "beam": beam or cfg.decode.beam}
         if out is not None:
             text = "".join(h + "\n" for h in hyps).encode("utf-8")
-            write_atomic(out / f"{Path(name).name}.hyp", lambda f, text=text: f.write(text))
+            stem = Path(name).name if files else DataConfig.set_file_stem(name)
+            write_atomic(out / f"{stem}.hyp", lambda f, text=text: f.write(text))
     return results

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from nmt.analysis import bleu_by_length
-from nmt.config import ExperimentConfig
+from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
 from nmt.errors import CheckpointError
@@ -131,7 +131,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
             **score(hyps, refs, with_metrics(cfg.eval)),
             "by_length": bleu_by_length(sources, hyps, refs, cfg=cfg.eval),
         }
-        (run_dir / f"{set_name}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        (run_dir / f"{DataConfig.set_file_stem(set_name)}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     result = {
         "experiment": name,
         "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",

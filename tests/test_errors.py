@@ -46,6 +46,9 @@ CASES = [
     ("config-not-utf8", "train {latin1}", 2, ["latin1.yaml: line 2: not UTF-8"], None),
     ("config-unknown-key", "train {unknown_key}", 2, ["unknown key 'train.max_stepz'; did you mean 'max_steps'?"], None),
     ("config-wrong-type", "train {wrong_type}", 2, ["wrong_type.yaml: train.max_steps: expected int, got str 'lots'"], None),
+    ("config-test-names-one-file", "train {test_names}", 2,
+     ["test_names.yaml: data: test.wmt14_full: its translations would go to the file of test.wmt14/full "
+      "(wmt14_full.hyp); rename one of them"], None),
     ("config-norwegian-unquoted", "train {norwegian}", 2, ["norwegian.yaml: data.tgt_lang: expected str, got bool False",
                                                         "an unquoted yes, no, on, off, true or false", "in quotes"], None),
     ("config-negative-dropout", "train {tiny} --set model.transformer.dropout=-0.1", 2,
@@ -223,6 +226,8 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
                                                                             "hidden_size": 16}),
                                          c["decode"].update(coverage_penalty=0.2)))
     config("hub", data("train", kind="hf", path="no-such-user/no-such-corpus", hf_config="de-en"))
+    config("test_names", lambda c: c["data"].__setitem__("test", {"wmt14/full": dict(c["data"]["valid"]),
+                                                                  "wmt14_full": dict(c["data"]["valid"])}))
     paths["hyp3"] = lines("hyp3.txt", (small_corpus / "test.de").read_bytes().splitlines()[:3])
     paths["hyp_utf8"] = lines("hyp_utf8.txt", [b"ok", b"ok", b"caf\xe9"])
     paths["src2"] = lines("src2.txt", en[:2])

@@ -119,17 +119,20 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
 
     raw = tiny_config_dict(small_corpus, tmp_path / "run")
     raw["train"].update({"max_steps": 2, "valid_bleu": False})
+    raw["data"]["test"]["news/2016"] = dict(raw["data"]["valid"])  # a name with a slash makes one file, news_2016.hyp
     train(load_config(_write(tmp_path, raw)))
     runner = CliRunner()
     out = tmp_path / "hyps"
     result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "test", "--json",
                                  "--save-translations", str(out)])
     assert result.exit_code == 0, result.output
-    scores = __import__("json").loads(result.stdout)["test"]
-    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
-    assert len(hyps) == scores["sentences"] == 30
-    again = score_files(out / "test.hyp", small_corpus / "test.de")
-    assert {k: again[k] for k in ("bleu", "chrf", "ter")} == {k: scores[k] for k in ("bleu", "chrf", "ter")}
+    assert sorted(p.name for p in out.iterdir()) == ["news_2016.hyp", "test.hyp"]
+    for name, file, ref, lines in (("test", "test.hyp", "test.de", 30), ("news/2016", "news_2016.hyp", "valid.de", 30)):
+        scores = __import__("json").loads(result.stdout)[name]
+        hyps = (out / file).read_text(encoding="utf-8").splitlines()
+        assert len(hyps) == scores["sentences"] == lines
+        again = score_files(out / file, small_corpus / ref)
+        assert {k: again[k] for k in ("bleu", "chrf", "ter")} == {k: scores[k] for k in ("bleu", "chrf", "ter")}
 
 
 def _write(tmp_path, raw) -> str:

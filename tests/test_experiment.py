@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from nmt.cli import app
@@ -191,3 +192,19 @@ def test_a_test_set_that_cannot_be_read_stops_the_experiment_before_it_trains(ti
     assert isinstance(out.exception, DataError)  # `nmt` prints it as one line and exits 2
     assert str(out.exception).startswith(f"data.test.test: text corpus not found: tried {tmp_path / 'tset'}.en")
     assert not (tmp_path / "run").exists() and not results.exists()
+
+
+def test_test_sets_named_with_a_slash_write_one_file_each(tiny_config_file, tmp_path):
+    """Test sets are often named as sacrebleu names them (wmt14/full): their translations go to wmt14_full.hyp."""
+    raw = yaml.safe_load(tiny_config_file.read_text(encoding="utf-8"))
+    raw["data"]["test"] = {"wmt14/full": raw["data"]["test"]["test"], "wmt16/full": dict(raw["data"]["valid"])}
+    config = tmp_path / "slash.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(config), "--results", str(results), "--set", "train.max_steps=2",
+                              "--set", "decode.beam=1"])
+    assert out.exit_code == 0, out.output
+    tests = json.loads((results / "slash.json").read_text(encoding="utf-8"))["test"]
+    for name, file in (("wmt14/full", "wmt14_full.hyp"), ("wmt16/full", "wmt16_full.hyp")):
+        hyps = (tmp_path / "run" / file).read_text(encoding="utf-8").splitlines()
+        assert len(hyps) == tests[name]["sentences"] == 30

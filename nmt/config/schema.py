@@ -198,7 +198,7 @@ class DataConfig:
     valid: CorpusConfig | None = None
     """Validation split (required): loss, perplexity and BLEU during training."""
     test: dict[str, CorpusConfig] = field(default_factory=dict)
-    """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them)."""
+    """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them). `nmt experiment` writes each one's translations to `run_dir/NAME.hyp`, a `/` in the name as `_` (`wmt14/full`: `wmt14_full.hyp`)."""
     max_len: int = num(100, lo=1)
     """Training pairs longer than this on either side are dropped, counted as the model reads them: a side's subwords plus one (the source's EOS; the target's BOS, or EOS), so at most `max_len - 1` subwords a side are kept."""
     max_ratio: float = num(3.0, lo=1, or_zero=True)
@@ -216,6 +216,21 @@ class DataConfig:
         for name, spec in evaluated.items():
             if spec is not None and spec.weight != 1.0:
                 raise ValueError(f"{name}.weight: weights apply to training corpora only; remove it")
+        stems: dict[str, str] = {}
+        for name in self.test:
+            stem = self.set_file_stem(name)
+            if not name.strip():
+                raise ValueError("test: a test set's name is empty; name it (e.g. newstest2014)")
+            if stem in stems:
+                raise ValueError(f"test.{name}: its translations would go to the file of test.{stems[stem]} "
+                                 f"({stem}.hyp); rename one of them")
+            stems[stem] = name
+
+    @staticmethod
+    def set_file_stem(name: str) -> str:
+        """The file name (without suffix) of a test set's translations: its name with each `/` or `\\` as `_`,
+        so that names such as `wmt14/full` make one file, not a path into a folder."""
+        return name.replace("/", "_").replace("\\", "_")
 
     @property
     def train_corpora(self) -> list[CorpusConfig]:
