@@ -247,9 +247,11 @@ def experiment(
     """
     from nmt.config import load_config
     from nmt.experiment import run_experiment
+    from nmt.fileio import check_folder_to_write
     from nmt.metrics import METRICS
 
     cfg = load_config(config, overrides or [], training=True)
+    check_folder_to_write(results, "--results")  # before training, not after it
     result = run_experiment(cfg, name or config.stem, results_dir=results, restart=restart,
                             overrides=[f"--set {o}" for o in overrides or []])
     if result is None:  # a torchrun rank other than 0: it trained, rank 0 reports

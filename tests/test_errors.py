@@ -150,6 +150,8 @@ CASES = [
     ("average-last-negative", "average --last -1 {dir}", 2, ["--last -1: average at least 1 checkpoint"], None),
     ("eval-split-and-files", "eval -c {good} --src {src2} --ref {src2} --split test", 2,
      ["--split test and --src/--ref both choose what to score; give one of them"], None),
+    ("experiment-results-a-file", "experiment {tiny} --results {src2}", 2,
+     ["--results", "src2.txt: a file, not a folder; give a folder"], None),
     ("eval-hyp-save-translations", "eval --hyp {hyp3} --ref {hyp3} --save-translations {dir}/out", 2,
      ["--save-translations does not apply to --hyp"], None),
     ("eval-beam-zero-before-loading", "eval -c {misfit} --split test --beam 0", 2, ["--beam: 0 must be >= 1"], None),
