@@ -23,6 +23,7 @@ from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
 from nmt.errors import CheckpointError
+from nmt.fileio import write_atomic
 from nmt.metrics import score, with_metrics
 from nmt.runtime import is_main_process, pick_device
 from nmt.train.loop import train
@@ -61,6 +62,17 @@ def training_speed(metrics_file: Path) -> float | None:
     speeds = [r["tokens_per_s"] for r in map(json.loads, metrics_file.read_text().splitlines())
               if r.get("event") == "train" and r.get("step", 0) > 1]
     return round(statistics.median(speeds), 1) if speeds else None
+
+
+def validation_at(metrics_file: Path, step: int) -> dict[str, float] | None:
+    """The validation scores logged at `step` (the last such record, after a resume), or None."""
+    if not metrics_file.is_file():
+        return None
+    found = None
+    for record in map(json.loads, metrics_file.read_text(encoding="utf-8").splitlines()):
+        if record.get("event") == "valid" and record.get("step") == step:
+            found = {k: v for k, v in record.items() if k not in ("event", "step", "best", "seconds")}
+    return found
 
 
 def search_options(translator: Translator, cfg: ExperimentConfig) -> SearchOptions:
@@ -112,6 +124,10 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
 
     Under torchrun every process trains and rank 0 alone scores and writes; the others return None.
 
+    The JSON's `valid` is the run's last validation (at `valid_step`), `best_valid` that of `best.pt` (at
+    `best_step`), the checkpoint the test sets are scored with unless `checkpoint` names `averaged.pt`
+    (`valid_by_checkpoint` then has both candidates' scores with `cfg`'s search).
+
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
     """
@@ -148,9 +164,13 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "tokens_per_s": training_speed(run_dir / "metrics.jsonl"),
         "hardware": hardware(pick_device(cfg.train.device)),
         "valid": summary["last_valid"],
+        "valid_step": summary["validated_step"],
+        "best_step": summary["best_step"],
+        "best_valid": validation_at(run_dir / "metrics.jsonl", summary["best_step"]),
         "test": tests,
     }
     out = Path(results_dir) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    text = (json.dumps(result, indent=2) + "\n").encode("utf-8")
+    write_atomic(out, lambda f: f.write(text))  # a crash leaves the earlier results whole
     return result

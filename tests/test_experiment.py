@@ -10,6 +10,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
 from nmt.config import load_config
 from nmt.errors import DataError
@@ -35,6 +36,10 @@ def test_experiment_records_scores_cost_and_overrides(experiment_result, small_c
     assert r["experiment"] == "tiny" and r["direction"] == "en-de" and r["model"] == "transformer"
     assert r["steps"] == 4 and r["stopped_by"] == "max_steps=4" and r["beam"] == 1
     assert r["checkpoint"] == str(tmp_path / "run" / "best.pt") and r["valid_by_checkpoint"] == {}
+    # the validation of the checkpoint scored, and the run's last one, each with its step
+    best = load_checkpoint(tmp_path / "run" / "best.pt")["progress"]
+    assert r["best_step"] == best["step"] == best["best_step"] and r["best_valid"] == best["last_valid"]
+    assert r["valid_step"] == 4 and set(r["valid"]) == set(r["best_valid"]) >= {"loss", "bleu", "chrf"}
     assert r["overrides"] == ["--set train.max_steps=4", "--set decode.beam=1"]
     assert r["parameters"] > 0 and r["train_seconds"] > 0 and r["tokens_per_s"] > 0
     trained_on = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")  # train.device auto

@@ -164,7 +164,8 @@ class _Loop:
         summary = {
             "event": "summary", "stop": reason, "step": p.step, "epoch": p.epoch,
             "train_seconds": round(p.train_seconds, 1), "parameters": self.n_params,
-            "best_metric": p.best_metric, "metric": self.metric.name, "last_valid": p.last_valid,
+            "best_metric": p.best_metric, "metric": self.metric.name, "best_step": p.best_step,
+            "validated_step": p.validated_step, "last_valid": p.last_valid,
             "best_checkpoint": str(self.run_dir / "best.pt"),
             **({"averaged_checkpoint": str(averaged)} if averaged else {}),
         }
