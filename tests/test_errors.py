@@ -46,6 +46,10 @@ CASES = [
     ("config-not-utf8", "train {latin1}", 2, ["latin1.yaml: line 2: not UTF-8"], None),
     ("config-unknown-key", "train {unknown_key}", 2, ["unknown key 'train.max_stepz'; did you mean 'max_steps'?"], None),
     ("config-wrong-type", "train {wrong_type}", 2, ["wrong_type.yaml: train.max_steps: expected int, got str 'lots'"], None),
+    ("data-hf-a-file", "train {hf_a_file}", 2,
+     ["pairs.jsonl: a file, and kind hf reads a hub dataset or a folder of data files; use kind: jsonl"], None),
+    ("data-hf-a-file-format", "train {hf_builder}", 2,
+     ["kind hf, path 'json': a file format of datasets, not a dataset; read such files with kind: jsonl"], SUB),
     ("config-test-names-one-file", "train {test_names}", 2,
      ["test_names.yaml: data: test.wmt14_full: its translations would go to the file of test.wmt14/full "
       "(wmt14_full.hyp); rename one of them"], None),
@@ -228,6 +232,8 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
                                                                             "hidden_size": 16}),
                                          c["decode"].update(coverage_penalty=0.2)))
     config("hub", data("train", kind="hf", path="no-such-user/no-such-corpus", hf_config="de-en"))
+    config("hf_a_file", data("train", kind="hf", path=lines("pairs.jsonl", [b'{"en": "a", "de": "b"}'])))
+    config("hf_builder", data("train", kind="hf", path="json"))
     config("test_names", lambda c: c["data"].__setitem__("test", {"wmt14/full": dict(c["data"]["valid"]),
                                                                   "wmt14_full": dict(c["data"]["valid"])}))
     paths["hyp3"] = lines("hyp3.txt", (small_corpus / "test.de").read_bytes().splitlines()[:3])

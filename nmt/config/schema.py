@@ -136,7 +136,7 @@ class CorpusConfig:
     """Where one split of a parallel corpus comes from."""
 
     kind: Literal["text", "tsv", "jsonl", "parquet", "disk", "hf"] = "text"
-    """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset."""
+    """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset, or a folder of data files (CSV, JSON lines, parquet) as `datasets.load_dataset` reads one."""
     path: list[str] | str = ""
     """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another."""
     src_field: str | int | None = None

@@ -419,8 +419,24 @@ def _writable_copy(ds: Dataset, path: str, cache_dir: str | None) -> Dataset:
     return ds.flatten_indices(cache_file_name=str(folder / name))
 
 
+_KINDS_BY_SUFFIX = {".json": "jsonl (one JSON object a line)", ".jsonl": "jsonl", ".tsv": "tsv", ".parquet": "parquet"}
+try:  # the names datasets takes as file formats before any hub dataset (json, csv, parquet, ...)
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as _PACKAGED
+    _BUILDERS = frozenset(_PACKAGED)
+except ImportError:  # a datasets that moved them
+    _BUILDERS = frozenset(("arrow", "csv", "json", "pandas", "parquet", "text", "xml"))
+
+
 def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
     split = spec.split or "train"
+    if Path(path).is_file():  # datasets would say that it finds no data file there
+        suffix = "".join(Path(path).suffixes[-2:]).removesuffix(".gz")
+        kind = _KINDS_BY_SUFFIX.get(suffix) or _KINDS_BY_SUFFIX.get(Path(path).suffix)
+        instead = f"use kind: {kind}" if kind else "use kind: text, tsv, jsonl or parquet, as its format is"
+        raise DataError(f"{path}: a file, and kind hf reads a hub dataset or a folder of data files; {instead}")
+    if path in _BUILDERS and not Path(path).is_dir():  # without data files it reads the working directory
+        raise DataError(f"kind hf, path {path!r}: a file format of datasets, not a dataset; read such files with "
+                        "kind: jsonl, tsv or parquet, or give kind hf the folder that holds them")
     try:
         return datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir)
     except Exception as err:  # network, auth, format and split errors all end here

@@ -273,8 +273,11 @@ def test_hf_field_mapping_on_local_folders(tmp_path: Path) -> None:
     flat_dataset().to_parquet(tmp_path / "multi30k" / "train.parquet")
     (tmp_path / "wmt").mkdir()
     nested_dataset().to_json(tmp_path / "wmt" / "validation.jsonl")
+    (tmp_path / "csv").mkdir()  # CSV, which no other kind reads, through a folder of its files
+    flat_dataset().to_csv(tmp_path / "csv" / "train.csv", index=False)
     assert pairs(load(tmp_path, "hf", tmp_path / "multi30k")) == PAIRS
     assert pairs(load(tmp_path, "hf", tmp_path / "wmt", split="validation")) == PAIRS
+    assert pairs(load(tmp_path, "hf", tmp_path / "csv")) == PAIRS
     with pytest.raises(DataError) as info:  # a local folder's error says nothing of the hub
         load(tmp_path, "hf", tmp_path / "wmt", split="test")
     assert re.match(re.escape(f"{tmp_path / 'wmt'}, split 'test': the folder could not be loaded as a dataset: "),
