@@ -206,3 +206,19 @@ def test_a_tokenizer_sacrebleu_cannot_build_here_is_refused_at_load(tmp_path, mo
         load_config(write(tmp_path, "{}\n"), ["eval.tokenize=ja-mecab"])
     for name in ("13a", "intl", "zh", "char", "none"):
         assert load_config(write(tmp_path, f"eval:\n  tokenize: '{name}'\n")).eval.tokenize == name
+
+
+def test_a_mapping_set_for_a_section_merges_into_it(tmp_path):
+    """`--set 'model.transformer={dropout: 0.2}'` keeps the file's d_model; named test sets are replaced whole."""
+    path = write(tmp_path, "model:\n  transformer: {d_model: 32, heads: 2, ff_dim: 64}\n"
+                           "data:\n  train: {path: a, src_field: x, tgt_field: y}\n  test:\n    t1: {path: b}\n")
+    cfg = load_config(path, ["model.transformer={dropout: 0.2, heads: 4}", "model={rnn: {cell: lstm}}",
+                             "data.train={path: c}", "data.test={t2: {path: d}}"])
+    t = cfg.model.transformer
+    assert (t.d_model, t.ff_dim, t.heads, t.dropout) == (32, 64, 4, 0.2) and cfg.model.rnn.cell == "lstm"
+    assert (cfg.data.train.path, cfg.data.train.src_field, cfg.data.train.tgt_field) == ("c", "x", "y")
+    assert list(cfg.data.test) == ["t2"]
+    # a key of the mapping that no section has is named as ever, and a section the file lacks is made
+    with pytest.raises(ConfigError, match="unknown key 'model.transformer.d_modle'"):
+        load_config(path, ["model.transformer={d_modle: 64}"])
+    assert load_config(write(tmp_path, ""), ["model.transformer={d_model: 64, heads: 2}"]).model.transformer.ff_dim == 2048

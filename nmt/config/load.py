@@ -165,8 +165,30 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
             if not isinstance(child, dict):
                 raise ConfigError(f"{where}: {shorten('.'.join(parts[: i + 1]))} is not a section")
             node = child
-        node[parts[-1]] = value
+        _put(node, parts, value)
     return raw
+
+
+def _put(node: dict[str, Any], parts: list[str], value: Any) -> None:
+    """Set `node[parts[-1]]` to `value`; a mapping given for a section that `node` holds is merged into it, key by
+    key (`--set 'model.transformer={dropout: 0.2}'` keeps the file's d_model), as if each key were set alone."""
+    old = node.get(parts[-1])
+    if isinstance(value, dict) and isinstance(old, dict) and _names_section(parts):
+        for key, item in value.items():
+            _put(old, [*parts, str(key)], item)
+    else:
+        node[parts[-1]] = value
+
+
+def _names_section(parts: list[str]) -> bool:
+    """Whether the key `parts` names a config section (`model.transformer`, `data.train`), not a value, nor a
+    mapping of named sections such as `data.test`, which a mapping replaces."""
+    try:
+        tp = _key_field(parts, "")[1]
+    except ConfigError:
+        return False
+    members = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return any(dataclasses.is_dataclass(m) for m in members)
 
 
 def _text_key(parts: list[str]) -> bool:
