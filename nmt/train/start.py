@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from nmt.checkpoint import load_checkpoint
-from nmt.config import ExperimentConfig, config_from_dict, config_to_dict
+from nmt.config import ExperimentConfig, TokenizerConfig, config_from_dict, config_to_dict
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.runtime import is_main_process
@@ -52,8 +52,19 @@ def starting_point(cfg: ExperimentConfig) -> Start:
     if cfg.train.init_from:
         return _from_checkpoint(cfg, Path(cfg.train.init_from))
     if cfg.tokenizer.model:
-        return Start(cfg, tokenizer=_sentencepiece_file(Path(cfg.tokenizer.model)))
+        tokenizer = _sentencepiece_file(Path(cfg.tokenizer.model))
+        default = TokenizerConfig()
+        unused = [f"tokenizer.{key}: {getattr(cfg.tokenizer, key)!r}" for key in _TRAINING_KEYS
+                  if getattr(cfg.tokenizer, key) != getattr(default, key)]
+        if unused and is_main_process():
+            log.warning("tokenizer.model: %s (%d pieces) is the tokenizer, so %s %s not used", cfg.tokenizer.model,
+                        tokenizer.src_vocab_size, "; ".join(unused), "is" if len(unused) == 1 else "are")
+        return Start(cfg, tokenizer=tokenizer)
     return Start(cfg)
+
+
+_TRAINING_KEYS = ("type", "vocab_size", "character_coverage", "max_sentences")
+"""The tokenizer section's keys that only training a sentencepiece model reads."""
 
 
 def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:

@@ -12,6 +12,7 @@ import yaml
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import config_from_dict
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.train.loop import train
 from tests.conftest import tiny_config_dict
@@ -95,13 +96,25 @@ def test_a_copied_checkpoint_without_training_state_is_refused_with_the_way_out(
         train(config_from_dict(raw))
 
 
-def test_an_existing_sentencepiece_model_is_used_as_it_is(small_corpus, tmp_path, parent):
+def test_an_existing_sentencepiece_model_is_used_as_it_is(small_corpus, tmp_path, parent, caplog):
+    import logging
+
+    from nmt.train.start import starting_point
+
     model_file = parent.parent / "spm.model"
     raw = tiny_config_dict(small_corpus, tmp_path / "run")
-    raw["tokenizer"]["model"] = str(model_file)
+    raw["tokenizer"].update({"model": str(model_file), "type": "unigram"})  # and vocab_size 200, not the default
     raw["train"].update({"max_steps": 1, "valid_bleu": False})
-    train(config_from_dict(raw))
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        train(config_from_dict(raw))
     assert (tmp_path / "run" / "spm.model").read_bytes() == model_file.read_bytes()
+    pieces = Tokenizer.load(tmp_path / "run").src_vocab_size
+    assert (f"tokenizer.model: {model_file} ({pieces} pieces) is the tokenizer, so tokenizer.type: 'unigram'; "
+            "tokenizer.vocab_size: 200 are not used") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt"):  # the keys left at their defaults: nothing to say
+        starting_point(config_from_dict({"tokenizer": {"model": str(model_file)}}))
+    assert "not used" not in caplog.text
 
 
 def test_a_sentencepiece_model_with_other_special_ids_is_refused(small_corpus, tmp_path):
