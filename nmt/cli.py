@@ -100,7 +100,7 @@ def translate(
     checkpoint: Annotated[list[Path], typer.Option(
         "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several (mean of probabilities).")],
     input: Annotated[str, typer.Option("--input", "-i", help="Input file (.gz: decompressed), or - for standard input (a terminal: interactive).")] = "-",
-    output: Annotated[str, typer.Option("--output", "-o", help="Output file, or - for standard output.")] = "-",
+    output: Annotated[str, typer.Option("--output", "-o", help="Output file (.gz: compressed), or - for standard output.")] = "-",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam; 1 when sampling).")] = None,
     nbest: Annotated[int, typer.Option(help="Translations per line, tab-separated.")] = 1,
     scores: Annotated[bool, typer.Option("--scores", help="Put each translation's score (log-probability over the length penalty, what n-best lists are ranked by) and a tab before it.")] = False,

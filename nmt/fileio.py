@@ -9,6 +9,7 @@ file in the target's folder, is flushed to disk and renamed over the target.
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import shutil
 import stat
@@ -51,6 +52,17 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
             raise disk_full_error(path, "the previous file is unchanged") from None
         raise
     fsync_dir(path.parent)
+
+
+def gzip_named(path: str | Path) -> bool:
+    """Whether an output file's name says it is gzip-compressed (`out.de.gz`), as `.gz` inputs are decompressed."""
+    return str(path).endswith(".gz")
+
+
+def write_gzip(raw: BinaryIO, write: Callable[[BinaryIO], Any]) -> None:
+    """Call `write(file)` on a gzip stream into `raw`, which is left open (`write_atomic`'s file, say)."""
+    with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as packed:
+        write(packed)
 
 
 def check_folder_to_write(folder: str | Path, option: str) -> None:

@@ -3,8 +3,8 @@
 `nmt translate -i big.txt -o out.txt` can run for hours (back-translating millions of
 lines). Its lines go to `out.txt.partial`, flushed as they come, beside a small
 `out.txt.partial.json` that describes the job (input, checkpoints, search settings).
-When every line is written, the partial file is synced and renamed to `out.txt` and
-the description removed, so `out.txt` itself is never half written. When the run is
+When every line is written, the partial file is synced and renamed to `out.txt` (or, for
+`out.txt.gz`, compressed into it) and the description removed, so `out.txt` itself is never half written. When the run is
 stopped (Ctrl-C, SIGTERM, a crash, a full disk, SIGKILL), both stay; the same command
 then finds them, keeps the complete lines (a line cut off by a kill is dropped),
 and goes on after them. A different job refuses to append to them, naming what
@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nmt.errors import UserError
-from nmt.fileio import disk_full, fsync_dir, write_atomic
+from nmt.fileio import disk_full, fsync_dir, gzip_named, write_atomic, write_gzip
 
 try:
     import fcntl
@@ -101,9 +102,14 @@ def resumable_output(output: str | Path, job: Mapping[str, Any], *, restart: boo
                 text.close()
             with contextlib.suppress(OSError):
                 os.fsync(fd)
-        if path.exists():
-            os.fchmod(fd, stat.S_IMODE(path.stat().st_mode))
-        os.replace(part, path)
+        if gzip_named(path):  # the partial file is plain text, resumed line by line; the output is compressed whole
+            with open(part, "rb") as plain:
+                write_atomic(path, lambda raw: write_gzip(raw, lambda packed: shutil.copyfileobj(plain, packed)))
+            part.unlink()
+        else:
+            if path.exists():
+                os.fchmod(fd, stat.S_IMODE(path.stat().st_mode))
+            os.replace(part, path)
         fsync_dir(path.parent)
         desc.unlink(missing_ok=True)
         finished = True

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from nmt.data.text import READ_ERRORS, available_lines, decode_lines, open_binary
 from nmt.decode import CHUNK_LINES, SearchOptions
 from nmt.errors import UserError
-from nmt.fileio import disk_full, write_atomic
+from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
 from nmt.partial import partial_paths, resumable_output
 from nmt.plot import plot_attention
 from nmt.translate import Translation, Translator
@@ -320,7 +320,10 @@ def write_output(output: str | Path, write: Callable[[TextIO], object]) -> None:
         text.flush()
         text.detach()  # `write_atomic` still syncs and closes `raw`
 
-    write_atomic(path, write_text)
+    if gzip_named(path):  # `-o out.gz` is compressed, as `-i in.gz` is decompressed
+        write_atomic(path, lambda raw: write_gzip(raw, write_text))
+    else:
+        write_atomic(path, write_text)
 
 
 def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:

@@ -315,6 +315,33 @@ def test_a_gzip_input_is_translated_and_resumed_as_its_text_would_be(doc, checkp
                                       "end-of-stream marker was reached"]
 
 
+def test_an_output_named_gz_is_compressed_whole_after_a_resume_and_from_standard_input(doc, checkpoints, monkeypatch):
+    """`-o out.gz` wrote plain text under the name, which zcat refused."""
+    ckpt = str(checkpoints["transformer"])
+    plain, packed = doc.parent / "plain.txt", doc.parent / "out.txt.gz"
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(plain))[0] == 0
+    format_nbest, written = translate_module.format_nbest, []
+
+    def then_ctrl_c(*args, **kwargs):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(format_nbest(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(translate_module, "format_nbest", then_ctrl_c)
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(packed))[0] == 130
+    part = partial_paths(packed)[0]
+    assert part.read_text().splitlines() == written and not packed.exists()  # the lines so far, plain, to resume
+    monkeypatch.setattr(translate_module, "format_nbest", format_nbest)
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(packed)) == (0, [])
+    assert gzip.decompress(packed.read_bytes()).decode() == plain.read_text() and not part.exists()
+    from_stdin = doc.parent / "stdin.txt.gz"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(doc.read_bytes()), encoding="utf-8"))
+    assert nmt(monkeypatch, "translate", "-c", ckpt, "-o", str(from_stdin)) == (0, [])
+    assert gzip.decompress(from_stdin.read_bytes()).decode() == plain.read_text()
+    assert leftovers(doc.parent) == []
+
+
 def test_eval_reads_a_named_pipe_and_names_a_folder(doc, tmp_path, monkeypatch):
     """`nmt eval --hyp <(cut -f2 out.tsv) --ref ref.txt` said "/dev/fd/63: file not found"."""
     ref = tmp_path / "ref.txt"
