@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -79,6 +80,13 @@ class TranslationServer(ThreadingHTTPServer):
     def process_request_thread(self, request, client_address) -> None:
         self._handlers.add(threading.current_thread())
         super().process_request_thread(request, client_address)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away before its answer (a timeout, Ctrl-C) is one log line, not a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError
+            log.info("%s went away before its answer", client_address[0])
+        else:
+            super().handle_error(request, client_address)
 
     def server_close(self) -> None:
         """Stop listening, then wait (up to `drain_seconds`) for the threads still handling a request.
@@ -151,6 +159,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._routed():
             self._reply(HTTPStatus.OK, {"status": "ok", "checkpoint": self.server.name})
 
+    do_HEAD = do_GET  # its headers without the body (`_reply`), as HTTP asks of a GET resource: `curl -I`, probes
+
     def do_POST(self) -> None:
         if not self._routed():
             return
@@ -171,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Whether this path answers this method; if not, the reply (404 or 405) is sent."""
         path = self.path.split("?")[0]
         allowed = _METHODS.get(path)
-        if allowed == self.command:
+        if allowed == self.command or (self.command == "HEAD" and allowed == "GET"):
             return True
         self._drain()
         if allowed is None:
@@ -182,13 +192,15 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     # 405 and `Allow` on a known path, where `http.server` would say 501
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _routed
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _routed
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
         if length is None:
             self.close_connection = True  # the body's end is unknown
-            raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, "Content-Length header required")
+            chunked = "; a chunked body is not read: send it with its length" if self.headers.get(
+                "Transfer-Encoding") else ""
+            raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, f"Content-Length header required{chunked}")
         digits = length.strip()
         if not (digits.isascii() and digits.isdigit()):  # not int(): it takes "+1_0", and "-1" (read to EOF: a hang)
             self.close_connection = True
@@ -198,7 +210,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # not read: the connection cannot be reused
             raise _BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                               f"request body of {size} bytes is over the limit of {MAX_BODY_BYTES}; send fewer lines")
-        return self.rfile.read(size)
+        body = self.rfile.read(size)
+        if len(body) < size:  # the client stopped sending: what came is no whole request
+            self.close_connection = True
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"request body cut short: {len(body)} of the {size} bytes "
+                                                      "its Content-Length gives arrived")
+        return body
 
     def _drain(self) -> None:
         """Read and drop a body nobody wants, so the connection stays usable."""

@@ -8,6 +8,7 @@ import logging
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -77,13 +78,16 @@ def post(server, payload) -> tuple[int, dict]:
     return request(f"{server.url}/translate", json.dumps(payload).encode("utf-8"))
 
 
-def raw(server, data: bytes) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) of the reply to `data` sent as is, read until the server closes the connection.
+def raw(server, data: bytes, *, shut: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of the reply to `data` sent as is (then, with `shut`, nothing more: the sending
+    side closed), read until the server closes the connection.
 
     The timeout is short: a server that waits for more of the request fails the test in seconds.
     """
     with socket.create_connection(server.server_address[:2], timeout=10) as sock:
         sock.sendall(data)
+        if shut:
+            sock.shutdown(socket.SHUT_WR)
         reply = b""
         while chunk := sock.recv(4096):
             reply += chunk
@@ -222,10 +226,40 @@ def test_the_http_servers_own_errors_are_json_too(server, request_bytes, status,
     assert list(reply) == ["error"] and needle in reply["error"] and "\n" not in reply["error"]
 
 
-def test_head_gets_its_error_without_a_body(server):
+def test_head_gets_the_headers_of_get_or_its_error_without_a_body(server):
+    """`curl -I` and load balancers probe /health with HEAD, which HTTP answers as GET, without the body."""
     status, headers, body = raw(server, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert status == 405 and headers["Allow"] == "GET" and headers["Content-Type"].startswith("application/json")
-    assert body == b""
+    assert status == 200 and headers["Content-Type"].startswith("application/json") and body == b""
+    assert int(headers["Content-Length"]) == len(json.dumps({"status": "ok", "checkpoint": server.name}))
+    status, headers, body = raw(server, b"HEAD /translate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 405 and headers["Allow"] == "POST" and body == b""
+
+
+def test_a_body_cut_short_or_chunked_is_named_so(server):
+    status, headers, body = raw(server, b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"text"',
+                                shut=True)
+    assert status == 400 and headers["Connection"] == "close"
+    assert json.loads(body)["error"] == "request body cut short: 7 of the 50 bytes its Content-Length gives arrived"
+    status, _, body = raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                  b'7\r\n{"text"\r\n0\r\n\r\n')
+    assert status == 411
+    assert json.loads(body)["error"] == ("Content-Length header required; a chunked body is not read: send it with "
+                                         "its length")
+
+
+def test_a_client_that_goes_away_before_its_answer_is_one_log_line(server, small_corpus, caplog, capsys):
+    body = json.dumps({"text": (small_corpus / "test.en").read_text(encoding="utf-8").splitlines() * 10}).encode()
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        sock = socket.create_connection(server.server_address[:2], timeout=10)
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # at once, with a reset: the answer finds no one to read it
+        deadline = time.monotonic() + 60
+        while "went away before its answer" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert "127.0.0.1 went away before its answer" in caplog.text
+    assert "Traceback" not in capsys.readouterr().err
+    assert request(f"{server.url}/health")[0] == 200  # and the server goes on
 
 
 def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):
