@@ -135,12 +135,18 @@ def translate(
     the same command goes on after them.
     """
     from nmt.decode import Sampling
+    from nmt.decode.options import check_search_flags
     from nmt.fileio import check_folder_to_write
     from nmt.translate import Translator
     from nmt.translate_io import check_io, translate_io
 
     if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
         raise UserError("--temperature, --top-k, --top-p and --seed need --sample")
+    if attention_plot is None and (attention_layer != -1 or attention_head is not None):
+        raise UserError("--attention-layer and --attention-head choose what --attention-plot draws; give "
+                        "--attention-plot DIR too")
+    check_search_flags(beam=beam, length_penalty=length_penalty, max_tokens=max_tokens,
+                       coverage_penalty=coverage_penalty, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
     try:
         sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
     except ValueError as err:

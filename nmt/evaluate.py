@@ -12,7 +12,7 @@ from typing import Any
 from nmt.config import DataConfig, EvalConfig
 from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
-from nmt.decode.options import DECODE_RANGES
+from nmt.decode.options import check_search_flags
 from nmt.errors import DataError, UserError
 from nmt.fileio import write_atomic
 from nmt.metrics import score, tokenizer_problem
@@ -40,9 +40,7 @@ def check_beam(beam: int | None) -> None:
     Raises:
         UserError: naming `--beam` and the range.
     """
-    problem = None if beam is None else DECODE_RANGES["beam"].problem(beam)
-    if problem:
-        raise UserError(f"--beam: {problem}")
+    check_search_flags(beam=beam)
 
 
 def evaluate_checkpoint(

@@ -508,13 +508,18 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        check_length_limit(self.max_len_a, self.max_len_b)
+        check_length_limit(self.max_len_a, self.max_len_b, self.min_len)
 
 
-def check_length_limit(max_len_a: float, max_len_b: int) -> None:
-    """Refuse a length limit of 0 for every source (`DecodeConfig`, `SearchOptions`)."""
+def check_length_limit(max_len_a: float, max_len_b: int, min_len: int = 0) -> None:
+    """Refuse a length limit of 0 for every source, and a `min_len` above the limit of every source: the limit
+    wins, so every output would stop there (`DecodeConfig`, `SearchOptions`)."""
     if max_len_a == max_len_b == 0:
         raise ValueError("max_len_a and max_len_b are both 0: no output could be produced")
+    if max_len_a == 0 and min_len > max_len_b:
+        raise ValueError(f"min_len ({min_len}) is above the longest output that max_len_a 0 and max_len_b "
+                         f"({max_len_b}) allow, so every output would stop at {max_len_b} tokens; lower min_len or "
+                         "raise max_len_b")
 
 
 @dataclass

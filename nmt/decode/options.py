@@ -21,6 +21,7 @@ from nmt.config.schema import DecodeConfig, check_length_limit, range_of
 from nmt.decode.beam import beam_step
 from nmt.decode.greedy import greedy_step
 from nmt.decode.sampling import Sampling, make_sample_step
+from nmt.errors import UserError
 
 CHUNK_LINES = 2000
 """Lines a stream is read and translated at a time, at least (`Translator.chunk_lines`): memory
@@ -99,7 +100,7 @@ class SearchOptions:
                 raise ValueError(f"{name}: {problem}")
         if isinstance(self.strategy, str) and self.strategy not in get_args(Strategy):
             raise ValueError(f"strategy ({self.strategy!r}) must be one of {get_args(Strategy)} or a StepFn")
-        check_length_limit(self.max_len_a, self.max_len_b)
+        check_length_limit(self.max_len_a, self.max_len_b, self.min_len)
         if self.sampling is not None and self.strategy in ("greedy", "beam"):  # a StepFn may be the sampler itself
             raise ValueError(f"sampling settings need strategy 'sample' or 'auto', not {self.strategy!r}, "
                              "which would ignore them")
@@ -146,3 +147,16 @@ class SearchOptions:
 # The keys a `decode` section shares with `SearchOptions`, and their valid values.
 DECODE_RANGES = {f.name: range_of(f) for f in dataclasses.fields(DecodeConfig)
                  if range_of(f) is not None and f.name in {g.name for g in dataclasses.fields(SearchOptions)}}
+
+
+def check_search_flags(**given: object) -> None:
+    """Refuse a search setting given on the command line (None: not given) that `decode` would refuse, naming its
+    option (`length_penalty` as `--length-penalty`), before any model is loaded.
+
+    Raises:
+        UserError: the option and its range.
+    """
+    for name, value in given.items():
+        problem = None if value is None else DECODE_RANGES[name].problem(value)
+        if problem:
+            raise UserError(f"--{name.replace('_', '-')}: {problem}")

@@ -248,8 +248,11 @@ def test_min_len_forbids_early_eos(beam):
     hyps = run(model, [7], beam=beam, nbest=beam, min_len=2)[0]
     assert hyps[0].tokens == [A, A]
     assert all(len(h.tokens) >= 2 for h in hyps)
-    # The maximum length wins over min_len.
-    assert run(model, [7], beam=beam, min_len=5, max_len_b=1)[0][0].tokens == [A]
+    # The maximum length wins over min_len where a source's limit is below it (a one-token source here),
+    assert run(model, [7], beam=beam, min_len=5, max_len_a=1.0, max_len_b=0)[0][0].tokens == [A]
+    # and a min_len above every source's limit is refused.
+    with pytest.raises(ValueError, match=r"min_len \(5\) is above the longest output that max_len_a 0 and "):
+        run(model, [7], beam=beam, min_len=5, max_len_b=1)
 
 
 # BOS and "b" attend to source position 0, "a" to position 1 (positions 2, 3 for padding tests).
