@@ -27,12 +27,23 @@ log = logging.getLogger(__name__)
 
 
 def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:
-    """Indices of `sources` split into `n_buckets` equal-sized groups by word count, shortest first."""
+    """Indices of `sources` in at most `n_buckets` groups by word count, shortest first, each of whole lengths.
+
+    The groups are as equal in size as the lengths allow: each cut between equal-sized groups moves to the
+    nearest place between two lengths, so no length is split between two buckets (which would score its
+    sentences apart by their order in the file, and label neighbouring buckets "3-8" and "8-16"). Cuts that
+    meet are one, so a corpus of few distinct lengths gets fewer buckets.
+    """
     if n_buckets < 1:
         raise ValueError(f"n_buckets ({n_buckets}) must be at least 1")
-    lengths = np.array([len(s.split()) for s in sources])
+    lengths = np.array([len(s.split()) for s in sources], dtype=np.int64)
     order = np.argsort(lengths, kind="stable")
-    return [chunk for chunk in np.array_split(order, n_buckets) if len(chunk)]
+    between = np.flatnonzero(np.diff(lengths[order])) + 1  # positions where a longer length starts
+    if not len(between):
+        return [order] if len(order) else []
+    targets = np.arange(1, n_buckets) * len(order) / n_buckets
+    cuts = between[np.abs(between[None, :] - targets[:, None]).argmin(axis=1)] if len(targets) else between[:0]
+    return [chunk for chunk in np.split(order, np.unique(cuts)) if len(chunk)]
 
 
 def bleu_by_length(
@@ -41,7 +52,7 @@ def bleu_by_length(
     """BLEU and chrF per source-length bucket: [{"words": "3-9", "sentences": n, "bleu": .., "chrf": ..}].
 
     Both are scored whatever `cfg.metrics` says (`nmt.metrics.with_metrics`); `cfg` gives the tokenizer and case.
-    Buckets of one length have one label ("10-10" twice); `bucket_labels` tells them apart.
+    A bucket of one length is labelled as one ("10-10"); no two buckets share a length (`length_buckets`).
     """
     settings = with_metrics(cfg, besides=False)  # a bucket's row keeps these two only
     rows = []
@@ -71,6 +82,8 @@ def name_checkpoints(specs: Sequence[str]) -> dict[str, str]:
     named: dict[str, str] = {}
     for spec in specs:
         name, path = spec.split("=", 1) if "=" in spec else (Path(spec).parent.name or spec, spec)
+        if not name.strip() or not path:
+            raise UserError(f"-c {spec}: give NAME=CKPT with a name and a checkpoint, or CKPT alone")
         if name in named:
             raise UserError(f"two checkpoints are named {name!r} ({named[name]} and {path}); "
                             f"name them, e.g. -c {name}-a={named[name]} -c {name}-b={path}")

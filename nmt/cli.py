@@ -275,7 +275,7 @@ def analyze(
     split: Annotated[Optional[str], typer.Option(help="Test set of the first checkpoint's config (default: its first).")] = None,
     src: Annotated[Optional[Path], typer.Option(help="Source file instead of a split.")] = None,
     ref: Annotated[Optional[Path], typer.Option(help="Reference file instead of a split.")] = None,
-    buckets: Annotated[int, typer.Option(help="Equal-sized source-length buckets.")] = 3,
+    buckets: Annotated[int, typer.Option(help="Source-length buckets: at most this many, of whole lengths, as equal in size as the lengths allow.")] = 3,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: each checkpoint's decode.beam).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length PNG here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,

@@ -38,21 +38,27 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_buckets_of_one_length_keep_their_own_point_and_column():
-    # Multi30k's test_2016_flickr in 20 buckets has "10-10" twice: on a category axis they were one point
+def test_no_length_is_split_between_buckets():
+    """Equal-sized buckets put 10-word sentences in three buckets by their order in the file ("10-10" three times),
+    and labelled neighbours "3-8" and "8-16": each cut moves to the nearest place between two lengths."""
     sources = ["w " * n for n in [3, 5, 10, 10, 10, 10, 10, 10, 12, 14]]
     refs = [f"the reference number {i}" for i in range(10)]
     rows = bleu_by_length(sources, refs, refs, n_buckets=5)
-    assert [r["words"] for r in rows] == ["3-5", "10-10", "10-10", "10-10", "12-14"]
-    rows[2]["bleu"] = 50.0  # one bucket of the three differs: it must be a point of its own
+    assert [(r["words"], r["sentences"]) for r in rows] == [("3-5", 2), ("10-10", 6), ("12-14", 2)]
+    lengths = [len(s.split()) for s in sources]
+    for n in range(1, 12):  # whatever the number asked: whole lengths, shortest first, every sentence once
+        buckets = [[lengths[i] for i in b] for b in length_buckets(sources, n)]
+        assert len(buckets) <= n and sorted(sum(buckets, [])) == sorted(lengths)
+        assert all(max(a) < min(b) for a, b in zip(buckets, buckets[1:]))
+    assert len(length_buckets(["a b"] * 4, 3)) == 1 and length_buckets([], 3) == []
+    rows[1]["bleu"] = 50.0  # each bucket a point of its own on a category axis
     fig = bleu_by_length_figure({"a": rows, "b": rows})
     ax = fig.axes[0]
-    assert [list(line.get_xdata()) for line in ax.lines] == [[0, 1, 2, 3, 4]] * 2
-    assert list(ax.lines[0].get_ydata()) == [100.0, 100.0, 50.0, 100.0, 100.0]
-    assert list(ax.get_xticks()) == [0, 1, 2, 3, 4]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["3-5", "10-10 #1", "10-10 #2", "10-10 #3", "12-14"]
+    assert [list(line.get_xdata()) for line in ax.lines] == [[0, 1, 2]] * 2
+    assert list(ax.lines[0].get_ydata()) == [100.0, 50.0, 100.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3-5", "10-10", "12-14"]
     head = markdown_table({"a": rows}).splitlines()[0]
-    assert head == "| model | 3-5 words | 10-10 words #1 | 10-10 words #2 | 10-10 words #3 | 12-14 words |"
+    assert head == "| model | 3-5 words | 10-10 words | 12-14 words |"
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +164,6 @@ def test_checkpoints_with_clashing_names_are_refused_not_dropped():
     with pytest.raises(UserError, match=r"two checkpoints are named 'a' \(runs/a/best.pt and runs/a/averaged.pt\); "
                                         r"name them, e.g. -c a-a=runs/a/best.pt -c a-b=runs/a/averaged.pt"):
         name_checkpoints(["runs/a/best.pt", "runs/a/averaged.pt"])
+    for spec in ("=runs/a/best.pt", "a="):  # an empty name, or no checkpoint
+        with pytest.raises(UserError, match=f"-c {spec}: give NAME=CKPT with a name and a checkpoint"):
+            name_checkpoints([spec])
