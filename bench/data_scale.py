@@ -134,8 +134,8 @@ def child(overrides: list[str], out: Path) -> None:
 
         setattr(module, name, wrapper)
 
+    timed(dataset, "load_pairs", "read")  # every split is read through `dataset.load_split`
     for module in (data, dataset):
-        timed(module, "load_pairs", "read")
         timed(module, "clean_pairs", "clean")
     timed(data, "in_child_process", "tokenizer")  # drawing and writing the sample, in a child process
     timed(data, "train_tokenizer_on_files", "tokenizer")

@@ -168,6 +168,9 @@ def test_set_into_a_list_of_corpora_says_to_set_the_whole_list(tmp_path):
     with pytest.raises(ConfigError, match=r"^--set 'data.train.weight=3': data.train is a list of 2 sections here, "
                                           r"which --set cannot reach into; set the whole list, e.g. --set 'data.train=\["):
         load_config(path, ["data.train.weight=3"])
+    for item in ("data.train.0.weight=3", "data.train[0].weight=3"):  # an index is no key either
+        with pytest.raises(ConfigError, match=r"data.train is a list of 2 sections here, which --set cannot reach"):
+            load_config(path, [item])
     assert [c.weight for c in load_config(path, ["data.train=[{path: a}, {path: b, weight: 3}]"]).data.train] == [1, 3]
 
 

@@ -271,7 +271,7 @@ def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
     outcomes = [r["outcome"] for r in ranks]
-    assert outcomes[0].startswith("UserError: text corpus not found: tried ")
+    assert outcomes[0].startswith("UserError: data.train: text corpus not found: tried ")
     assert str(tmp_path / "missing" / "train.en") in outcomes[0]
     assert outcomes[1] == outcomes[0]
     assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]  # torn down on the way out too

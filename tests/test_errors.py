@@ -82,6 +82,9 @@ CASES = [
      ["coverage_noattn.yaml: decode.coverage_penalty (0.2) needs attention", "set decode.coverage_penalty to 0"],
      None),
     ("data-vocab-too-large", "train {vocab_big}", 2, ["tokenizer.vocab_size (5000) is too large", "at most"], None),
+    ("data-vocab-below-characters", "train {tiny} --set tokenizer.vocab_size=8", 2,
+     ["tokenizer.vocab_size (8) is below the ", " pieces that the characters of the joint text of data.train (",
+      "raise it to at least", "or lower tokenizer.character_coverage"], None),
     ("data-hub-unreachable", "train {hub}", 2, ["hub dataset 'no-such-user/no-such-corpus'", "could not be loaded",
                                                 "kind: disk"], SUB),
     # checkpoints given to translate and eval

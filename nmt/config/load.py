@@ -152,21 +152,30 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
                 raise ConfigError(f"{where}: {err.problem}") from None
             except yaml.YAMLError:
                 value = text
+        _refuse_into_list(raw, [p.split("[")[0] if "[" in p else p for p in parts], where)
         _check_override(item, parts, value)
         node = raw
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
-            if isinstance(child, list):
-                raise ConfigError(f"{where}: {shorten('.'.join(parts[: i + 1]))} is a list of {len(child)} sections "
-                                  "here, which --set cannot reach into; set the whole list, e.g. --set "
-                                  f"'{shorten('.'.join(parts[: i + 1]))}=[{{path: a}}, {{path: b, weight: 2}}]'")
             if not isinstance(child, dict):
                 raise ConfigError(f"{where}: {shorten('.'.join(parts[: i + 1]))} is not a section")
             node = child
         _put(node, parts, value)
     return raw
+
+
+def _refuse_into_list(raw: dict[str, Any], parts: list[str], where: str) -> None:
+    """Refuse a key that goes on below a list of sections (`data.train.weight`, `data.train.0.weight` and
+    `data.train[0].weight` where `data.train` is a list): --set sets whole values there."""
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, list):
+            key = shorten(".".join(parts[: i + 1]))
+            raise ConfigError(f"{where}: {key} is a list of {len(node)} sections here, which --set cannot reach "
+                              f"into; set the whole list, e.g. --set '{key}=[{{path: a}}, {{path: b, weight: 2}}]'")
 
 
 def _put(node: dict[str, Any], parts: list[str], value: Any) -> None:

@@ -323,7 +323,7 @@ def prepare_split(
             its path and what each step dropped.
     """
     name = _split_name(spec, data_cfg)
-    raw = load_pairs(spec, src_lang=data_cfg.src_lang, tgt_lang=data_cfg.tgt_lang, cache_dir=cache_dir)
+    raw = load_split(spec, data_cfg, cache_dir=cache_dir)
     cleaned, clean_report = clean_pairs(raw, num_proc=num_proc)
     tokenized, filter_report = tokenize_pairs(
         cleaned,
@@ -405,6 +405,19 @@ def _filter_masks(
 def _keep(src_len: list[int], tgt_len: list[int], *, max_len: int | None, max_ratio: float) -> list[bool]:
     too_long, ratio = _filter_masks(np.asarray(src_len), np.asarray(tgt_len), max_len=max_len, max_ratio=max_ratio)
     return (~(too_long | ratio)).tolist()
+
+
+def load_split(spec: CorpusConfig, data_cfg: DataConfig, *, cache_dir: str | Path | None) -> Any:
+    """`load_pairs` of one of the config's splits, whose errors begin with its key (`data.train: text corpus not
+    found: ...`, `data.train[1]: ...`), so that the line says which section to mend.
+
+    Raises:
+        DataError: as `load_pairs`.
+    """
+    try:
+        return load_pairs(spec, src_lang=data_cfg.src_lang, tgt_lang=data_cfg.tgt_lang, cache_dir=cache_dir)
+    except DataError as err:
+        raise DataError(f"{_split_name(spec, data_cfg)}: {err}") from None
 
 
 def _split_name(spec: CorpusConfig, data_cfg: DataConfig) -> str:

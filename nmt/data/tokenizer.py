@@ -187,6 +187,12 @@ def _train_one(cfg: TokenizerConfig, files: list[Path], which: str, where: str) 
         raise DataError(
             f"tokenizer.vocab_size ({cfg.vocab_size}) is too large for the {which} text of {where}; lower it{limit}"
         )
+    needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", error)
+    if needed:  # the characters to cover and the special symbols take that many pieces before any subword
+        raise DataError(
+            f"tokenizer.vocab_size ({cfg.vocab_size}) is below the {needed.group(1)} pieces that the characters of "
+            f"the {which} text of {where} and the special symbols take; raise it to at least {needed.group(1)}, "
+            "or lower tokenizer.character_coverage")
     raise DataError(f"{where}: sentencepiece failed on the {which} text: {error}")
 
 

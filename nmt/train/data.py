@@ -31,12 +31,13 @@ from nmt.config import (
     config_to_dict,
 )
 from nmt.data.batching import Batch, Padding, Rounding, TokenBatchSampler, collate_flat
-from nmt.data.corpus import clean_pairs, load_pairs
+from nmt.data.corpus import clean_pairs
 from nmt.data.dataset import (
     IdColumns,
     available_cores,
     in_child_process,
     length_arrays,
+    load_split,
     prepare_split,
     write_tokenizer_sample,
 )
@@ -61,7 +62,7 @@ class RunData:
 
 def _read_train(spec: CorpusConfig, data: DataConfig, cache: Path) -> Any:
     """One training corpus as read (`load_pairs`); an empty one is an error here, before a tokenizer is trained."""
-    pairs = load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
+    pairs = load_split(spec, data, cache_dir=cache)
     if not len(pairs):
         raise DataError(f"data.train ({spec.path}): empty, no pairs to read; give a corpus that holds sentence pairs")
     return pairs
@@ -80,7 +81,7 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     cache = run_dir / "cache"
     num_proc = data.num_proc or available_cores()
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
-    load_pairs(data.valid, src_lang=data.src_lang, tgt_lang=data.tgt_lang, cache_dir=cache)
+    load_split(data.valid, data, cache_dir=cache)
     given, tokenizer = tokenizer, _run_tokenizer(cfg, run_dir, given=tokenizer is not None)
     if given is not None and tokenizer is not None and given.to_state() != tokenizer.to_state():
         raise UserError(f"run_dir {run_dir}: holds other sentencepiece models than train.init_from or "
