@@ -121,3 +121,13 @@ def test_max_epochs_runs_whole_epochs_and_no_update_of_the_next(small_corpus, tm
     assert same_weights(weights(tmp_path / "a" / f"ckpt_{two['step']}.pt"),
                         weights(tmp_path / "b" / f"ckpt_{two['step']}.pt"))
     assert [p.name for p in periodic_checkpoints(tmp_path / "b")] == [f"ckpt_{two['step']}.pt"]
+
+
+def test_each_log_line_counts_the_updates_it_averages_and_after_a_resume_fewer(small_corpus, tmp_path):
+    """A resume starts a new window: its first line averages the updates since the resume, and says how many."""
+    run = tmp_path / "run"
+    train(tiny_cfg(small_corpus, run, max_steps=3, save_every=3, log_every=2))
+    train(tiny_cfg(small_corpus, run, max_steps=6, save_every=3, log_every=2))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    lines = [(r["step"], r["updates"]) for r in records if r["event"] == "train"]
+    assert lines == [(1, 1), (2, 1), (4, 1), (6, 2)], lines
