@@ -138,4 +138,5 @@ def format_scores(name: str, scores: dict[str, Any]) -> str:
     found = [m for m in METRICS.values() if m.name in scores and m.scorer is not None]
     values = "  ".join(f"{m.label} = {scores[m.name]:.2f}" for m in found)
     signatures = "".join(f"\n  {scores[m.name + '_signature']}" for m in found if m.name + "_signature" in scores)
-    return f"{name}: {values}  ({scores['sentences']} sentences){signatures}"
+    n = scores["sentences"]
+    return f"{name}: {values}  ({n} sentence{'' if n == 1 else 's'}){signatures}"

@@ -40,7 +40,7 @@ def test_only_the_configured_metrics_are_scored_and_printed():
     cfg = config_from_dict({"eval": {"metrics": ["ter"]}}).eval
     s = score(["a b c d"], ["a b c e"], cfg)
     assert set(s) == {"ter", "ter_signature", "sentences"}
-    assert format_scores("set", s).splitlines()[0] == "set: TER = 25.00  (1 sentences)"
+    assert format_scores("set", s).splitlines()[0] == "set: TER = 25.00  (1 sentence)"
 
 
 def test_early_stopping_on_ter_keeps_the_lowest(small_corpus, tmp_path):
