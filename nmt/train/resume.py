@@ -185,9 +185,19 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
                     "pairs come again and others not until the next epoch; set %s to resume in the run's order", path,
                     ", ".join(f"train.{key}: {old}, now {new}" for key, old, new in changed),
                     ", ".join(f"train.{key}: {old}" for key, old, _ in changed))
+    saved_data, data = payload.get("config", {}).get("data", {}), config_to_dict(cfg.data)
+    other_data = [f"data.{key}" for key in TRAINING_SET if key in saved_data and saved_data[key] != data[key]]
+    if other_data and ctx.is_main:  # fine-tuning on in a run directory, say: allowed, and said
+        log.warning("%s was trained with another %s: training goes on with this config's, its epoch %d after the "
+                    "first %d batches of this config's own, the optimizer and schedule as they were", path,
+                    " and ".join(other_data), progress.epoch, progress.batch_in_epoch)
     if ctx.is_main:
         log.info("resumed from %s at step %d", path, progress.step)
     return progress
+
+
+TRAINING_SET = ("train", "max_len", "max_ratio")
+"""The `data` keys that decide which pairs training takes: a resume with others changes the corpus under the epoch."""
 
 
 REPLACED = ".replaced"

@@ -130,3 +130,17 @@ def test_a_run_with_checkpoints_keeps_its_tokenizer_without_its_record(small_cor
     (run / "spm.json").unlink()  # a run of an nmt that wrote none
     summary = train(tiny_cfg(small_corpus, run, max_steps=4, save_every=2))
     assert summary["step"] == 4 and (run / "spm.model").read_bytes() == before["spm.model"]
+
+
+def test_a_resume_on_other_training_data_says_so(small_corpus, tmp_path, caplog):
+    """Allowed (fine-tuning on in the same run directory), but the epoch's position then counts other batches."""
+    run, _ = _trained(small_corpus, tmp_path)
+    raw = tiny_raw(small_corpus, run, max_steps=3, save_every=3)
+    raw["data"]["train"]["path"] = str(small_corpus / "valid")
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        assert train(config_from_dict(raw))["step"] == 3
+    assert "ckpt_2.pt was trained with another data.train: training goes on with this config's" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt"):  # the same data: nothing to say
+        train(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 4, "save_every": 4}}))
+    assert "trained with another" not in caplog.text
