@@ -66,14 +66,13 @@ def evaluate_checkpoint(
     if problem:  # before translating, not after
         raise UserError(f"{checkpoint}: eval.tokenize {cfg.eval.tokenize!r}: {problem}")
     out = Path(save_dir) if save_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, (sources, references) in (files or eval_sets(cfg, split=split)).items():
         log.info("%s: translating %d sentences (beam %d)", name, len(sources), beam or cfg.decode.beam)
         hyps = translator.translate(sources, beam=beam)
         results[name] = {**score(hyps, references, cfg.eval), "beam": beam or cfg.decode.beam}
         if out is not None:
+            out.mkdir(parents=True, exist_ok=True)  # once there is something to put in it: a failed eval makes none
             text = "".join(h + "\n" for h in hyps).encode("utf-8")
             stem = Path(name).name if files else DataConfig.set_file_stem(name)
             write_atomic(out / f"{stem}.hyp", lambda f, text=text: f.write(text))

@@ -133,6 +133,10 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
         assert len(hyps) == scores["sentences"] == lines
         again = score_files(out / file, small_corpus / ref)
         assert {k: again[k] for k in ("bleu", "chrf", "ter")} == {k: scores[k] for k in ("bleu", "chrf", "ter")}
+    # an eval that fails makes no folder
+    result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "nope",
+                                 "--save-translations", str(tmp_path / "never")])
+    assert isinstance(result.exception, UserError) and not (tmp_path / "never").exists()
 
 
 def _write(tmp_path, raw) -> str:
