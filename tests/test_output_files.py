@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,24 @@ def nmt(monkeypatch, *args: str) -> tuple[int, list[str]]:
 
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(".tmp-"))
+
+
+@contextlib.contextmanager
+def ctrl_c_after(lines: int, monkeypatch) -> Iterator[list[str]]:
+    """Inside the block, a translation stops as Ctrl-C stops it once `lines` output lines are made (yielded)."""
+    format_nbest, written = translate_module.format_nbest, []
+
+    def then_ctrl_c(*args, **kwargs):
+        if len(written) == lines:
+            raise KeyboardInterrupt
+        written.append(format_nbest(*args, **kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(translate_module, "format_nbest", then_ctrl_c)
+    try:
+        yield written
+    finally:
+        monkeypatch.setattr(translate_module, "format_nbest", format_nbest)
 
 
 @pytest.fixture
@@ -289,17 +308,8 @@ def test_a_gzip_input_is_translated_and_resumed_as_its_text_would_be(doc, checkp
     packed.write_bytes(gzip.compress(doc.read_bytes()))
     plain, from_gz = doc.parent / "plain.txt", doc.parent / "from_gz.txt"
     assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(plain))[0] == 0
-    format_nbest, written = translate_module.format_nbest, []
-
-    def then_ctrl_c(*args, **kwargs):  # stopped after two lines, then resumed from the compressed file
-        if len(written) == 2:
-            raise KeyboardInterrupt
-        written.append(format_nbest(*args, **kwargs))
-        return written[-1]
-
-    monkeypatch.setattr(translate_module, "format_nbest", then_ctrl_c)
-    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed), "-o", str(from_gz))[0] == 130
-    monkeypatch.setattr(translate_module, "format_nbest", format_nbest)
+    with ctrl_c_after(2, monkeypatch):  # stopped after two lines, then resumed from the compressed file
+        assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed), "-o", str(from_gz))[0] == 130
     status, errors = nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(packed), "-o", str(from_gz))
     assert status == 0, errors
     assert from_gz.read_text() == plain.read_text()
@@ -320,19 +330,10 @@ def test_an_output_named_gz_is_compressed_whole_after_a_resume_and_from_standard
     ckpt = str(checkpoints["transformer"])
     plain, packed = doc.parent / "plain.txt", doc.parent / "out.txt.gz"
     assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(plain))[0] == 0
-    format_nbest, written = translate_module.format_nbest, []
-
-    def then_ctrl_c(*args, **kwargs):
-        if len(written) == 2:
-            raise KeyboardInterrupt
-        written.append(format_nbest(*args, **kwargs))
-        return written[-1]
-
-    monkeypatch.setattr(translate_module, "format_nbest", then_ctrl_c)
-    assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(packed))[0] == 130
+    with ctrl_c_after(2, monkeypatch) as written:
+        assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(packed))[0] == 130
     part = partial_paths(packed)[0]
     assert part.read_text().splitlines() == written and not packed.exists()  # the lines so far, plain, to resume
-    monkeypatch.setattr(translate_module, "format_nbest", format_nbest)
     assert nmt(monkeypatch, "translate", "-c", ckpt, "-i", str(doc), "-o", str(packed)) == (0, [])
     assert gzip.decompress(packed.read_bytes()).decode() == plain.read_text() and not part.exists()
     from_stdin = doc.parent / "stdin.txt.gz"
