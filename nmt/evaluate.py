@@ -34,15 +34,6 @@ def score_files(hyp: str | Path, ref: str | Path, cfg: EvalConfig | None = None)
     return score(hyps, refs, cfg)
 
 
-def check_beam(beam: int | None) -> None:
-    """Refuse a `beam` that `decode.beam` would refuse (None: the checkpoint's).
-
-    Raises:
-        UserError: naming `--beam` and the range.
-    """
-    check_search_flags(beam=beam)
-
-
 def evaluate_checkpoint(
     checkpoint: str | Path,
     *,
@@ -58,7 +49,7 @@ def evaluate_checkpoint(
     With `save_dir`, each set's translations are also written to `save_dir/<set>.hyp`
     (the file name of `src` when scoring files).
     """
-    check_beam(beam)  # this and the files are checked before the model loads
+    check_search_flags(beam=beam)  # this and the files are checked before the model loads
     files = file_set(src, ref)
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg

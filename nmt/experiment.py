@@ -55,24 +55,23 @@ def hardware(device: torch.device) -> str:
     return f"CPU, {os.cpu_count()} cores, {per_process} ({model})"
 
 
-def training_speed(metrics_file: Path) -> float | None:
-    """Median target tokens/s over the logged training windows (None without a log)."""
+def logged(metrics_file: Path) -> list[dict[str, Any]]:
+    """The records of a run's `metrics.jsonl` (none without the file)."""
     if not metrics_file.is_file():
-        return None
-    speeds = [r["tokens_per_s"] for r in map(json.loads, metrics_file.read_text().splitlines())
-              if r.get("event") == "train" and r.get("step", 0) > 1]
+        return []
+    return [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+
+
+def training_speed(records: list[dict[str, Any]]) -> float | None:
+    """Median target tokens/s over the logged training windows (None without any)."""
+    speeds = [r["tokens_per_s"] for r in records if r.get("event") == "train" and r.get("step", 0) > 1]
     return round(statistics.median(speeds), 1) if speeds else None
 
 
-def validation_at(metrics_file: Path, step: int) -> dict[str, float] | None:
+def validation_at(records: list[dict[str, Any]], step: int) -> dict[str, float] | None:
     """The validation scores logged at `step` (the last such record, after a resume), or None."""
-    if not metrics_file.is_file():
-        return None
-    found = None
-    for record in map(json.loads, metrics_file.read_text(encoding="utf-8").splitlines()):
-        if record.get("event") == "valid" and record.get("step") == step:
-            found = {k: v for k, v in record.items() if k not in ("event", "step", "best", "seconds")}
-    return found
+    found = [r for r in records if r.get("event") == "valid" and r.get("step") == step]
+    return {k: v for k, v in found[-1].items() if k not in ("event", "step", "best", "seconds")} if found else None
 
 
 def search_options(translator: Translator, cfg: ExperimentConfig) -> SearchOptions:
@@ -148,6 +147,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
             "by_length": bleu_by_length(sources, hyps, refs, cfg=cfg.eval),
         }
         (run_dir / f"{DataConfig.set_file_stem(set_name)}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    records = logged(run_dir / "metrics.jsonl")
     result = {
         "experiment": name,
         "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
@@ -161,12 +161,12 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "steps": summary["step"],
         "train_seconds": summary["train_seconds"],
         "stopped_by": summary["stop"],
-        "tokens_per_s": training_speed(run_dir / "metrics.jsonl"),
+        "tokens_per_s": training_speed(records),
         "hardware": hardware(pick_device(cfg.train.device)),
         "valid": summary["last_valid"],
         "valid_step": summary["validated_step"],
         "best_step": summary["best_step"],
-        "best_valid": validation_at(run_dir / "metrics.jsonl", summary["best_step"]),
+        "best_valid": validation_at(records, summary["best_step"]),
         "test": tests,
     }
     out = Path(results_dir) / f"{name}.json"

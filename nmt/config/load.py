@@ -152,7 +152,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
                 raise ConfigError(f"{where}: {err.problem}") from None
             except yaml.YAMLError:
                 value = text
-        _refuse_into_list(raw, [p.split("[")[0] if "[" in p else p for p in parts], where)
+        _refuse_into_list(raw, [p.split("[")[0] for p in parts], where)
         _check_override(item, parts, value)
         node = raw
         for i, part in enumerate(parts[:-1]):

@@ -218,9 +218,9 @@ class DataConfig:
                 raise ValueError(f"{name}.weight: weights apply to training corpora only; remove it")
         stems: dict[str, str] = {}
         for name in self.test:
-            stem = self.set_file_stem(name)
             if not name.strip():
                 raise ValueError("test: a test set's name is empty; name it (e.g. newstest2014)")
+            stem = self.set_file_stem(name)
             if stem in stems:
                 raise ValueError(f"test.{name}: its translations would go to the file of test.{stems[stem]} "
                                  f"({stem}.hyp); rename one of them")

@@ -430,8 +430,7 @@ except ImportError:  # a datasets that moved them
 def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
     split = spec.split or "train"
     if Path(path).is_file():  # datasets would say that it finds no data file there
-        suffix = "".join(Path(path).suffixes[-2:]).removesuffix(".gz")
-        kind = _KINDS_BY_SUFFIX.get(suffix) or _KINDS_BY_SUFFIX.get(Path(path).suffix)
+        kind = _KINDS_BY_SUFFIX.get(Path(path.removesuffix(".gz")).suffix)
         instead = f"use kind: {kind}" if kind else "use kind: text, tsv, jsonl or parquet, as its format is"
         raise DataError(f"{path}: a file, and kind hf reads a hub dataset or a folder of data files; {instead}")
     if path in _BUILDERS and not Path(path).is_dir():  # without data files it reads the working directory
