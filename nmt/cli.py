@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from nmt.errors import UserError, shorten
+from nmt.errors import OutputClosed, UserError, shorten
 from nmt.interrupts import stops_cleanly_on_sigterm
 
 app = typer.Typer(
@@ -390,6 +390,8 @@ def main() -> None:
         if _state["debug"]:
             traceback.print_exc()
         typer.echo(f"nmt: error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted
         sys.exit(err.exit_code)
     except Interrupted as err:  # SIGINT or SIGTERM during training (Ctrl-C elsewhere: typer exits 130 itself)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, every rank stops with the same news

@@ -2,7 +2,8 @@
 
 `UserError` covers everything the user can fix: a bad config, a missing or
 malformed data file, an incompatible checkpoint. The CLI prints its message and
-exits with status 2. Anything else is a bug or a runtime failure (exit 1).
+exits with status 2. Anything else is a bug or a runtime failure (exit 1), except
+`OutputClosed`: a reader that stopped reading (status 141, no message).
 
 A message is one line that starts with what the user must look at, then says
 what is wrong and, where it is not obvious, what to do:
@@ -28,6 +29,13 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A missing, truncated or incompatible checkpoint."""
+
+
+class OutputClosed(Exception):
+    """Standard output's reader went away (`nmt translate ... | head`): the CLI stops quietly with status 141,
+    as a Unix tool killed by SIGPIPE does, so `set -o pipefail` tells it from a finished run."""
+
+    exit_code = 141
 
 
 def shorten(text: str, limit: int = 200) -> str:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from nmt.data.text import READ_ERRORS, available_lines, decode_lines, open_binary
 from nmt.decode import CHUNK_LINES, SearchOptions
-from nmt.errors import UserError
+from nmt.errors import OutputClosed, UserError
 from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
 from nmt.partial import partial_paths, resumable_output
 from nmt.plot import plot_attention
@@ -113,9 +113,15 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
 
 @contextmanager
 def _standard_output() -> Iterator[TextIO]:
-    """Standard output, whose full disk (`> /dev/full`, a full file system) is one line, as for a file's."""
+    """Standard output, whose full disk (`> /dev/full`, a full file system) is one line, as for a file's, and
+    whose reader going away (`| head`) is `OutputClosed`."""
     try:
         yield sys.stdout
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere at exit, without an error
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise OutputClosed() from None
     except OSError as err:
         if disk_full(err):
             raise UserError("standard output: disk full; the translations before it were written: free some space "

@@ -301,6 +301,24 @@ def test_standard_output_on_a_full_disk_is_one_line(checkpoints, doc):
             "or write elsewhere"], proc.stderr
 
 
+def test_a_reader_that_stops_reading_ends_the_translation_quietly_with_status_141(checkpoints, tmp_path):
+    """`nmt translate ... | head -2` exited 1, the status of a runtime failure; a Unix tool whose reader has gone
+    stops quietly with 141 (SIGPIPE), and so does nmt, from a file and from standard input alike."""
+    doc = tmp_path / "long.txt"
+    doc.write_text("the man sees the dog .\n" * 5000)  # more lines than one chunk
+    for stdin, args in ((subprocess.DEVNULL, ["-i", str(doc)]), (open(doc, "rb"), [])):
+        proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["transformer"]),
+                                 "--max-len-a", "0", "--max-len-b", "2", *args], stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        first = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()  # as `head -2` does once it has its lines
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, stderr
+        assert all(line.endswith(b"\n") for line in first)
+        assert "Traceback" not in stderr and "error" not in stderr, stderr
+
+
 def test_a_gzip_input_is_translated_and_resumed_as_its_text_would_be(doc, checkpoints, monkeypatch):
     """`-i doc.txt.gz` was refused as "invalid UTF-8 ... convert the input to UTF-8", where `nmt eval` read it."""
     ckpt = str(checkpoints["transformer"])
