@@ -100,6 +100,10 @@ class TranslationServer(ThreadingHTTPServer):
         deadline = time.monotonic() + self.drain_seconds
         for thread in list(self._handlers):
             thread.join(max(0.0, deadline - time.monotonic()))
+        if left := sum(thread.is_alive() for thread in self._handlers):
+            log.warning("%d connection(s) still open after the %g s wait for the requests in flight: stopping "
+                        "without them (a request still being read or translated gets no answer)", left,
+                        self.drain_seconds)
 
     @property
     def url(self) -> str:

@@ -270,7 +270,7 @@ def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):
         make_server(checkpoint, port=port, device="cpu")
 
 
-def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint):
+def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint, caplog):
     """A handler thread still translating when the interpreter exits can abort the process, so closing
     waits for it (`TranslationServer.server_close`), up to `drain_seconds`."""
     srv = make_server(checkpoint, host="127.0.0.1", port=0, device="cpu")
@@ -301,8 +301,12 @@ def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint
         time.sleep(0.01)
     srv.shutdown()
     start = time.monotonic()
-    srv.server_close()
+    with caplog.at_level(logging.WARNING, logger="nmt.serve"):
+        srv.server_close()
     assert 0.25 <= time.monotonic() - start < 5 and any(t.is_alive() for t in srv._handlers)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "1 connection(s) still open after the 0.3 s wait for the requests in flight: stopping without them (a "
+        "request still being read or translated gets no answer)"]
     srv.lock.release()  # let it finish, so that no thread of this test outlives it
     for thread in list(srv._handlers):
         thread.join(timeout=10)
@@ -356,8 +360,11 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
             if line.strip() == "[nmt] stopped":
                 break
         conn.send(body[5:])
-        resp = conn.getresponse()
-        status, reply = resp.status, json.loads(resp.read())
+        try:
+            resp = conn.getresponse()
+            status, reply = resp.status, json.loads(resp.read())
+        except (OSError, http.client.HTTPException) as err:  # with the server's log below, not alone
+            status, reply = repr(err), {}
         conn.close()
     finally:
         if not stopping:  # failed before the signal: nothing to wait for
@@ -365,5 +372,5 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
         rc = proc.wait(timeout=30)
         said.append(proc.stderr.read())
         proc.stderr.close()
-    assert status == 200 and len(reply["translations"]) == 1
+    assert status == 200 and len(reply["translations"]) == 1, f"{status}; the server said: {''.join(said)[-3000:]}"
     assert rc == 0 and "[nmt] stopped\n" in said, "".join(said)[-3000:]
