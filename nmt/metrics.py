@@ -7,8 +7,9 @@ experiment reports all read `METRICS`: a new metric is one entry here.
 Text metrics are sacreBLEU's, on detokenized text, each reported with its
 signature (Post, 2018, "A Call for Clarity in Reporting BLEU Scores"): BLEU
 (Papineni et al., 2002), chrF (Popović, 2015) and TER (Snover et al., 2006).
-`loss` is the validation cross-entropy per target token, computed by the
-training loop under teacher forcing, not from text.
+`loss` is the validation loss per target token as training minimises it, label
+smoothing included (`ppl` beside it is exp of the plain cross-entropy), computed
+under teacher forcing, not from text.
 """
 
 from __future__ import annotations

@@ -209,19 +209,20 @@ class RNNEncoder(nn.Module):
         gradients are the LSTM's.
         """
         half = self.rnn.hidden_size
+        wide = torch.promote_types(outputs[0].dtype, torch.float32)  # fp32 for bf16 and fp16; fp64 stays
         log_forget, update = [], []
         for x, out, suffix in zip(inputs, outputs, ("", "_reverse")):
             w_ih, w_hh, b_ih, b_hh = (w[: 3 * half] for w in self._weights(layer, suffix))  # i, f, g (not o)
             previous = F.pad(out[:, :-1], (0, 0, 1, 0))  # (B, S, H / dirs): h_{t-1}, zeros before the first
             gates = F.linear(x, w_ih, b_ih) + F.linear(previous, w_hh, b_hh)  # (B, S, 3 H / dirs)
-            i, f, g = gates.float().chunk(3, dim=-1)  # the sum in fp32, as fused kernels keep c
+            i, f, g = gates.to(wide).chunk(3, dim=-1)  # the sum in fp32 at least, as fused kernels keep c
             log_forget.append(F.logsigmoid(f))
             update.append(torch.sigmoid(i) * torch.tanh(g))
         held = real.unsqueeze(-1)  # (B, S, 1)
         log_forget = torch.where(held, torch.cat(log_forget, dim=-1), 0.0)  # (B, S, H): both directions
         update = torch.where(held, torch.cat(update, dim=-1), 0.0)
         running = log_forget.double().cumsum(dim=1)  # (B, S, H): log prod_{j<=t} f_j
-        decay = torch.exp(running[:, -1:] - running).float()  # prod_{t<j<=T} f_j, at most 1
+        decay = torch.exp(running[:, -1:] - running).to(wide)  # prod_{t<j<=T} f_j, at most 1
         return (update * decay).sum(dim=1).to(outputs[0].dtype)
 
 
