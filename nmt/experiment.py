@@ -22,7 +22,7 @@ from nmt.analysis import bleu_by_length
 from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
-from nmt.errors import CheckpointError
+from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic
 from nmt.metrics import score, with_metrics
 from nmt.runtime import is_main_process, pick_device
@@ -130,8 +130,11 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
     """
+    if not cfg.data.test:  # found out before training, not after it
+        raise UserError("data.test: no test sets, and nmt experiment scores them after training: add them to "
+                        "the config (data.test: {NAME: {kind: text, path: PREFIX}}), or use nmt train")
     # read before training, so that a test set that cannot be read fails now, not after the run
-    test_sets = eval_sets(cfg, split="test", of_checkpoint=False) if cfg.data.test and is_main_process() else None
+    test_sets = eval_sets(cfg, split="test", of_checkpoint=False) if is_main_process() else None
     summary = train(cfg, restart=restart)
     if not is_main_process():
         return None
