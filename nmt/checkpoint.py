@@ -66,6 +66,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: is a folder, not a checkpoint; give a .pt file in it (e.g. best.pt)")
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    if not_torch := _not_a_torch_file(path):
+        raise CheckpointError(f"{path}: not a checkpoint: {not_torch}")
     try:
         with torch.serialization.safe_globals(_OLD_RNG_GLOBALS):
             payload = torch.load(path, map_location=map_location, weights_only=True)
@@ -82,6 +84,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         what = f"format {found!r}" if found else f"a {type(payload).__name__} without a 'format' entry"
         raise CheckpointError(f"{path}: not an nmt checkpoint (expected format {FORMAT!r}, found {what})")
     return payload
+
+
+def _not_a_torch_file(path: Path) -> str | None:
+    """What `path` is where its first bytes say it is no torch file (a zip archive, or an old torch file's
+    pickle), else None: a Git LFS pointer or a web page saved under a checkpoint's name is named so, where
+    torch's own error spoke of Python objects or gave a number."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if not head:
+        return "an empty file (an interrupted copy?)"
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):  # torch.save's zip, or its legacy pickle
+        return None
+    if head.startswith(b"version https://git-lfs.github.com/spec/"):
+        return "a Git LFS pointer, not the file it stands for; fetch the file (git lfs pull)"
+    text = head.lstrip().lower()
+    if text.startswith((b"<!doctype html", b"<html")):
+        return "a web page, not a torch file (a download that fetched a page instead of the file?)"
+    return "not a torch file (it starts with neither a zip archive's nor a pickle's bytes)"
 
 
 def periodic_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -43,6 +43,29 @@ def test_missing_truncated_and_foreign_files_are_clear_errors(tmp_path):
     torch.save({"state_dict": {}}, foreign)
     with pytest.raises(CheckpointError, match="not an nmt checkpoint"):
         load_checkpoint(foreign)
+    legacy = tmp_path / "legacy.pt"  # torch's format before the zip archive: a pickle, read as before
+    torch.save({"format": "x"}, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match="found format 'x'"):
+        load_checkpoint(legacy)
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 123\n",
+     "a Git LFS pointer, not the file it stands for; fetch the file (git lfs pull)"),
+    (b"\n  <!DOCTYPE html><html><body>Sign in</body></html>\n",
+     "a web page, not a torch file (a download that fetched a page instead of the file?)"),
+    (b"<HTML><body>Not found</body></HTML>", "a web page, not a torch file"),
+    (b"junk\n", "not a torch file (it starts with neither a zip archive's nor a pickle's bytes)"),
+    (b"", "an empty file (an interrupted copy?)"),
+])
+def test_a_file_that_is_no_torch_file_is_named_for_what_it_is(tmp_path, content, said):
+    """A Git LFS pointer or a saved web page was refused as holding Python objects that could run code, and
+    other text as `truncated or not a torch file: 174812789`."""
+    path = tmp_path / "best.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    assert str(refused.value).startswith(f"{path}: not a checkpoint: {said}")
 
 
 def test_prune_keeps_newest_and_latest_is_by_step(tmp_path):

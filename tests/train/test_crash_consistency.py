@@ -144,7 +144,8 @@ def test_a_best_checkpoint_already_pruned_gives_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         restore_best(tmp_path, {"step": 9, "best_step": 6})
     [message] = [r.getMessage() for r in caplog.records]
-    assert message.startswith(f"{tmp_path / 'best.pt'} is unreadable ({tmp_path / 'best.pt'}: cannot read checkpoint")
+    assert message.startswith(f"{tmp_path / 'best.pt'} is unreadable ({tmp_path / 'best.pt'}: not a checkpoint: an "
+                              "empty file")
     assert message.endswith("), but the best validation was at step 6 and ckpt_6.pt is gone: "
                             "best.pt is not that step's model until a later validation improves on it")
     assert (tmp_path / "best.pt").read_bytes() == b""
