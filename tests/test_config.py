@@ -163,6 +163,22 @@ def test_a_text_key_takes_its_set_value_as_typed(tmp_path):
     assert load_config(write(tmp_path, ""), ["train.max_steps=12"]).train.max_steps == 12  # other keys: YAML as ever
 
 
+def test_a_corpus_path_takes_its_set_value_as_typed_unless_it_is_a_list(tmp_path):
+    """`--set 'data.train.path=corpus/v #2'` read `corpus/v` (YAML's comment dropped), and a prefix `no` was
+    refused as `expected a list, got bool`; a `[...]` value is still a list, and an optional text key's `null`
+    still None."""
+    cfg = load_config(write(tmp_path, "data:\n  train: {path: a}\n  valid: {path: b, split: dev}\n"),
+                      ["data.train.path=corpus/v #2", "data.valid.path=no", "data.test.t.path=12:30",
+                       "data.valid.split=null", "data.valid.hf_config=on"])
+    assert (cfg.data.train.path, cfg.data.valid.path, cfg.data.test["t"].path) == ("corpus/v #2", "no", "12:30")
+    assert cfg.data.valid.split is None and cfg.data.valid.hf_config == "on"
+    listed = load_config(write(tmp_path, "data:\n  train: {path: a}\n"), ["data.train.path=[x, 'y #1']"])
+    assert listed.data.train.path == ["x", "y #1"]
+    tsv = write(tmp_path, "data:\n  train: {kind: tsv, path: a.tsv}\n")
+    cfg = load_config(tsv, ["data.train.src_field=1", "data.train.tgt_field=0"])  # str | int: read as YAML
+    assert (cfg.data.train.src_field, cfg.data.train.tgt_field) == (1, 0)
+
+
 def test_set_into_a_list_of_corpora_says_to_set_the_whole_list(tmp_path):
     path = write(tmp_path, "data:\n  train:\n    - {path: a}\n    - {path: b}\n")
     with pytest.raises(ConfigError, match=r"^--set 'data.train.weight=3': data.train is a list of 2 sections here, "

@@ -143,7 +143,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
         if not sep or not key.strip():
             raise ConfigError(f"{where}: expected section.key=value")
         parts = key.strip().split(".")
-        if _text_key(parts) and text.strip() and text.strip()[0] not in "\"'":
+        if _text_key(parts, text.strip()) and text.strip()[0] not in "\"'":
             value: Any = text.strip()  # as typed: YAML would read `no` as false, `12:30` as 750, `#x` as nothing
         else:
             try:
@@ -200,13 +200,20 @@ def _names_section(parts: list[str]) -> bool:
     return any(dataclasses.is_dataclass(m) for m in members)
 
 
-def _text_key(parts: list[str]) -> bool:
-    """Whether the key `parts` names holds text and text only (`run_dir`, `data.src_lang`), so that a `--set` value
-    for it is taken as typed; False for any other key, or none (which `_check_override` then names)."""
+def _text_key(parts: list[str], text: str) -> bool:
+    """Whether the `--set` value `text` for the key `parts` is taken as typed: the key holds text (`run_dir`,
+    `data.src_lang`, `data.hf_config`), or a path that may be a list (`data.train.path`) and `text` is no
+    `[...]` list; an optional key's `null` or `~` and an empty value are read as YAML (None). False for any
+    other key, or none (which `_check_override` then names)."""
     try:
-        return _key_field(parts, "")[1] is str
+        tp = _key_field(parts, "")[1]
     except ConfigError:
         return False
+    members = set(typing.get_args(tp)) if typing.get_origin(tp) in (typing.Union, types.UnionType) else {tp}
+    if not text or (type(None) in members and text in ("null", "Null", "NULL", "~")):
+        return False
+    members.discard(type(None))
+    return members == {str} or (members == {str, list[str]} and not text.startswith("["))
 
 
 def _check_override(item: str, parts: list[str], value: Any) -> None:
