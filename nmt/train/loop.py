@@ -348,7 +348,7 @@ class _Loop:
             loss, nll, tokens, positions = reduce_on_device([loss, nll, tokens, positions], self.device, self.ctx).tolist()
         record = {
             "event": "train", "step": p.step, "epoch": p.epoch,
-            "updates": w.steps,  # that the line's figures average: fewer than log_every in the first line after a resume
+            "updates": w.steps,  # that the line's figures average: fewer than log_every after step 1 and a resume
             "loss": round(loss / max(tokens, 1), 4), "ppl": round(perplexity(nll, max(tokens, 1)), 2),
             "lr": lr, "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
             "tokens_per_s": round(float(w.update_tokens) / seconds, 1),
