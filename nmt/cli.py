@@ -8,6 +8,7 @@ stderr and exit status 2; other failures exit 1; `--debug` shows tracebacks.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,9 @@ app = typer.Typer(
 )
 GLOBAL_FLAGS = ("--quiet", "-q", "--debug")
 """Options of `nmt` itself that every command also accepts after its name (`main` moves them first)."""
+command = functools.partial(app.command, epilog="Every command also takes -q/--quiet (only warnings and errors on "
+                                                "stderr) and --debug (full tracebacks on errors).")
+"""`app.command` with the epilog that names the global flags in each command's --help."""
 _state = {"debug": False}
 
 SetOption = Annotated[
@@ -73,7 +77,7 @@ def _main(
     logging.getLogger("datasets").setLevel(logging.WARNING)
 
 
-@app.command()
+@command()
 def train(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
     overrides: SetOption = None,
@@ -94,7 +98,7 @@ def train(
         typer.echo(json.dumps({k: v for k, v in summary.items() if k != "event"}))
 
 
-@app.command()
+@command()
 @stops_cleanly_on_sigterm
 def translate(
     checkpoint: Annotated[list[Path], typer.Option(
@@ -163,7 +167,7 @@ def translate(
                  progress=progress, restart=restart)
 
 
-@app.command("eval")
+@command("eval")
 @stops_cleanly_on_sigterm
 def evaluate(
     checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", help="Checkpoint to translate with.")] = None,
@@ -208,7 +212,7 @@ def evaluate(
             typer.echo(format_scores(name, scores_))
 
 
-@app.command()
+@command()
 @stops_cleanly_on_sigterm
 def average(
     paths: Annotated[list[Path], typer.Argument(help="Checkpoints to average; with --last, one run directory.")],
@@ -238,7 +242,7 @@ def average(
     typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {' '.join(p.name for p in checkpoints)})")
 
 
-@app.command()
+@command()
 def experiment(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
     overrides: SetOption = None,
@@ -268,7 +272,7 @@ def experiment(
     typer.echo(f"wrote {results / (result['experiment'] + '.json')}")
 
 
-@app.command()
+@command()
 @stops_cleanly_on_sigterm
 def analyze(
     checkpoints: Annotated[list[str], typer.Option("--checkpoint", "-c", help="NAME=CKPT or CKPT (repeatable).")],
@@ -319,7 +323,7 @@ def analyze(
         typer.echo(markdown_table(result["by_length"]))
 
 
-@app.command()
+@command()
 @stops_cleanly_on_sigterm
 def export(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Transformer checkpoint (.pt).")],
@@ -336,7 +340,7 @@ def export(
     typer.echo(f"wrote {path} ({format}); translate with ctranslate2.Translator({str(path)!r})")
 
 
-@app.command()
+@command()
 def serve(
     checkpoint: Annotated[list[Path], typer.Option(
         "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several.")],
@@ -353,7 +357,7 @@ def serve(
     run_server(checkpoint, host=host, port=port, beam=beam, device=device)
 
 
-@app.command("config-reference")
+@command("config-reference")
 def config_reference() -> None:
     """Print every config key with its default and meaning (markdown)."""
     from nmt.config import reference_markdown

@@ -38,3 +38,18 @@ def test_version_and_short_help():
     short, long = nmt("translate", "-h"), nmt("translate", "--help")
     assert short.returncode == 0 and short.stdout == long.stdout
     assert "--nbest" in short.stdout and "<bool>" not in short.stdout
+
+
+def test_every_commands_help_names_the_flags_it_takes_after_its_name():
+    """`nmt train --help` did not say that --quiet and --debug work there too (they are `nmt`'s own)."""
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    names = sorted(get_command(app).commands)
+    assert len(names) == 9
+    for name in names:
+        shown = CliRunner().invoke(app, [name, "--help"], terminal_width=200)
+        assert shown.exit_code == 0, name
+        assert "-q/--quiet" in shown.output and "--debug" in shown.output, name
