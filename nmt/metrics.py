@@ -135,9 +135,11 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = 
 
 
 def format_scores(name: str, scores: dict[str, Any]) -> str:
-    """A line of every metric in `scores`, then one line per signature."""
+    """A line of every metric in `scores`, then one line per signature, each led by its metric's label."""
     found = [m for m in METRICS.values() if m.name in scores and m.scorer is not None]
     values = "  ".join(f"{m.label} = {scores[m.name]:.2f}" for m in found)
-    signatures = "".join(f"\n  {scores[m.name + '_signature']}" for m in found if m.name + "_signature" in scores)
+    signed = [m for m in found if m.name + "_signature" in scores]
+    width = max((len(m.label) for m in signed), default=0) + 1
+    signatures = "".join(f"\n  {m.label + ':':<{width}} {scores[m.name + '_signature']}" for m in signed)
     n = scores["sentences"]
     return f"{name}: {values}  ({n} sentence{'' if n == 1 else 's'}){signatures}"

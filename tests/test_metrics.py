@@ -40,7 +40,14 @@ def test_only_the_configured_metrics_are_scored_and_printed():
     cfg = config_from_dict({"eval": {"metrics": ["ter"]}}).eval
     s = score(["a b c d"], ["a b c e"], cfg)
     assert set(s) == {"ter", "ter_signature", "sentences"}
-    assert format_scores("set", s).splitlines()[0] == "set: TER = 25.00  (1 sentence)"
+    assert format_scores("set", s).splitlines() == ["set: TER = 25.00  (1 sentence)", f"  TER: {s['ter_signature']}"]
+
+
+def test_each_signature_line_names_its_metric():
+    """Three signature lines under the scores, with nothing to tell BLEU's from chrF's or TER's."""
+    s = score(["a b c d"], ["a b c e"], config_from_dict({"eval": {"metrics": ["bleu", "chrf", "ter"]}}).eval)
+    assert format_scores("set", s).splitlines()[1:] == [
+        f"  BLEU: {s['bleu_signature']}", f"  chrF: {s['chrf_signature']}", f"  TER:  {s['ter_signature']}"]
 
 
 def test_early_stopping_on_ter_keeps_the_lowest(small_corpus, tmp_path):
