@@ -239,7 +239,9 @@ def average(
     check_output(output)  # before the checkpoints are read
     refuse_overwriting(output, checkpoints, "the input checkpoint", "averaging")
     save_checkpoint(average_checkpoints(checkpoints), output)
-    typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {' '.join(p.name for p in checkpoints)})")
+    names = " ".join(p.name for p in checkpoints)
+    typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {names})" if len(checkpoints) > 1 else
+               f"wrote {output} (one checkpoint, its weights as they were: {names})")
 
 
 @command()
