@@ -28,9 +28,10 @@ operators with the most self time (GPU time on CUDA) and the kernels launched pe
 sentence; `--trace DIR` also writes a Chrome trace of it.
 
 Quality next to speed: `--ref` adds each row's BLEU against references, and
-`--outputs DIR` writes each row's translations to DIR/<row>.txt, so that another
-run (another device or precision) given `--against DIR` reports how many of its
-lines are identical to that run's row of the same search. For example, GPU
+`--outputs DIR` writes each row's translations to DIR/<row>.txt (a precision other
+than fp32: DIR/<row>_<precision>.txt), so that another run (another device or
+precision) given `--against DIR` reports how many of its lines are identical to
+that run's fp32 row of the same search. For example, GPU
 against CPU outputs of the same checkpoint:
 
     python bench/decode_speed.py CKPT test.de.gz --ref test.en.gz --device cpu --only beam \\
@@ -147,7 +148,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["greedy", "beam"], default=None, help="run one search only")
     parser.add_argument("--cached-only", action="store_true", help="skip the (slow) uncached runs")
     parser.add_argument("--ref", default=None, help="reference translations of FILE: adds each row's BLEU")
-    parser.add_argument("--outputs", type=Path, default=None, help="write each row's translations to DIR/<row>.txt")
+    parser.add_argument("--outputs", type=Path, default=None,
+                        help="write each row's translations to DIR/<row>.txt (not fp32: <row>_<precision>.txt)")
     parser.add_argument("--against", type=Path, default=None,
                         help="a DIR of another run's --outputs: count the lines identical to its same search")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -196,8 +198,9 @@ def main() -> None:
             results[f"{search}_{translator.precision}"] = r
             r["bleu"] = score(r["outputs"], refs)["bleu"] if refs is not None else None
             r["identical"] = _identical(r["outputs"], args.against / f"{search}.txt") if args.against else None
-            if args.outputs:
-                (args.outputs / f"{search}.txt").write_text("".join(f"{o}\n" for o in r["outputs"]), encoding="utf-8")
+            if args.outputs:  # fp32's as <row>.txt, which --against reads; another precision's beside it
+                name = search if translator.precision == "fp32" else f"{search}_{translator.precision}"
+                (args.outputs / f"{name}.txt").write_text("".join(f"{o}\n" for o in r["outputs"]), encoding="utf-8")
             bleu = f"{r['bleu']:6.2f}" if r["bleu"] is not None else f"{'-':>6}"
             same = f"{r['identical']}/{len(lines)}" if r["identical"] is not None else "-"
             print(f"{name + str(beam):<8} {'cached' if cached else 'uncached':<9} {r['sentences_per_s']:8.2f} "

@@ -84,6 +84,23 @@ class Translation:
     attention: torch.Tensor | None = None
 
 
+def _placed(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:
+    """`model` on `device` (and in `dtype`, None: as it is), moved only where it is not there already.
+
+    `Module.to` is no no-op even then: an `nn.GRU` or `nn.LSTM` flattens its weights into a new cuDNN buffer
+    at every call, which moves them in memory; validation builds a `Translator` on the training model,
+    whose recorded updates (`train.cuda_graphs`) would then go on reading and writing the old addresses.
+    """
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.device.type == device.type and (index is None or t.device.index == index) for t in tensors) and (
+            dtype is None or all(t.dtype == dtype for t in tensors if t.is_floating_point())):
+        return model
+    return model.to(device=device, dtype=dtype)
+
+
 class Translator:
     """A model (or `Ensemble`) with its tokenizer, decoding defaults, device and precision.
 
@@ -109,7 +126,7 @@ class Translator:
             raise UserError(f"precision ({precision!r}) must be one of {PRECISIONS}")
         self.precision = _resolve_precision(precision, device)
         warn_if_slow_precision(device, self.precision, "precision:")
-        self.model = model.to(device=device, dtype=HALF_DTYPES.get(self.precision)).eval()
+        self.model = _placed(model, device, HALF_DTYPES.get(self.precision)).eval()
         self.tokenizer = tokenizer
         if cfg.decode.coverage_penalty > 0 and not self.model.has_attention:  # trained before `nmt train` refused it
             log.warning("%s has no attention: its decode.coverage_penalty (%g) is left out", self.model.name,

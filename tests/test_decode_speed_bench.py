@@ -34,8 +34,11 @@ def test_the_decode_speed_bench_scores_rows_and_compares_them_with_another_runs_
 
     second = _bench(ckpt, src, "--ref", ref, "--precision", "fp32,bf16", "--against", str(tmp_path / "first"),
                     "--json", str(tmp_path / "rows.json"), "--profile", "--trace", str(tmp_path / "traces"),
-                    "--repeat", "2")
+                    "--repeat", "2", "--outputs", str(tmp_path / "second"))
     assert second.returncode == 0, second.stderr[-2000:]
+    # each precision's lines in a file of their own: bf16's wrote over fp32's
+    assert sorted(p.name for p in (tmp_path / "second").iterdir()) == ["beam2_cached.txt", "beam2_cached_bf16.txt"]
+    assert (tmp_path / "second" / "beam2_cached.txt").read_text(encoding="utf-8").splitlines() == saved
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert set(rows) == {"beam2_cached_fp32", "beam2_cached_bf16"}
     fp32, bf16 = rows["beam2_cached_fp32"], rows["beam2_cached_bf16"]

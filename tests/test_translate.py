@@ -576,3 +576,22 @@ def test_a_checkpoint_without_attention_but_with_a_coverage_penalty_translates_w
         translator.translate(sources, beam=2, coverage_penalty=0.3)
     with pytest.raises(UserError, match="has no attention: attention plots need a model with attention$"):
         translator.translate_nbest(sources, beam=2, attention=True)
+
+
+def test_a_model_already_in_place_is_not_moved_so_recorded_updates_keep_its_weights(checkpoints, monkeypatch):
+    """Validation builds a `Translator` on the training model. `Module.to` made an `nn.LSTM` flatten its weights,
+    which on a GPU with cuDNN puts them in a new buffer: recorded updates (`train.cuda_graphs`) went on with the
+    old addresses. A model on its device and in its precision is now left as it is; one that is not, is moved."""
+    flattened = []
+    real = torch.nn.LSTM.flatten_parameters
+    monkeypatch.setattr(torch.nn.LSTM, "flatten_parameters", lambda self: (flattened.append(self), real(self))[1])
+    first = Translator.from_checkpoint(checkpoints["rnn"], device="cpu", precision="fp32")
+    model = first.model.train()
+    addresses = [p.data_ptr() for p in model.parameters()]
+    flattened.clear()
+    again = Translator(model, first.tokenizer, first.cfg, torch.device("cpu"))
+    assert again.model is model and not flattened
+    assert [p.data_ptr() for p in model.parameters()] == addresses
+    assert again.translate(["the dog"], beam=1) == first.translate(["the dog"], beam=1)
+    half = Translator(model, first.tokenizer, first.cfg, torch.device("cpu"), precision="bf16")
+    assert flattened and all(p.dtype == torch.bfloat16 for p in half.model.parameters())  # cast, as asked

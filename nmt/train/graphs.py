@@ -48,6 +48,7 @@ reads no source length on the host.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,6 +63,8 @@ from nmt.data.batching import Batch
 from nmt.errors import UserError
 from nmt.runtime import Dist
 from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update
+
+log = logging.getLogger(__name__)
 
 # Eager updates of a batch shape before its graph is recorded: the first sets up the optimizer's state and
 # the kernel libraries' choices, the second runs with all of it in place, as the recording will.
@@ -109,6 +112,7 @@ class UpdateGraphs:
         t.optimizer.register_state_dict_post_hook(_as_without_graphs)
         self._pool: Any = None  # the graphs' memory pool, and the stream of the eager updates (on first use)
         self._side: torch.cuda.Stream | None = None
+        self._addresses: list[int] | None = None  # of the weights the graphs read and write (`weights_in_place`)
 
     @property
     def count(self) -> int:
@@ -132,6 +136,24 @@ class UpdateGraphs:
         return StepResult(loss=results[0], nll=results[1], tokens=tokens, update_tokens=tokens,
                           grad_norm=results[2], skipped=results[3].bool())
 
+    def weights_in_place(self, t: Trainable) -> bool:
+        """Check, after work outside the updates (validation), that the weights are where the graphs recorded
+        them; if not, drop the graphs, which each shape then records anew, and warn. Returns whether they were.
+
+        A graph reads and writes the addresses its recording saw: weights moved to new memory (an `nn.LSTM`'s
+        `Module.to`, which flattens them into a new cuDNN buffer) would leave the replays updating freed
+        memory while the model's weights stood still."""
+        addresses = _weight_addresses(t)
+        if self._addresses is None or addresses == self._addresses:
+            return True
+        moved = sum(a != b for a, b in zip(addresses, self._addresses, strict=True))
+        log.warning("train.cuda_graphs: %d of the %d weights moved in memory since the updates were recorded; "
+                    "recording them again", moved, len(addresses))
+        self.recorded.clear()
+        self.uses.clear()
+        self._addresses = None
+        return False
+
     def _use(self, t: Trainable, key: tuple[object, ...], batch: Batch | None,
              run: Callable[[Batch | None], Tensor]) -> Tensor:
         """`run(batch)`: eager for the first `EAGER_USES` uses of `key`, then recorded, and replayed ever after."""
@@ -146,6 +168,7 @@ class UpdateGraphs:
                 before = _optimizer_state_keys(t.optimizer)
                 replay, results = self.record(t, lambda: run(inputs))
                 _refuse_state_set_up_in_recording(t, before, key)
+                self._addresses = self._addresses or _weight_addresses(t)
             recorded = self.recorded[key] = _Recorded(replay=replay, batch=inputs, results=results)
         elif batch is not None:
             assert recorded.batch is not None
@@ -222,6 +245,12 @@ def switched_off(backend: Any) -> Iterator[None]:
         yield
     finally:
         backend.enabled = enabled
+
+
+def _weight_addresses(t: Trainable) -> list[int]:
+    """Where the weights the updates read and write lie: the model's, and its bf16 or fp16 copy's."""
+    halves = t.half.halves if t.half is not None else []
+    return [p.data_ptr() for p in (*t.model.parameters(), *halves)]
 
 
 def _optimizer_state_keys(optimizer: torch.optim.Optimizer) -> dict[int, frozenset[str]]:

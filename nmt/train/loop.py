@@ -369,6 +369,8 @@ class _Loop:
         p = self.p
         t0 = time.perf_counter()
         result = p.last_valid = validate(self.model, self.data, self.cfg, self.device, self.ctx)
+        if self.trainable.update_graphs is not None:
+            self.trainable.update_graphs.weights_in_place(self.trainable)  # re-recorded if validation moved them
         seconds = time.perf_counter() - t0  # time away from training, a share that grows as updates get faster
         metric = result[self.metric.name]
         improved = self.metric.better(metric, p.best_metric)

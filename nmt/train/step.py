@@ -31,6 +31,8 @@ class RecordedUpdates(Protocol):
 
     def step(self, t: Trainable, group: list[Batch]) -> StepResult: ...
 
+    def weights_in_place(self, t: Trainable) -> bool: ...
+
 
 @dataclass
 class Trainable:

@@ -4,6 +4,7 @@ graphs, and on a CPU with the updates recorded by `make_fx` (`TracedUpdates`), w
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import replace
 
@@ -94,7 +95,8 @@ def test_a_given_true_or_false_is_kept_whatever_the_device_and_model():
 
 
 def test_a_run_on_a_cpu_decides_auto_off_and_its_run_directory_keeps_auto(small_corpus, tmp_path):
-    cfg = config_from_dict(tiny_raw(small_corpus, tmp_path / "run", max_steps=1))
+    # on the CPU whatever the machine: on a GPU machine, `device: auto` is CUDA, where auto records updates
+    cfg = config_from_dict(tiny_raw(small_corpus, tmp_path / "run", max_steps=1, device="cpu"))
     assert cfg.train.cuda_graphs == "auto"
     run = build_run(cfg)
     try:
@@ -312,6 +314,31 @@ def test_recorded_updates_train_as_eager_ones_and_skip_a_non_finite_update_on_th
     assert sum(not torch.equal(p, b) for p, b in zip(poisoned, before, strict=True)) == 1
     if precision.startswith("fp16"):  # the replay lowered the loss scale, as an eager fp16 update that overflows does
         assert recorded.scaler.get_scale() == eager.scaler.get_scale() * recorded.scaler.get_backoff_factor()
+
+
+def test_weights_moved_since_the_recording_drop_the_graphs_which_are_recorded_again(caplog):
+    """A graph reads and writes the addresses its recording saw. On a GPU, validation's `Translator` moved an
+    `nn.LSTM`'s weights (`Module.to` flattens them into a new cuDNN buffer), and the replays went on updating
+    freed memory: the loss rose from the first validation on, then went NaN. Weights that moved are now found
+    after each validation, and the graphs recorded again, the updates going on as eager ones do."""
+    cpu = torch.device("cpu")
+    recorded, eager, groups, close = _recorded_and_eager("fp32", cpu)
+    graphs = recorded.update_graphs
+    assert graphs.weights_in_place(recorded) and graphs.count == 2  # nothing moved: the graphs stay
+    weight = next(recorded.model.parameters())
+    weight.data = weight.data.clone()  # the same values at another address, as a flatten leaves them
+    with caplog.at_level(logging.WARNING, logger="nmt.train.graphs"):
+        assert not graphs.weights_in_place(recorded)
+    assert graphs.count == 0 and not graphs.uses
+    assert [r.getMessage() for r in caplog.records] == [
+        f"train.cuda_graphs: 1 of the {len(list(recorded.model.parameters()))} weights moved in memory since the "
+        "updates were recorded; recording them again"]
+    with _without_onednn():
+        for group in groups:  # each shape's eager uses and recording again, then replays
+            e, r = train_step(eager, group, recorded.update_graphs.tc, cpu), train_step(
+                recorded, group, recorded.update_graphs.tc, cpu)
+            assert torch.allclose(r.loss, e.loss, **close)
+    assert graphs.count == 2 and graphs.weights_in_place(recorded)
 
 
 @pytest.mark.parametrize("device", [pytest.param(torch.device("cpu"), id="cpu"),
