@@ -25,7 +25,8 @@ growth are tensors and kernels on the device too (it hands the fused optimizer i
 `found_inf`). The graphs of all shapes share one memory pool; what an update returns is
 copied out of the pool before the next replay can overwrite it. An RNN's recorded updates
 run without cuDNN, whose recorded kernels an eager cuDNN call in between (validation)
-left wrong (`without_cudnn`).
+left wrong (`without_cudnn`; more likely, validation moved the weights, which
+`weights_in_place` now finds after each validation).
 
 With `train.accumulate` above 1 an update is several batches, of shapes in any order, so
 it is recorded in parts, each with its own uses and recording as above:
@@ -231,7 +232,13 @@ def without_cudnn() -> Iterator[None]:
     own fused cell kernels run each step, a replay launches them all at once, and the same run trained as the
     eager one (loss 4.60 against 4.56 at update 700, BLEU 8.5 against 8.1); without it in the recorded updates
     alone, as here, it has not yet run on a GPU. The RNNs are the only models here with cuDNN kernels; eager
-    updates and validation keep them."""
+    updates and validation keep them.
+
+    A likelier cause, found since by reading torch (2026-12-02) and not yet run on a GPU: validation built its
+    `Translator` with `Module.to`, which makes an `nn.LSTM` or `nn.GRU` with cuDNN flatten its weights into a
+    new buffer, so the replays updated freed memory (without cuDNN in the process nothing is flattened, which
+    fits the run above). `Translator` now leaves a model in place as it is, and `UpdateGraphs.weights_in_place`
+    records again where weights moved; whether recorded updates then need cuDNN off is for a GPU to tell."""
     with switched_off(torch.backends.cudnn):
         yield
 
