@@ -420,6 +420,26 @@ def test_recorded_rnn_updates_train_as_eager_ones_after_eager_cudnn_calls_betwee
         assert torch.allclose(q, p, **close), name
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_recorded_rnn_updates_after_module_to_record_again_where_the_weights_moved_and_train_as_eager_ones(cell):
+    """`Module.to` on a model already in place, as validation's translator called it: an `nn.GRU` or `nn.LSTM`
+    with cuDNN flattens its weights into a new buffer (by torch's code), which the recorded updates must not go
+    on reading. Where they moved, the graphs are recorded again; the updates after are the eager ones'."""
+    recorded, eager, groups, close = _recorded_and_eager("fp32", CUDA, rnn=dict(encoder_layers=2, cell=cell))
+    before = [p.data_ptr() for p in recorded.model.parameters()]
+    recorded.model.to(CUDA)
+    moved = sum(a != p.data_ptr() for a, p in zip(before, recorded.model.parameters(), strict=True))
+    assert recorded.update_graphs.weights_in_place(recorded) == (moved == 0)
+    tc = replace(eager.scheduler.cfg, cuda_graphs=True)
+    for group in groups:
+        e, r = train_step(eager, group, tc, CUDA), train_step(recorded, group, tc, CUDA)
+        assert torch.allclose(r.loss, e.loss, **close) and torch.allclose(r.grad_norm, e.grad_norm, **close)
+    assert recorded.update_graphs.count == 2
+    for (name, p), q in zip(eager.model.named_parameters(), recorded.model.parameters(), strict=True):
+        assert torch.allclose(q, p, **close), name
+
+
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_an_encoder_that_packs_cannot_be_recorded_and_one_that_does_not_replays_on_other_sentences(cell):
     """Why the RNN encoder does not pack its source on a GPU: packing reads the source lengths on the host,
