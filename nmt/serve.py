@@ -17,7 +17,8 @@ JSON body {"error": "<one line>"}, as do the errors `http.server` itself sends
 inside the model gets 500, with the traceback in the server's log only.
 
 It serves until Ctrl-C or SIGTERM (how systemd and docker stop a service), then
-stops listening and finishes the requests in flight, up to
+stops listening, closes the connections that wait for a next request (a client's
+idle keep-alive), and finishes the requests in flight, up to
 `TranslationServer.drain_seconds`; a second signal stops it at once.
 
 Standard library only (`http.server`): no web framework to install. For
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
 import sys
 import threading
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 10 * 2**20
 """Largest request body read; about 100,000 sentences, far more than one request should hold."""
+IDLE_POLL_SECONDS = 0.25
+"""How often a connection waiting for its next request (a client's keep-alive) looks whether the server stops."""
 MAX_BEAM = 64
 """Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
 _METHODS = {"/translate": "POST", "/health": "GET"}
@@ -69,6 +73,7 @@ class TranslationServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], translator, *, beam: int | None = None, name: str = "") -> None:
         self._handlers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # before binding, which may close
+        self.stopping = False  # set by `server_close`: connections close once their requests are answered
         if ":" in address[0]:  # an IPv6 address (`--host ::1`, `--host ::` for every interface)
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -96,6 +101,7 @@ class TranslationServer(ThreadingHTTPServer):
         active exception"): 7 aborted exits in 130 under a loaded 2-core CPU before this wait, none in 110
         after it.
         """
+        self.stopping = True  # a connection waiting for its next request ends within `IDLE_POLL_SECONDS`
         super().server_close()
         deadline = time.monotonic() + self.drain_seconds
         for thread in list(self._handlers):
@@ -155,9 +161,27 @@ class _BadRequest(Exception):
         self.status = status
 
 
+def _readable(sock: socket.socket, wait: float = 0.0) -> bool:
+    """Whether bytes (a request) wait on `sock`, or it has closed, within `wait` seconds, without reading them."""
+    try:
+        return bool(select.select([sock], [], [], wait)[0])
+    except (OSError, ValueError):  # closed already
+        return False
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: TranslationServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client may send many requests on one connection
+
+    def handle_one_request(self) -> None:
+        """The next request on this connection, waited for in steps of `IDLE_POLL_SECONDS`: when the server
+        stops, a connection with no request coming closes by itself, where a blocking read held the stop
+        for `drain_seconds`; a request whose first bytes have come is answered."""
+        while not _readable(self.connection, wait=IDLE_POLL_SECONDS):
+            if self.server.stopping:
+                self.close_connection = True
+                return
+        super().handle_one_request()
 
     def do_GET(self) -> None:
         if self._routed():
@@ -232,6 +256,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: HTTPStatus, payload: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        if self.server.stopping:
+            self.close_connection = True  # said below, so that the client sends no next request on it
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))

@@ -312,6 +312,28 @@ def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint
         thread.join(timeout=10)
 
 
+def test_closing_does_not_wait_for_a_connection_idle_between_requests(checkpoint, caplog):
+    """A client that keeps its connection open between requests (HTTP/1.1 keep-alive: a browser, a requests
+    Session) held the stop for the whole `drain_seconds` (10.5 s), then was warned of as a request in flight.
+    Such a connection is closed at once; the stop waits only for requests being read or translated."""
+    srv = make_server(checkpoint, host="127.0.0.1", port=0, device="cpu")
+    serving = threading.Thread(target=srv.serve_forever, daemon=True)
+    serving.start()
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+    conn.request("GET", "/health")
+    assert conn.getresponse().read()  # answered; the connection stays open, waiting for a next request
+    while not list(srv._handlers):
+        time.sleep(0.01)
+    srv.shutdown()
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="nmt.serve"):
+        srv.server_close()
+    assert time.monotonic() - start < srv.drain_seconds / 2
+    assert not any(t.is_alive() for t in srv._handlers)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    conn.close()
+
+
 def test_cli_serves_until_interrupted(checkpoint):
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
                              "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True)
@@ -359,12 +381,12 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
             said.append(line)
             if line.strip() == "[nmt] stopped":
                 break
-        conn.send(body[5:])
         try:
+            conn.send(body[5:])
             resp = conn.getresponse()
-            status, reply = resp.status, json.loads(resp.read())
+            status, reply, closing = resp.status, json.loads(resp.read()), resp.getheader("Connection")
         except (OSError, http.client.HTTPException) as err:  # with the server's log below, not alone
-            status, reply = repr(err), {}
+            status, reply, closing = repr(err), {}, None
         conn.close()
     finally:
         if not stopping:  # failed before the signal: nothing to wait for
@@ -373,4 +395,5 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
         said.append(proc.stderr.read())
         proc.stderr.close()
     assert status == 200 and len(reply["translations"]) == 1, f"{status}; the server said: {''.join(said)[-3000:]}"
+    assert closing == "close"  # answered during the stop: the client is told to send no next request on it
     assert rc == 0 and "[nmt] stopped\n" in said, "".join(said)[-3000:]
