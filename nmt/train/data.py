@@ -68,6 +68,16 @@ def _read_train(spec: CorpusConfig, data: DataConfig, cache: Path) -> Any:
     return pairs
 
 
+def _say_pairs_past_positions(valid: Any, positions: int) -> None:
+    """Warn of validation pairs longer than the model's positions: the validation loss leaves them out
+    (`nmt.train.validate.within_positions`), and their translations start from a truncated source."""
+    src_lens, tgt_lens = length_arrays(valid)
+    if over := int(((src_lens > positions) | (tgt_lens > positions)).sum()):
+        log.warning("data.valid: %d of its %d pairs are longer than model.transformer.max_positions (%d) subwords "
+                    "on a side: the validation loss leaves them out, and they are translated from a source cut "
+                    "to fit; raise max_positions to score them whole", over, len(src_lens), positions)
+
+
 def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
     """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits.
 
@@ -111,6 +121,8 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
         reports.update({f"train[{i}]": report for i, (_, report) in enumerate(parts)})
     valid, reports["valid"] = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False,
                                             num_proc=num_proc)
+    if cfg.model.type == "transformer":
+        _say_pairs_past_positions(valid, cfg.model.transformer.max_positions)
     weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
     return RunData(tokenizer, train, valid, reports, train_parts=weighted)
 

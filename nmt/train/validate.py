@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from nmt.config import ExperimentConfig
+from nmt.data.dataset import length_arrays
 from nmt.data.tokenizer import PAD_ID
 from nmt.metrics import METRICS, score
 from nmt.runtime import Dist, all_gather, all_reduce, autocast, inference
@@ -37,10 +38,11 @@ def validate(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: tor
     of greedy translations when `train.valid_bleu`. Leaves the model in training mode."""
     tc, valid = cfg.train, data.valid
     sampler = build_sampler(valid, max_tokens=tc.max_tokens, shuffle=False, seed=0, order=tc.batch_order)
+    batches = within_positions(valid, sampler.batch_list(0), getattr(model, "max_positions", None))
     loss_sum = nll_sum = 0.0
     ntok = 0
     with inference(model):
-        for b in collated_batches(valid, sampler.batch_list(0)[ctx.rank::ctx.world_size]):
+        for b in collated_batches(valid, batches[ctx.rank::ctx.world_size]):
             b = b.to(device)
             with autocast(device, tc.precision):
                 logits = model(b.src, b.src_pad_mask, b.tgt_in)
@@ -52,6 +54,21 @@ def validate(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: tor
         result.update(_text_metrics(model, data, cfg, device, ctx))
     model.train()
     return result
+
+
+def within_positions(ds, batches: list[list[int]], positions: int | None) -> list[list[int]]:
+    """`batches` without the pairs whose source or target is longer than the model's `positions` (None: no
+    limit), which it cannot be teacher-forced on; batches left empty are dropped. Validation keeps every
+    pair, so its scores compare across runs (`prepare_split`); such pairs are translated from a truncated
+    source, and `prepare_run` says how many there are."""
+    if positions is None:
+        return batches
+    src_lens, tgt_lens = length_arrays(ds)
+    fits = (src_lens <= positions) & (tgt_lens <= positions)
+    if fits.all():
+        return batches
+    kept = [[i for i in batch if fits[i]] for batch in batches]
+    return [batch for batch in kept if batch]
 
 
 def _text_metrics(model: nn.Module, data: RunData, cfg: ExperimentConfig, device: torch.device,

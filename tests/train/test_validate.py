@@ -91,3 +91,39 @@ def test_resuming_with_another_model_or_tokenizer_section_is_refused(small_corpu
                                         r"section; use --restart"):
         train(config_from_dict(raw))
     assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
+
+
+def test_pairs_longer_than_the_models_positions_are_left_out_of_the_loss_and_said_so(small_corpus, tmp_path, caplog):
+    """`max_positions` equal to `data.max_len` loads, and training pairs fit it, but validation pairs are not cut
+    to `max_len`: the first validation failed on a longer one (`positions 0..88 are outside [0, max_positions
+    (80))`) and the run was lost. The loss now leaves such pairs out, with a warning when the data is
+    prepared; their translations start from a source cut to fit, as `nmt translate`'s do."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    long_src, long_tgt = " ".join(["the red dog runs"] * 30), " ".join(["der rote Hund rennt"] * 30)
+    for lang, line in (("en", long_src), ("de", long_tgt)):
+        with open(corpus / f"valid.{lang}", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    raw = tiny_raw(corpus, tmp_path / "run", max_steps=2, valid_every=2, valid_bleu=True, valid_max_sentences=31)
+    raw["model"]["transformer"]["max_positions"] = raw["data"]["max_len"]
+    cfg = config_from_dict(raw)
+    with caplog.at_level("WARNING", logger="nmt.train.data"):
+        summary = train(cfg)
+    said = [r.getMessage() for r in caplog.records if r.name == "nmt.train.data"]
+    assert summary["step"] == 2 and summary["validated_step"] == 2
+    data = prepare_run(cfg, tmp_path / "run")
+    model, tokenizer, _ = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt_2.pt"))
+    src = (corpus / "valid.en").read_text(encoding="utf-8").splitlines()
+    tgt = (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    positions = cfg.model.transformer.max_positions
+    fits = [len(s) + 1 <= positions and len(t) + 1 <= positions  # with EOS, and BOS before the target
+            for s, t in zip(tokenizer.encode_src(src), tokenizer.encode_tgt(tgt), strict=True)]
+    assert not fits[-1] and sum(fits) >= 20  # the long pair, and others that fit
+    assert said == [
+        f"data.valid: {fits.count(False)} of its 31 pairs are longer than model.transformer.max_positions "
+        f"({positions}) subwords on a side: the validation loss leaves them out, and they are translated from a "
+        "source cut to fit; raise max_positions to score them whole"]
+    kept = [i for i, ok in enumerate(fits) if ok]
+    loss, _, n = reference_sums(model, tokenizer, [src[i] for i in kept], [tgt[i] for i in kept],
+                                cfg.train.label_smoothing)
+    assert validate(model, data, cfg, torch.device("cpu"))["loss"] == pytest.approx(loss / n, abs=1e-4)
