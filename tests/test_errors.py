@@ -59,6 +59,9 @@ CASES = [
      ["model.transformer.dropout: -0.1 must be in [0, 1)"], None),
     ("config-heads-divide", "train {tiny} --set model.transformer.heads=3", 2,
      ["model.transformer: d_model (32) must be divisible by heads (3)"], None),
+    ("config-rnn-heads-divide", "train {tiny} --set model.type=rnn --set model.rnn.attention=multihead "
+     "--set model.rnn.attention_heads=3", 2,
+     ["model.rnn: hidden_size (32) must be divisible by attention_heads (3) for multihead attention"], None),
     ("set-unknown-section", "train {tiny} --set trian.lr=1", 2,
      ["--set 'trian.lr=1': unknown key 'trian'; did you mean 'train'?"], None),
     ("set-wrong-type", "train {tiny} --set train.lr=fast", 2, ["--set 'train.lr=fast': train.lr: expected float"], None),

@@ -343,6 +343,9 @@ class RNNConfig:
         check_ranges(self)
         if self.bidirectional and self.hidden_size % 2:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be even for a bidirectional encoder")
+        if self.attention == "multihead" and self.decoder != "none" and self.hidden_size % self.attention_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by attention_heads "
+                             f"({self.attention_heads}) for multihead attention")
 
 
 @dataclass
