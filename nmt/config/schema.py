@@ -291,7 +291,7 @@ class TransformerConfig:
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
     """Positional encoding."""
     max_positions: int = num(1024, lo=1, hi=MAX_POSITIONS)
-    """Longest sequence the positional encoding covers."""
+    """Longest sequence the positional encoding covers, at least `data.max_len`; validation pairs longer than it are left out of the validation loss (a warning says how many), and a longer source is cut to fit when translated."""
     attention_impl: Literal["manual", "sdpa"] = "sdpa"
     """`manual`: attention written out; `sdpa`: torch's fused scaled_dot_product_attention (same maths)."""
     attention_pack: int = num(0, lo=0)
