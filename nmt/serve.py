@@ -165,8 +165,8 @@ def _readable(sock: socket.socket, wait: float = 0.0) -> bool:
     """Whether bytes (a request) wait on `sock`, or it has closed, within `wait` seconds, without reading them."""
     try:
         return bool(select.select([sock], [], [], wait)[0])
-    except (OSError, ValueError):  # closed already
-        return False
+    except (OSError, ValueError):  # closed already: reading it ends the connection, where waiting would spin
+        return True
 
 
 class _Handler(BaseHTTPRequestHandler):
