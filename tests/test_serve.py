@@ -270,6 +270,18 @@ def test_bad_beam_and_busy_port_are_refused_before_serving(checkpoint, server):
         make_server(checkpoint, port=port, device="cpu")
 
 
+def stop_once_a_handler_runs(srv, caplog) -> float:
+    """Stop `srv` (as Ctrl-C does) once a connection has its handler thread, its warnings in `caplog`; the
+    seconds `server_close` took."""
+    while not list(srv._handlers):
+        time.sleep(0.01)
+    srv.shutdown()
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="nmt.serve"):
+        srv.server_close()
+    return time.monotonic() - start
+
+
 def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint, caplog):
     """A handler thread still translating when the interpreter exits can abort the process, so closing
     waits for it (`TranslationServer.server_close`), up to `drain_seconds`."""
@@ -297,13 +309,7 @@ def test_closing_waits_for_the_requests_being_handled_but_not_forever(checkpoint
     serving.start()
     srv.lock.acquire()  # never released: the handler outlives the wait
     threading.Thread(target=lambda: post(srv, {"text": ["the dog"]}), daemon=True).start()
-    while not list(srv._handlers):
-        time.sleep(0.01)
-    srv.shutdown()
-    start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="nmt.serve"):
-        srv.server_close()
-    assert 0.25 <= time.monotonic() - start < 5 and any(t.is_alive() for t in srv._handlers)
+    assert 0.25 <= stop_once_a_handler_runs(srv, caplog) < 5 and any(t.is_alive() for t in srv._handlers)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "1 connection(s) still open after the 0.3 s wait for the requests in flight: stopping without them (a "
         "request still being read or translated gets no answer)"]
@@ -322,13 +328,7 @@ def test_closing_does_not_wait_for_a_connection_idle_between_requests(checkpoint
     conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
     conn.request("GET", "/health")
     assert conn.getresponse().read()  # answered; the connection stays open, waiting for a next request
-    while not list(srv._handlers):
-        time.sleep(0.01)
-    srv.shutdown()
-    start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="nmt.serve"):
-        srv.server_close()
-    assert time.monotonic() - start < srv.drain_seconds / 2
+    assert stop_once_a_handler_runs(srv, caplog) < srv.drain_seconds / 2
     assert not any(t.is_alive() for t in srv._handlers)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     conn.close()
