@@ -68,14 +68,20 @@ def _read_train(spec: CorpusConfig, data: DataConfig, cache: Path) -> Any:
     return pairs
 
 
+def past_positions(ds: Any, positions: int) -> Any:
+    """(N,) bool: the pairs of `ds` whose source or target is longer than a model's `positions`."""
+    src_lens, tgt_lens = length_arrays(ds)
+    return (src_lens > positions) | (tgt_lens > positions)
+
+
 def _say_pairs_past_positions(valid: Any, positions: int) -> None:
     """Warn of validation pairs longer than the model's positions: the validation loss leaves them out
     (`nmt.train.validate.within_positions`), and their translations start from a truncated source."""
-    src_lens, tgt_lens = length_arrays(valid)
-    if over := int(((src_lens > positions) | (tgt_lens > positions)).sum()):
+    over = past_positions(valid, positions)
+    if over.any():
         log.warning("data.valid: %d of its %d pairs are longer than model.transformer.max_positions (%d) subwords "
                     "on a side: the validation loss leaves them out, and they are translated from a source cut "
-                    "to fit; raise max_positions to score them whole", over, len(src_lens), positions)
+                    "to fit; raise max_positions to score them whole", int(over.sum()), len(over), positions)
 
 
 def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:

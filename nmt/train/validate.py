@@ -15,11 +15,10 @@ import torch
 from torch import nn
 
 from nmt.config import ExperimentConfig
-from nmt.data.dataset import length_arrays
 from nmt.data.tokenizer import PAD_ID
 from nmt.metrics import METRICS, score
 from nmt.runtime import Dist, all_gather, all_reduce, autocast, inference
-from nmt.train.data import RunData, build_sampler, collated_batches
+from nmt.train.data import RunData, build_sampler, collated_batches, past_positions
 from nmt.train.loss import label_smoothed_loss, perplexity
 from nmt.translate import Translator
 
@@ -63,11 +62,10 @@ def within_positions(ds, batches: list[list[int]], positions: int | None) -> lis
     source, and `prepare_run` says how many there are."""
     if positions is None:
         return batches
-    src_lens, tgt_lens = length_arrays(ds)
-    fits = (src_lens <= positions) & (tgt_lens <= positions)
-    if fits.all():
+    over = past_positions(ds, positions)
+    if not over.any():
         return batches
-    kept = [[i for i in batch if fits[i]] for batch in batches]
+    kept = [[i for i in batch if not over[i]] for batch in batches]
     return [batch for batch in kept if batch]
 
 
