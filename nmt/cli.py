@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from nmt.errors import OutputClosed, UserError, shorten
+from nmt.errors import ConfigError, OutputClosed, RelayedError, UserError, shorten
 from nmt.interrupts import stops_cleanly_on_sigterm
 
 app = typer.Typer(
@@ -384,6 +384,12 @@ def hoist_global_flags(args: list[str]) -> list[str]:
     return [*flags, *(a for a in args[:end] if a not in GLOBAL_FLAGS), *args[end:]]
 
 
+def _printed_by_another_process(err: UserError) -> bool:
+    """Under torchrun, whether another process prints `err`, so that N processes do not print one line N times:
+    rank 0's error relayed to the ranks that waited for it, and a config error, which a node's local rank 0 prints."""
+    return isinstance(err, RelayedError) or (isinstance(err, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0")
+
+
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
     from nmt.heap import keep_freed_memory
@@ -395,7 +401,8 @@ def main() -> None:
     except UserError as err:
         if _state["debug"]:
             traceback.print_exc()
-        typer.echo(f"nmt: error: {err}", err=True)
+        if not _printed_by_another_process(err):
+            typer.echo(f"nmt: error: {err}", err=True)
         sys.exit(err.exit_code)
     except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted
         sys.exit(err.exit_code)

@@ -20,7 +20,10 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """An invalid configuration file or override; the message names the key path."""
+    """An invalid configuration file or override; the message names the key path.
+
+    It follows from the config and the command line alone, so under torchrun every process
+    of a node meets it alike, and the node's local rank 0 alone prints it."""
 
 
 class DataError(UserError):
@@ -29,6 +32,12 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A missing, truncated or incompatible checkpoint."""
+
+
+class RelayedError(UserError):
+    """Rank 0's error, raised on the ranks that waited for it so that they stop too (`nmt.runtime.on_main`).
+
+    Rank 0 prints it; the others exit with its status in silence, not with a copy of its line each."""
 
 
 class OutputClosed(Exception):

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.config.schema import CUDA_INDEX, device_problem
-from nmt.errors import UserError, shorten
+from nmt.errors import RelayedError, UserError, shorten
 
 log = logging.getLogger(__name__)
 
@@ -493,7 +493,7 @@ def on_main(fn: Callable[[], T], ctx: Dist) -> T | None:
     if problem is not None:
         raise problem
     if message is not None:
-        raise UserError(message)
+        raise RelayedError(message)
     return result
 
 

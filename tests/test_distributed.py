@@ -295,3 +295,18 @@ def test_torchrun_two_processes_on_the_command_line(small_corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]  # resumed at step 5
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("train.lr=-1", "nmt: error: "),  # a config error: every process meets it, local rank 0 prints it
+    ("data.train.path=missing/train", "nmt: error: data.train: text corpus not found"),  # rank 0's, relayed
+], ids=["config", "corpus"])
+def test_torchrun_prints_an_error_every_process_meets_once(setting, message, small_corpus, tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=2, device="cpu")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(config), "--set", setting]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("nmt: error: ")]
+    assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-3000:]
