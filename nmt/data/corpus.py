@@ -42,7 +42,7 @@ from datasets import Dataset, DatasetDict, Features, Value
 from datasets.exceptions import DatasetGenerationError
 
 from nmt.config import CorpusConfig
-from nmt.data.text import READ_ERRORS, open_binary
+from nmt.data.text import READ_ERRORS, decode_lines, open_binary
 from nmt.data.textfiles import file_stamp, is_glob, read_text_shards, text_prefixes
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
@@ -327,26 +327,15 @@ def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _lines(path: str) -> Iterator[str]:
-    """Decoded lines without '\\n' or '\\r\\n' (a leading UTF-8 byte-order mark is dropped).
-
-    Only '\\n' ends a line: other Unicode line separators are text.
-    """
-    lineno = 0
+    """The decoded lines of a file by the line rules (`nmt.data.text.decode_lines`)."""
+    lines = 0
     try:
         with open_binary(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise DataError(
-                        f"{path}:{lineno}: invalid UTF-8 at byte {err.start} of the line ({err.reason}); "
-                        "convert the file to UTF-8"
-                    ) from None
-                if line.endswith("\n"):
-                    line = line[:-2] if line.endswith("\r\n") else line[:-1]
-                yield line.removeprefix("\ufeff") if lineno == 1 else line
+            for line in decode_lines(f, path):
+                lines += 1
+                yield line
     except READ_ERRORS as err:
-        raise DataError(f"{path}: cannot read after line {lineno}: {err}") from None
+        raise DataError(f"{path}: cannot read after line {lines}: {err}") from None
 
 
 def _text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:

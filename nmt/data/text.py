@@ -55,19 +55,30 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> Iterator[str]:
     """Decode the lines of a binary stream (a file, or `sys.stdin.buffer` as "<stdin>") as UTF-8,
-    one at a time, without line endings or a leading byte-order mark; `first` is the number of the first line.
+    one at a time, by the line rules; `first` is the number of the first line.
+
+    The line rules, which every reader of lines follows (`nmt.data.textfiles` in Arrow): only '\\n'
+    ends a line, and a '\\r' right before it is dropped with it; a leading UTF-8 byte-order mark is
+    dropped, so a file holding only one has no line; a last line without '\\n' is a line. Every
+    other character, '\\r' and the Unicode line separators included, is text of its line.
+    `raw_lines` are the stream's lines with their '\\n' (as iterating a binary file gives them).
 
     Raises:
         DataError: invalid UTF-8; the message names `name` and the line number.
     """
     for number, raw in enumerate(raw_lines, start=first):
         try:
-            line = raw.decode("utf-8").rstrip("\r\n")
+            line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 at byte {err.start} of the line ({err.reason}); convert the input to UTF-8"
             ) from None
-        yield line.removeprefix("\ufeff") if number == 1 else line
+        if number == 1:
+            line = line.removeprefix("\ufeff")
+        if line.endswith("\n"):
+            yield line[:-1].removesuffix("\r")
+        elif line:  # a last line without '\n'; after a lone byte-order mark, nothing
+            yield line
 
 
 def check_pairing(a: str | Path, a_lines: Sequence[str], b: str | Path, b_lines: Sequence[str], what: str) -> None:
@@ -111,7 +122,7 @@ def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[lis
         while data:
             lines = (partial + data).split(b"\n")
             partial = lines.pop()
-            pending += lines
+            pending += [line + b"\n" for line in lines]  # with their ending, as `decode_lines` takes them
             if len(pending) >= max_lines or not select.select([fd], [], [], 0)[0]:
                 break
             data = os.read(fd, 1 << 16)
@@ -123,4 +134,5 @@ def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[lis
             chunk, pending = pending[:max_lines], pending[max_lines:]
             decoded = list(decode_lines(chunk, name, first=number + 1))
             number += len(chunk)
-            yield decoded
+            if decoded:  # a lone byte-order mark is no line
+                yield decoded

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from nmt.config import CorpusConfig, DataConfig, load_config
-from nmt.data import textfiles
+from nmt.data import corpus, textfiles
 from nmt.data.corpus import load_pairs
 from nmt.data.dataset import prepare_split
+from nmt.data.text import available_lines, decode_lines, read_lines
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, DataError
 from tests.data.test_scale import python_calls
@@ -66,6 +70,59 @@ def test_blocks_of_any_size_split_lines_as_the_line_rules_say(tmp_path: Path, mo
         write(tmp_path / name, data)
         lines = [s for arr in textfiles.line_blocks(str(tmp_path / name)) for s in arr.to_pylist()]
         assert lines == reference_lines(data)
+
+
+AWKWARD = {
+    "empty": b"",
+    "bom only": b"\xef\xbb\xbf",
+    "bom and text": b"\xef\xbb\xbfeins\nzwei\n",
+    "bom then newline": b"\xef\xbb\xbf\n",
+    "no trailing newline": b"eins\nzwei",
+    "crlf": b"eins\r\nzwei\r\n",
+    "lone cr inside": b"ein\rhund\nzwei\n",
+    "cr cr lf and a last cr": b"eins\r\r\nzwei\r",
+    "nel and separators inside": "ein\x85hund\u2028x\u2029y\x0bz\x0c\x1c\x1d\x1e\nzwei\n".encode(),
+}
+
+
+def pipe_lines(data: bytes, max_lines: int) -> list[str]:
+    """`available_lines` over a real pipe, as `nmt translate` reads standard input."""
+    read_end, write_end = os.pipe()
+
+    def feed() -> None:
+        with open(write_end, "wb") as w:
+            w.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    with open(read_end, "rb", buffering=0) as r:
+        lines = [line for chunk in available_lines(r, "<stdin>", max_lines=max_lines) for line in chunk]
+    writer.join()
+    return lines
+
+
+@pytest.mark.parametrize("data", AWKWARD.values(), ids=AWKWARD.keys())
+def test_every_reader_counts_the_lines_the_line_rules_count(tmp_path: Path, data: bytes) -> None:
+    """One rule for every reader of lines: only '\\n' ends a line (see `reference_lines`)."""
+    expected = reference_lines(data)
+    for name in ("t.txt", "t.txt.gz"):
+        path = tmp_path / name
+        write(path, data)
+        with open(path, "rb") as f:
+            raw_file = list(decode_lines(gzip.open(f) if name.endswith(".gz") else f, name))
+        readers = {
+            "read_lines": read_lines(path),
+            "decode_lines": raw_file,
+            "corpus._lines": list(corpus._lines(str(path))),
+            "textfiles.line_blocks": [s for arr in textfiles.line_blocks(str(path)) for s in arr.to_pylist()],
+        }
+        assert readers == dict.fromkeys(readers, expected), name
+    streams = {
+        "pipe": pipe_lines(data, max_lines=2000),
+        "pipe, a line a chunk": pipe_lines(data, max_lines=1),
+        "in-memory stream": [s for c in available_lines(io.BytesIO(data), "<stdin>", max_lines=2) for s in c],
+    }
+    assert streams == dict.fromkeys(streams, expected)
 
 
 def test_invalid_utf8_in_a_later_block_names_the_line(tmp_path: Path, monkeypatch) -> None:
