@@ -41,6 +41,7 @@ from torch.profiler import record_function
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.config import ExperimentConfig
 from nmt.data.batching import inference_batches
+from nmt.data.text import one_line
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from nmt.decode import CHUNK_LINES, MAX_CHUNK_LINES, Hypothesis, SearchOptions, search
 from nmt.errors import CheckpointError, UserError, headline
@@ -67,7 +68,7 @@ class Translation:
     """One hypothesis for one input line.
 
     Attributes:
-        text: the detokenized translation.
+        text: the detokenized translation, on one line (`nmt.data.text.one_line`).
         score: what hypotheses are ranked by (log_prob over the GNMT length penalty).
         log_prob: log P(translation | source): the sum of token log-probabilities, EOS included.
         tokens: target subwords, without the final EOS.
@@ -393,10 +394,15 @@ class Translator:
 
     def _finish(self, hyps: list[list[Hypothesis]], src_ids: list[list[int]]) -> list[list[Translation]]:
         """Each sentence's hypotheses as text: one detokenizer call for the whole batch
-        (per hypothesis, sentencepiece's call overhead cost 70x more than the decoding itself)."""
+        (per hypothesis, sentencepiece's call overhead cost 70x more than the decoding itself).
+
+        A subword may hold a line break other than '\\n' (U+2028, NEL, '\\r': a tokenizer that does
+        not normalize them away, learnt from text that holds them); each becomes a space (`one_line`),
+        so that every output, a file, standard output, `nmt serve` or `nmt eval`'s, is one line.
+        """
         texts = iter(self.tokenizer.decode_tgt([h.tokens for sentence in hyps for h in sentence]))
         return [[Translation(
-            text=next(texts),
+            text=one_line(next(texts)),
             score=h.score,
             log_prob=h.log_prob,
             tokens=self.tokenizer.tgt_pieces(h.tokens),

@@ -338,7 +338,7 @@ def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:
     The score is the one hypotheses are ranked by (`Translation.score`: the log-probability
     over the GNMT length penalty), so the printed scores decrease along the line.
     """
-    texts = [" ".join(h.text.split()) for h in hyps]  # an output line never holds a line break
+    texts = [" ".join(h.text.split()) for h in hyps]  # tabs part the n-best list, so a translation holds none
     if scores:
         return "\t".join(f"{h.score:.4f}\t{t}" for h, t in zip(hyps, texts))
     return "\t".join(texts)

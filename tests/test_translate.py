@@ -8,9 +8,13 @@ n-best, ensembles and attention plots need to be exercised.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
 import struct
+import sys
+import threading
+import urllib.request
 from itertools import islice
 from pathlib import Path
 
@@ -20,13 +24,14 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import config_from_dict
-from nmt.data.tokenizer import EOS_ID
+from nmt.data.text import LINE_BREAKS, one_line
+from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.decode import Sampling
 from nmt.errors import CheckpointError, DataError, UserError
 from nmt.models.transformer import MultiHeadAttention
 from nmt.plot import image_size
 from nmt.translate import Translator
-from nmt.translate_io import format_nbest, interactive, translate_lines
+from nmt.translate_io import format_nbest, interactive, translate_io, translate_lines
 from tests.conftest import tiny_config_dict
 
 runner = CliRunner()
@@ -595,3 +600,101 @@ def test_a_model_already_in_place_is_not_moved_so_recorded_updates_keep_its_weig
     assert again.translate(["the dog"], beam=1) == first.translate(["the dog"], beam=1)
     half = Translator(model, first.tokenizer, first.cfg, torch.device("cpu"), precision="bf16")
     assert flattened and all(p.dtype == torch.bfloat16 for p in half.model.parameters())  # cast, as asked
+
+
+# --------------------------------------------------------------------------- line breaks in a translation
+
+SEPARATORS = "\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
+"""The characters besides '\\n' that `str.splitlines` breaks a line at."""
+
+
+def test_line_breaks_are_what_python_splits_lines_at():
+    breaks = [c for c in map(chr, range(sys.maxunicode + 1)) if len(f"a{c}b".splitlines()) == 2]
+    assert "".join(breaks) == "\n" + SEPARATORS == LINE_BREAKS
+    assert one_line(f"a{LINE_BREAKS}b\r\n") == "a" + " " * len(LINE_BREAKS) + "b  "
+
+
+@pytest.fixture(scope="module")
+def separator_tokenizer(small_corpus) -> Tokenizer:
+    """A sentencepiece model brought by a user (`tokenizer.model`) that keeps text as it is (no
+    normalization), learnt from text that holds every separator: each is one of its pieces."""
+    import sentencepiece as spm
+
+    from nmt.data.tokenizer import BOS_ID, PAD_ID, UNK_ID
+
+    lines = (small_corpus / "train.en").read_text(encoding="utf-8").splitlines()
+    lines += [f"{line} {SEPARATORS} {line}" for line in lines[:100]]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=200,
+                                   normalization_rule_name="identity", character_coverage=1.0, pad_id=PAD_ID,
+                                   unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, minloglevel=2)
+    return Tokenizer(src_model=model.getvalue())
+
+
+def always_saying(piece: str, tokenizer: Tokenizer, small_corpus: Path, path: Path) -> Path:
+    """A checkpoint of a tiny Transformer whose every output token is `piece`: its decoder's last
+    LayerNorm gives one state whatever the input, and of the output rows only `piece`'s is not zero."""
+    from nmt.checkpoint import save_checkpoint
+    from nmt.config import config_to_dict
+    from nmt.data.tokenizer import PAD_ID
+    from nmt.models import build_model
+
+    d = tiny_config_dict(small_corpus, path.parent / "run")
+    d["model"]["tie_embeddings"] = "none"
+    d["decode"]["beam"] = 1
+    cfg = config_from_dict(d)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size,
+                        pad_id=PAD_ID)
+    state = torch.randn(cfg.model.transformer.d_model)
+    with torch.no_grad():
+        model.decoder.norm.weight.zero_()
+        model.decoder.norm.bias.copy_(state)
+        model.output.weight.zero_()
+        model.output.weight[tokenizer.tgt.piece_to_id(piece)] = 4 * state
+    save_checkpoint({"config": config_to_dict(cfg), "tokenizer": tokenizer.to_state(), "model": model.state_dict()},
+                    path)
+    return path
+
+
+@pytest.mark.parametrize("separator", SEPARATORS, ids=[f"U+{ord(c):04X}" for c in SEPARATORS])
+def test_a_translation_is_one_line_wherever_it_goes(separator, separator_tokenizer, small_corpus, tmp_path):
+    """Every output holds one line per input line when read by `str.splitlines`, though the model says
+    nothing but a line break: the Python API, `nmt translate` from a file and from standard input,
+    `nmt serve` and `nmt eval --save-translations`."""
+    from nmt.evaluate import evaluate_checkpoint
+    from nmt.serve import make_server
+
+    ckpt = always_saying(separator, separator_tokenizer, small_corpus, tmp_path / "model.pt")
+    lines = ["the man sees the dog .", "a cat ."]
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    ref.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+
+    tr = Translator.from_checkpoint(ckpt, device="cpu")
+    [[best], _] = tr.translate_nbest(lines)
+    assert set(best.tokens) == {separator} and len(best.tokens) > 1  # what the model said
+    texts = tr.translate(lines)
+    assert texts[0] == " " * len(best.tokens) and all(t.splitlines() == [t] for t in texts)
+
+    translate_io(tr, tr.options(), input=str(src), output=str(tmp_path / "out.txt"))
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == len(lines)
+    out = cli("translate", "-c", str(ckpt), "--device", "cpu", input=src.read_text(encoding="utf-8")).stdout
+    assert len(out.splitlines()) == len(lines)
+
+    server = make_server(ckpt, host="127.0.0.1", port=0, device="cpu")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        req = urllib.request.Request(f"{server.url}/translate", data=json.dumps({"text": lines}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            served = json.loads(resp.read().decode("utf-8"))["translations"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert served == texts
+
+    evaluate_checkpoint(ckpt, src=src, ref=ref, device="cpu", save_dir=tmp_path / "hyps")
+    assert (tmp_path / "hyps" / "src.txt.hyp").read_text(encoding="utf-8").splitlines() == texts

@@ -81,6 +81,18 @@ def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> It
             yield line
 
 
+LINE_BREAKS = "\n\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
+"""The characters `str.splitlines()` ends a line at. Only '\\n' ends one here, but other programs
+(and Python's own `splitlines`) read the others as line breaks too."""
+_ONE_LINE = str.maketrans(dict.fromkeys(LINE_BREAKS, " "))
+
+
+def one_line(text: str) -> str:
+    """`text` with each of `LINE_BREAKS` replaced by a space: what an output line holds, so that a
+    file of translations has one line per input line whoever reads it."""
+    return text.translate(_ONE_LINE)
+
+
 def check_pairing(a: str | Path, a_lines: Sequence[str], b: str | Path, b_lines: Sequence[str], what: str) -> None:
     """Raise `DataError` naming both files and counts unless they have as many lines."""
     if len(a_lines) != len(b_lines):
