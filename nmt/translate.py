@@ -41,7 +41,7 @@ from torch.profiler import record_function
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.config import ExperimentConfig
 from nmt.data.batching import inference_batches
-from nmt.data.text import one_line
+from nmt.data.text import normalize_spaces, one_line
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from nmt.decode import CHUNK_LINES, MAX_CHUNK_LINES, Hypothesis, SearchOptions, search
 from nmt.errors import CheckpointError, UserError, headline
@@ -380,8 +380,9 @@ class Translator:
             return search(self.model, src, mask, opts)
 
     def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> list[list[int]]:
-        """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space."""
-        cleaned = [" ".join(line.split()) for line in lines]
+        """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space, as
+        for training (`normalize_spaces`)."""
+        cleaned = [normalize_spaces(line) for line in lines]
         encoded = self.tokenizer.encode_src(cleaned)
         out = []
         for n, seq in enumerate(encoded, start=first_line):

@@ -55,8 +55,11 @@ PY_WHITESPACE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
     "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
-"""The characters `str.strip()` removes (those for which `str.isspace()` holds). Cleaning trims
-exactly these, as it did in Python; Arrow's own whitespace set lacks U+001C to U+001F."""
+"""The characters `str.split()` splits at (those for which `str.isspace()` holds). Cleaning folds
+runs of exactly these, as translation does (`nmt.data.text.normalize_spaces`); Arrow's own
+whitespace set lacks U+001C to U+001F."""
+_WHITESPACE_RUN = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in PY_WHITESPACE) + "]+"
+"""A run of `PY_WHITESPACE`, as an RE2 pattern."""
 WRITER_BATCH_ROWS = 20_000
 """Rows per map batch, and so per Arrow record batch of the maps' cache files. `datasets`
 uses 1,000; opening a file reads every batch's header, and the kernel maps the pages
@@ -163,7 +166,11 @@ def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_
 
 
 def clean_pairs(ds: Dataset, *, num_proc: int = 1) -> tuple[Dataset, dict[str, int]]:
-    """Strip surrounding whitespace and drop pairs with an empty side.
+    """Fold each run of whitespace to one space, strip it at both ends, and drop pairs with an empty side.
+
+    A sentence is then what translation makes of a line (`nmt.data.text.normalize_spaces`), so the
+    model learns from the subwords it will be given: the tokenizer keeps some whitespace, a tab or
+    NEL, that translation folds, and a tokenizer without normalization keeps every run.
 
     A pair is kept or dropped as a whole, so later pairs stay aligned.
 
@@ -197,8 +204,10 @@ def processes_for(rows: int, num_proc: int) -> int | None:
 
 
 def _strip_and_drop_empty(batch: pa.Table) -> pa.Table:
-    """`str.strip` both sides and keep pairs with text on both, in Arrow compute (no Python per pair)."""
-    src, tgt = (pc.utf8_trim(pc.fill_null(batch[name], ""), characters=PY_WHITESPACE) for name in ("src", "tgt"))
+    """`normalize_spaces` of both sides, keeping pairs with text on both, in Arrow compute (no Python per pair)."""
+    src, tgt = (pc.utf8_trim(pc.replace_substring_regex(pc.fill_null(batch[name], ""), pattern=_WHITESPACE_RUN,
+                                                        replacement=" "), characters=" ")
+                for name in ("src", "tgt"))
     keep = pc.and_(pc.greater(pc.utf8_length(src), 0), pc.greater(pc.utf8_length(tgt), 0))
     return pa.table({"src": src.filter(keep), "tgt": tgt.filter(keep)})
 

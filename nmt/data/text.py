@@ -81,6 +81,13 @@ def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> It
             yield line
 
 
+def normalize_spaces(text: str) -> str:
+    """`text` as the model reads it, in training (`nmt.data.corpus.clean_pairs`, in Arrow) as in
+    translation: each run of whitespace (`str.isspace`: tabs, NEL, U+3000, ...) one space, none at
+    either end."""
+    return " ".join(text.split())
+
+
 LINE_BREAKS = "\n\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
 """The characters `str.splitlines()` ends a line at. Only '\\n' ends one here, but other programs
 (and Python's own `splitlines`) read the others as line breaks too."""

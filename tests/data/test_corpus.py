@@ -17,6 +17,7 @@ from datasets import Dataset, DatasetDict
 
 from nmt.config import CorpusConfig
 from nmt.data.corpus import PY_WHITESPACE, clean_pairs, load_pairs
+from nmt.data.text import normalize_spaces
 from nmt.errors import DataError
 
 DE = ["ein hund", "eine katze", "das haus", "der baum"]
@@ -315,10 +316,13 @@ def test_clean_pairs_treats_nulls_as_empty() -> None:
     assert pairs(cleaned) == [("a", "A")] and report == {"empty": 2}
 
 
-def test_clean_pairs_strips_exactly_what_python_strips() -> None:
+def test_clean_pairs_splits_and_joins_exactly_as_python_does() -> None:
+    """Cleaning is `normalize_spaces` (Python's split and join, as translation reads a line), in Arrow."""
     assert PY_WHITESPACE == "".join(c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
-    texts = ["\x1c a \x1f", "\x85b\u3000", "\u200bc\u200b", "\u2028\t", " d\u00a0e ", "\ufefff", "g\x00"]
+    texts = ["\x1c a \x1f", "\x85b\u3000", "\u200bc\u200b", "\u2028\t", " d\u00a0e ", "\ufefff", "g\x00",
+             "h  i\t\tj \x85 k\r\nl", "".join(f"{c}m" for c in PY_WHITESPACE) + "\u200b n"]
     ds = Dataset.from_dict({"src": texts, "tgt": ["x"] * len(texts)})
     cleaned, report = clean_pairs(ds)
-    expected = [t.strip() for t in texts if t.strip()]
+    expected = [normalize_spaces(t) for t in texts if t.split()]
     assert cleaned["src"][:] == expected and report == {"empty": len(texts) - len(expected)}
+    assert expected[-2] == "h i j k l"

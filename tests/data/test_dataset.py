@@ -6,12 +6,17 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
 
-from nmt.config import CorpusConfig, DataConfig, TokenizerConfig
+from nmt.config import CorpusConfig, DataConfig, TokenizerConfig, config_from_dict
+from nmt.data.corpus import PY_WHITESPACE
 from nmt.data.dataset import prepare_split, tokenize_pairs
-from nmt.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_tokenizer
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from nmt.errors import DataError
+from nmt.models import build_model
+from nmt.translate import Translator
+from tests.conftest import tiny_config_dict
 
 
 def pair_dataset(src: list[str], tgt: list[str]) -> Dataset:
@@ -135,3 +140,24 @@ def test_validation_splits_are_not_ratio_filtered(tmp_path: Path, tokenizer: Tok
     valid, report = prepare_split(spec, cfg, tokenizer, cache_dir=tmp_path / "cache", train=False)
     assert report["ratio"] == 0 and report["kept"] == 4
     assert list(zip(valid["src"], valid["tgt"])) == list(zip(de, en))
+
+
+
+def test_training_reads_a_sentence_as_translation_does(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """A training pair's source ids are those the translator reads in its line, whatever whitespace the line
+    holds: sentencepiece alone keeps a vertical tab, NEL or U+001C to U+001F as pieces of their own, which
+    translation folds into a space."""
+    spaces = PY_WHITESPACE.replace("\n", "")  # '\n' ends the line
+    de = [f"{c}der{c}hund{c}{c}sieht  die katze{c}" for c in spaces] + ["der\thund\x85\x85sieht\r"]
+    en = ["the dog sees the cat"] * len(de)
+    write_corpus(tmp_path / "train", de, en)
+    spec = CorpusConfig(kind="text", path=str(tmp_path / "train"))
+    train, report = prepare_split(spec, DataConfig(train=spec), tokenizer, cache_dir=tmp_path / "cache", train=True)
+    assert report["kept"] == len(de)
+
+    cfg = config_from_dict(tiny_config_dict(tmp_path, tmp_path / "run"))
+    model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size,
+                        pad_id=PAD_ID)
+    translator = Translator(model, tokenizer, cfg, torch.device("cpu"))
+    read = [nbest[0].src_tokens for nbest in translator.translate_nbest(de, beam=1, max_len_a=0.0, max_len_b=1)]
+    assert [tokenizer.src_pieces(ids) for ids in train["src_ids"]] == read
