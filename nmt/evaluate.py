@@ -14,7 +14,7 @@ from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
 from nmt.decode.options import check_search_flags
 from nmt.errors import DataError, UserError
-from nmt.fileio import write_atomic
+from nmt.fileio import write_lines
 from nmt.metrics import score, tokenizer_problem
 from nmt.translate import Translator
 
@@ -64,7 +64,6 @@ def evaluate_checkpoint(
         results[name] = {**score(hyps, references, cfg.eval), "beam": beam or cfg.decode.beam}
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)  # once there is something to put in it: a failed eval makes none
-            text = "".join(h + "\n" for h in hyps).encode("utf-8")
             stem = Path(name).name if files else DataConfig.set_file_stem(name)
-            write_atomic(out / f"{stem}.hyp", lambda f, text=text: f.write(text))
+            write_lines(out / f"{stem}.hyp", hyps)
     return results

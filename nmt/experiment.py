@@ -23,7 +23,7 @@ from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
 from nmt.errors import CheckpointError, UserError
-from nmt.fileio import write_atomic
+from nmt.fileio import write_atomic, write_lines
 from nmt.metrics import score, with_metrics
 from nmt.runtime import is_main_process, pick_device
 from nmt.train.loop import train
@@ -149,7 +149,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
             **score(hyps, refs, with_metrics(cfg.eval)),
             "by_length": bleu_by_length(sources, hyps, refs, cfg=cfg.eval),
         }
-        (run_dir / f"{DataConfig.set_file_stem(set_name)}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        write_lines(run_dir / f"{DataConfig.set_file_stem(set_name)}.hyp", hyps)
     records = logged(run_dir / "metrics.jsonl")
     result = {
         "experiment": name,

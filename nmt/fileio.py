@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,6 +52,13 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
             raise disk_full_error(path, "the previous file is unchanged") from None
         raise
     fsync_dir(path.parent)
+
+
+def write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """`lines` as a UTF-8 text file of one line each, every one ended by '\\n' (no lines: an empty file,
+    not one empty line), written atomically (`write_atomic`)."""
+    text = "".join(f"{line}\n" for line in lines).encode("utf-8")
+    write_atomic(path, lambda f: f.write(text))
 
 
 def gzip_named(path: str | Path) -> bool:

@@ -213,3 +213,18 @@ def test_test_sets_named_with_a_slash_write_one_file_each(tiny_config_file, tmp_
     for name, file in (("wmt14/full", "wmt14_full.hyp"), ("wmt16/full", "wmt16_full.hyp")):
         hyps = (tmp_path / "run" / file).read_text(encoding="utf-8").splitlines()
         assert len(hyps) == tests[name]["sentences"] == 30
+
+
+@pytest.mark.parametrize("src, ref, why", [("", "", "its files are empty"),
+                                           ("\n \n", "x\ny\n", "each of its 2 pairs has an empty side")])
+def test_a_test_set_without_a_pair_to_score_stops_the_experiment_before_it_trains(tiny_config_file, tmp_path, src,
+                                                                                  ref, why):
+    """It stopped after training, at scoring, with a message that named no test set."""
+    (tmp_path / "empty.en").write_text(src, encoding="utf-8")
+    (tmp_path / "empty.de").write_text(ref, encoding="utf-8")
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--results", str(results),
+                              "--set", f"data.test.test.path={tmp_path / 'empty'}", "--set", "train.max_steps=2"])
+    assert isinstance(out.exception, DataError)
+    assert str(out.exception) == f"data.test.test: {tmp_path / 'empty'}: nothing to score: {why}"
+    assert not (tmp_path / "run").exists() and not results.exists()

@@ -9,7 +9,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from nmt.fileio import write_atomic
+from nmt.data.text import read_lines
+from nmt.fileio import write_atomic, write_lines
 
 
 @contextmanager
@@ -54,3 +55,12 @@ def test_checkpoints_and_sentencepiece_models_follow_the_umask(tiny_config_file,
     run = tmp_path / "run"
     written = [run / "best.pt", run / "ckpt_2.pt", run / "spm.model", run / "config.yaml"]
     assert {p.name: mode(p) for p in written} == {p.name: 0o640 for p in written}
+
+
+def test_a_file_of_lines_ends_each_with_a_newline_and_of_no_lines_is_empty(tmp_path):
+    """The translations `nmt eval` and `nmt experiment` write: no lines is an empty file, not one empty line."""
+    write_lines(tmp_path / "none.hyp", [])
+    assert (tmp_path / "none.hyp").read_bytes() == b"" and read_lines(tmp_path / "none.hyp") == []
+    write_lines(tmp_path / "some.hyp", ["ein Hund", "", "grün"])
+    assert (tmp_path / "some.hyp").read_bytes() == "ein Hund\n\ngrün\n".encode()
+    assert read_lines(tmp_path / "some.hyp") == ["ein Hund", "", "grün"]

@@ -21,7 +21,8 @@ def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Pat
 
     Raises:
         UserError: only one of `src` and `ref`, or a split the config does not have.
-        DataError: a file that cannot be read, or sources and references of different lengths.
+        DataError: a file that cannot be read, sources and references of different lengths, or a set
+            without a pair to score.
     """
     files = file_set(src, ref)
     if files:
@@ -45,7 +46,11 @@ def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Pat
     sets = {}
     for name, spec in specs.items():
         try:
-            pairs, _ = clean_pairs(load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang))
+            raw = load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang)
+            pairs, _ = clean_pairs(raw)
+            if not len(pairs):  # found now, not once a run has trained and comes to score it
+                why = f"each of its {len(raw)} pairs has an empty side" if len(raw) else "its files are empty"
+                raise DataError(f"{spec.path}: nothing to score: {why}")
         except DataError as err:
             key = "data.valid" if spec is data.valid else f"data.test.{name}"
             if not of_checkpoint:
