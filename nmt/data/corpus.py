@@ -434,8 +434,12 @@ def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
     if path in _BUILDERS and not Path(path).is_dir():  # without data files it reads the working directory
         raise DataError(f"kind hf, path {path!r}: a file format of datasets, not a dataset; read such files with "
                         "kind: jsonl, tsv or parquet, or give kind hf the folder that holds them")
+    csv = Path(path).is_dir() and _read_as_csv(path, spec.hf_config, cache_dir)
     try:
-        return datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir)
+        # pandas, which reads CSV for datasets, ends a line at a lone '\r' too: a sentence holding one
+        # would be cut in two, its second half paired with the next column's text
+        ds = datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir,
+                                   **({"lineterminator": "\n"} if csv else {}))
     except Exception as err:  # network, auth, format and split errors all end here
         config = f", config {spec.hf_config!r}" if spec.hf_config else ""
         if Path(path).is_dir():  # a local folder: the hub was never asked
@@ -447,6 +451,34 @@ def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
             "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
             "and use kind: disk (or parquet, jsonl) with path: DIR"
         ) from None
+    return _without_cr_endings(ds) if csv else ds
+
+
+def _read_as_csv(folder: str, config: str | None, cache_dir: str | None) -> bool:
+    """Whether `datasets` reads the files of a local folder as CSV (or TSV)."""
+    try:
+        return datasets.load_dataset_builder(folder, config, cache_dir=cache_dir).name == "csv"
+    except Exception:  # the load that follows says what is wrong
+        return False
+
+
+def _without_cr_endings(ds: Dataset) -> Dataset:
+    """A CSV dataset read with only '\\n' ending a line, less the '\\r' of its '\\r\\n' endings, which
+    pandas leaves at the end of each line's last field, the header's too (the line rules drop it)."""
+    last = ds.column_names[-1]
+    if last.endswith("\r"):
+        ds = ds.rename_column(last, last[:-1])
+        last = last[:-1]
+    feature = ds.features[last]
+    if not isinstance(feature, Value) or feature.dtype not in _TEXT_TYPES:
+        return ds
+    return ds.with_format("arrow").map(_drop_final_cr, batched=True, fn_kwargs={"column": last},
+                                       desc="Dropping CR line endings").with_format(None)
+
+
+def _drop_final_cr(batch: pa.Table, column: str) -> pa.Table:
+    values = pc.replace_substring_regex(batch[column], pattern="\r$", replacement="")
+    return batch.set_column(batch.column_names.index(column), column, values)
 
 
 def _parquet_rows(path: str) -> int | None:

@@ -285,6 +285,19 @@ def test_hf_field_mapping_on_local_folders(tmp_path: Path) -> None:
                     str(info.value)) and "hub" not in str(info.value)
 
 
+@pytest.mark.parametrize("name, data", [
+    ("train.csv", b'de,en\nein\rhund,a dog\n"eine katze",the cat\n'),
+    ("train.csv", b'de,en\r\nein\rhund,a dog\r\n"eine katze","the cat"\r\n'),
+    ("train.tsv", b"de\ten\r\nein\rhund\ta dog\neine katze\tthe cat"),
+])
+def test_hf_csv_files_follow_the_line_rules(tmp_path: Path, name: str, data: bytes) -> None:
+    """Only '\\n' ends a line, and a '\\r' before it goes with it, as in text files: pandas, which reads CSV for
+    datasets, cut a line at a lone '\\r' and paired its second half with the other column's text."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / name).write_bytes(data)
+    assert pairs(load(tmp_path, "hf", tmp_path / "folder")) == [("ein\rhund", "a dog"), ("eine katze", "the cat")]
+
+
 def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The libraries read HF_HUB_OFFLINE when imported, so their copies are set too.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
