@@ -39,7 +39,6 @@ import time
 T0 = time.perf_counter()  # before the heavy imports: a start's time includes them
 
 import argparse  # noqa: E402
-import gzip  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -58,10 +57,8 @@ PHASES = ("read", "clean", "tokenizer", "tokenize", "sampler")
 
 def source_lines(source: Path) -> tuple[list[str], list[str], list[str], list[str], str]:
     """Training and validation sentences (German, English) of Multi30k, or of the toy corpus."""
-    def read(path: Path) -> list[str]:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            return f.read().splitlines()
+    # the line rules, as `nmt train` reads them: only '\n' ends a line
+    from nmt.data.text import read_lines as read
 
     if (source / "train.de.gz").is_file():
         return (read(source / "train.de.gz"), read(source / "train.en.gz"), read(source / "val.de.gz"),

@@ -229,7 +229,7 @@ def main() -> None:
 
 def _identical(outputs: list[str], path: Path) -> int:
     """Lines of `outputs` equal to the same line of another run's outputs file."""
-    other = path.read_text(encoding="utf-8").splitlines()
+    other = read_lines(path)
     if len(other) != len(outputs):
         raise SystemExit(f"{path}: {len(other)} lines, but this run translated {len(outputs)}")
     return sum(a == b for a, b in zip(outputs, other, strict=True))
