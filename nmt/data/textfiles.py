@@ -15,7 +15,7 @@ same files opens it at once and an edited file is read again.
 
 Line rules (the same as for every line-based source): only '\\n' ends a line, a
 '\\r' right before it is dropped, a leading UTF-8 byte-order mark is dropped, and
-nothing else is stripped: `clean_pairs` does that.
+nothing else is changed: `clean_pairs` folds whitespace (`nmt.data.text.normalize_spaces`).
 """
 
 from __future__ import annotations
