@@ -185,6 +185,12 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
                     "pairs come again and others not until the next epoch; set %s to resume in the run's order", path,
                     ", ".join(f"train.{key}: {old}, now {new}" for key, old, new in changed),
                     ", ".join(f"train.{key}: {old}" for key, old, _ in changed))
+    now_train = config_to_dict(cfg.train)
+    other_optimizer = [f"train.{key}: {now_train[key]} (the checkpoint's: {saved_train[key]})" for key in OPTIMIZER
+                       if key in saved_train and saved_train[key] != now_train[key]]
+    if other_optimizer and ctx.is_main:
+        log.info("%s: resuming with %s; the optimizer's moments and step count carry over", path,
+                 ", ".join(other_optimizer))
     saved_data, data = payload.get("config", {}).get("data", {}), config_to_dict(cfg.data)
     other_data = [f"data.{key}" for key in TRAINING_SET if key in saved_data and saved_data[key] != data[key]]
     if other_data and ctx.is_main:  # fine-tuning on in a run directory, say: allowed, and said
@@ -196,6 +202,8 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
     return progress
 
 
+OPTIMIZER = ("optimizer", "betas", "eps", "weight_decay")
+"""The `train` keys that set the optimizer's groups: a resumed run takes them from its config (`load_optimizer_state`)."""
 TRAINING_SET = ("train", "max_len", "max_ratio")
 """The `data` keys that decide which pairs training takes: a resume with others changes the corpus under the epoch."""
 
