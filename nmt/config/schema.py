@@ -361,6 +361,12 @@ class ModelConfig:
     rnn: RNNConfig = field(default_factory=RNNConfig)
     """RNN sizes (`type: rnn`)."""
 
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model attends to the source (a Transformer, or an RNN whose decoder is not `none`), which
+        the coverage penalty and attention plots read."""
+        return self.type == "transformer" or self.rnn.decoder != "none"
+
 
 @dataclass
 class TrainConfig:
@@ -505,7 +511,7 @@ class DecodeConfig:
     min_len: int = num(0, lo=0, hi=MAX_POSITIONS)
     """No end of sentence before this many output tokens."""
     coverage_penalty: float = num(0.0, lo=0)
-    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables. It needs a model with attention: `nmt train` refuses it with `model.rnn.decoder: none`."""
+    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables. It needs a model with attention: `nmt train` refuses it with `model.rnn.decoder: none`, the config's own or that of its `train.init_from` parent."""
     max_tokens: int = num(0, lo=0)
     """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. A batch that runs out of CUDA memory (a smaller GPU, a larger model or beam) is translated in halves, and later batches take at most half its tokens, with a warning that names the value to set. On CPU larger batches gain nothing and cost memory."""
 
@@ -576,7 +582,7 @@ class ExperimentConfig:
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
-        if self.model.type == "rnn" and self.model.rnn.decoder == "none" and self.decode.coverage_penalty > 0:
+        if not self.model.has_attention and self.decode.coverage_penalty > 0:
             return (f"decode.coverage_penalty ({self.decode.coverage_penalty:g}) needs attention, which "
                     "model.rnn.decoder 'none' has not: set decode.coverage_penalty to 0 or choose the bahdanau "
                     "or luong decoder")
