@@ -241,3 +241,30 @@ def test_a_mapping_set_for_a_section_merges_into_it(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'model.transformer.d_modle'"):
         load_config(path, ["model.transformer={d_modle: 64}"])
     assert load_config(write(tmp_path, ""), ["model.transformer={d_model: 64, heads: 2}"]).model.transformer.ff_dim == 2048
+
+
+def test_a_transformer_whose_decode_lengths_outgrow_its_positions_is_refused_before_training(tmp_path):
+    """16 positions hold BOS and 15 output tokens; a one-subword source (2 positions with EOS) may give
+    2 x max_len_a + max_len_b. At 16 nothing could be translated, so the first validation would fail after the
+    first valid_every updates: refused at load for training, and by `train` before the run directory is made."""
+    from nmt.train.loop import train
+
+    def config(a: float, b: int) -> Path:
+        return write(tmp_path, f"run_dir: {tmp_path / 'run'}\n"
+                               "data: {train: {path: corpus/train}, valid: {path: corpus/valid}, max_len: 16}\n"
+                               "model: {transformer: {d_model: 32, heads: 2, max_positions: 16}}\n"
+                               f"decode: {{max_len_a: {a}, max_len_b: {b}}}\n")
+
+    message = ("decode.max_len_a (3) and decode.max_len_b (10) allow outputs of more than the 15 tokens that "
+               "model.transformer.max_positions (16) holds, even from a one-subword source (2 positions with EOS), so "
+               "validation could translate nothing: lower them so that 2 x max_len_a + max_len_b is at most 15, or "
+               "raise max_positions")
+    with pytest.raises(ConfigError) as err:
+        load_config(config(3, 10), training=True)
+    assert str(err.value) == f"{tmp_path / 'exp.yaml'}: {message}"
+    cfg = load_config(config(3, 10))  # a checkpoint's config, whose search `nmt translate` may set otherwise
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+    assert load_config(config(2.5, 10), training=True).decode.max_len_a == 2.5  # 15: the longest that fits
+    assert load_config(config(3, 10), ["model.type=rnn"], training=True).model.type == "rnn"  # no position table

@@ -505,7 +505,7 @@ class DecodeConfig:
     length_penalty: float = num(1.0, lo=-5, hi=5)
     """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha; 0 disables. Values used in practice lie between 0.6 and 2; beyond 5 the penalty of a long output leaves fp32's range."""
     max_len_a: float = num(1.5, lo=0, hi=MAX_POSITIONS)
-    """Longest output is `max_len_a * source_length + max_len_b` tokens."""
+    """Longest output is `max_len_a * source_length + max_len_b` tokens. A Transformer's positions hold BOS and the output, so a source is cut to fit, and training refuses limits that no source fits: `2 x max_len_a + max_len_b` (a one-subword source with EOS) must be at most `model.transformer.max_positions - 1`."""
     max_len_b: int = num(10, lo=0, hi=MAX_POSITIONS)
     """See `max_len_a`."""
     min_len: int = num(0, lo=0, hi=MAX_POSITIONS)
@@ -529,6 +529,16 @@ def check_length_limit(max_len_a: float, max_len_b: int, min_len: int = 0) -> No
         raise ValueError(f"min_len ({min_len}) is above the longest output that max_len_a 0 and max_len_b "
                          f"({max_len_b}) allow, so every output would stop at {max_len_b} tokens; lower min_len or "
                          "raise max_len_b")
+
+
+def longest_source(positions: int, max_len_a: float, max_len_b: int) -> int:
+    """The longest source (subwords and EOS) that a model of `positions` positions takes when an output may be
+    `max_len_a * S + max_len_b` tokens long: the search feeds BOS and those tokens, at positions 0 .. a * S + b.
+    Below 2 (one subword and EOS) where no source fits."""
+    room = positions - 1 - max_len_b
+    if room < 0:
+        return 0
+    return min(positions, int(room / max_len_a) if max_len_a > 0 else positions)
 
 
 @dataclass
@@ -582,6 +592,12 @@ class ExperimentConfig:
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
+        positions, d = self.model.transformer.max_positions, self.decode
+        if self.model.type == "transformer" and longest_source(positions, d.max_len_a, d.max_len_b) < 2:
+            return (f"decode.max_len_a ({d.max_len_a:g}) and decode.max_len_b ({d.max_len_b}) allow outputs of more "
+                    f"than the {positions - 1} tokens that model.transformer.max_positions ({positions}) holds, even "
+                    f"from a one-subword source (2 positions with EOS), so validation could translate nothing: lower "
+                    f"them so that 2 x max_len_a + max_len_b is at most {positions - 1}, or raise max_positions")
         if not self.model.has_attention and self.decode.coverage_penalty > 0:
             return (f"decode.coverage_penalty ({self.decode.coverage_penalty:g}) needs attention, which "
                     "model.rnn.decoder 'none' has not: set decode.coverage_penalty to 0 or choose the bahdanau "

@@ -91,6 +91,9 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
         cfg = dataclasses.replace(cfg, model=parent.model, tokenizer=parent.tokenizer)
     except ValueError as err:
         raise ConfigError(f"{where}: the parent model does not fit this config: {err}") from None
+    problem = cfg.training_problem()  # those the parent's model decides (decode lengths against its positions)
+    if problem is not None:
+        raise ConfigError(f"{where}: the parent model does not fit this config: {problem}")
     return Start(cfg, tokenizer=tokenizer, weights=weights)
 
 
