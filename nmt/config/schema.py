@@ -15,7 +15,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 
@@ -136,7 +136,7 @@ class CorpusConfig:
     """Where one split of a parallel corpus comes from."""
 
     kind: Literal["text", "tsv", "jsonl", "parquet", "disk", "hf"] = "text"
-    """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset, or a folder of data files (CSV, JSON lines, parquet) as `datasets.load_dataset` reads one."""
+    """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset, or a folder of data files (CSV, JSON lines, parquet) as `datasets.load_dataset` reads one. Training refuses a key that its kind does not read (`src_field` and `tgt_field` on `text`, `split` on all but `disk` and `hf`, `hf_config` on all but `hf`)."""
     path: list[str] | str = ""
     """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another."""
     src_field: str | int | None = None
@@ -144,11 +144,20 @@ class CorpusConfig:
     tgt_field: str | int | None = None
     """Column holding the target sentence; default: the target language code, or `translation.<lang>`. A number as for `src_field` (give both as numbers)."""
     hf_config: str | None = None
-    """Hub dataset configuration name (`kind: hf`), e.g. `de-en` for wmt14."""
+    """Hub dataset configuration name (`kind: hf` only), e.g. `de-en` for wmt14."""
     split: str | None = None
     """Split to read from a hub dataset or a saved DatasetDict, e.g. `validation`."""
     weight: float = num(1.0, lo=0, lo_open=True)
     """Training corpora only (`data.train` may be a list of corpus sections): how many times an epoch takes each of this corpus's pairs. 3 repeats a small in-domain corpus three times; 0.25 takes a fresh random quarter of a large one each epoch."""
+
+    READ_BY: ClassVar[dict[str, tuple[str, ...]]] = {
+        "src_field": ("tsv", "jsonl", "parquet", "disk", "hf"), "tgt_field": ("tsv", "jsonl", "parquet", "disk", "hf"),
+        "split": ("disk", "hf"), "hf_config": ("hf",)}
+    """The kinds that read each optional key (`nmt.data.corpus.load_pairs`); the others would leave it unused."""
+
+    def unread_keys(self) -> list[str]:
+        """The optional keys this corpus sets that its kind does not read."""
+        return [key for key, kinds in self.READ_BY.items() if getattr(self, key) is not None and self.kind not in kinds]
 
     @property
     def paths(self) -> list[str]:
@@ -231,6 +240,14 @@ class DataConfig:
         """The file name (without suffix) of a test set's translations: its name with each `/` or `\\` as `_`,
         so that names such as `wmt14/full` make one file, not a path into a folder."""
         return name.replace("/", "_").replace("\\", "_")
+
+    def corpora(self) -> list[tuple[str, CorpusConfig]]:
+        """Every corpus section with its key path: `data.train` (`data.train[i]` in a list), `data.valid`,
+        `data.test.NAME`."""
+        train = self.train_corpora
+        named = [(f"data.train[{i}]" if isinstance(self.train, list) else "data.train", c) for i, c in enumerate(train)]
+        named += [("data.valid", self.valid)] if self.valid is not None else []
+        return named + [(f"data.test.{name}", spec) for name, spec in self.test.items()]
 
     @property
     def train_corpora(self) -> list[CorpusConfig]:
@@ -592,6 +609,12 @@ class ExperimentConfig:
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
+        for where, spec in self.data.corpora():
+            for key in spec.unread_keys():
+                kinds = CorpusConfig.READ_BY[key]
+                return (f"{where}.{key}: kind {spec.kind} does not read {key} ({key} is for kind "
+                        f"{', '.join(kinds[:-1]) + ' and ' if len(kinds) > 1 else ''}{kinds[-1]}); remove it, or give "
+                        "the kind that reads it")
         positions, d = self.model.transformer.max_positions, self.decode
         if self.model.type == "transformer" and longest_source(positions, d.max_len_a, d.max_len_b) < 2:
             return (f"decode.max_len_a ({d.max_len_a:g}) and decode.max_len_b ({d.max_len_b}) allow outputs of more "
