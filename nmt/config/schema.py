@@ -146,7 +146,7 @@ class CorpusConfig:
     hf_config: str | None = None
     """Hub dataset configuration name (`kind: hf` only), e.g. `de-en` for wmt14."""
     split: str | None = None
-    """Split to read from a hub dataset or a saved DatasetDict, e.g. `validation`."""
+    """Split to read (`kind: hf` and `disk`), e.g. `validation`. Null (the default) reads `train`: a hub dataset's or a folder's `train` split, or a saved DatasetDict's; a dataset saved as one `Dataset` has no splits and is read whole (a split given for it is refused)."""
     weight: float = num(1.0, lo=0, lo_open=True)
     """Training corpora only (`data.train` may be a list of corpus sections): how many times an epoch takes each of this corpus's pairs. 3 repeats a small in-domain corpus three times; 0.25 takes a fresh random quarter of a large one each epoch."""
 
