@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nmt.config import (
     ExperimentConfig,
@@ -64,7 +65,7 @@ def test_invariants_raise_with_values_and_key_path(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer.joint"):
         load_config(write(tmp_path, "tokenizer:\n  joint: false\nmodel:\n  tie_embeddings: all\n"))
     with pytest.raises(ConfigError, match=r"exp.yaml: train: compile_dynamic false .* needs batch_shapes static"):
-        load_config(write(tmp_path, "train:\n  compile_dynamic: false\n  batch_shapes: free\n"))
+        load_config(write(tmp_path, "train:\n  compile: true\n  compile_dynamic: false\n  batch_shapes: free\n"))
 
 
 def test_overrides_set_nested_keys_and_are_validated(tmp_path):
@@ -268,3 +269,21 @@ def test_a_transformer_whose_decode_lengths_outgrow_its_positions_is_refused_bef
     assert not (tmp_path / "run").exists()
     assert load_config(config(2.5, 10), training=True).decode.max_len_a == 2.5  # 15: the longest that fits
     assert load_config(config(3, 10), ["model.type=rnn"], training=True).model.type == "rnn"  # no position table
+
+
+def test_compile_dynamic_false_is_accepted_and_unused_without_compile(small_corpus, tmp_path):
+    """`compile_dynamic` is read only when compiling, as `compile_mode` is: a config that keeps compile settings for
+    `--set train.compile=true` trains without compile, free batch shapes and all; with compile, false still needs
+    static shapes, and the error says why."""
+    from nmt.train.loop import train
+    from tests.conftest import tiny_config_dict
+
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["train"].update({"compile": False, "compile_dynamic": False, "batch_shapes": "free", "compile_mode":
+                         "reduce-overhead", "max_steps": 1, "valid_every": 1, "valid_bleu": False, "device": "cpu"})
+    path = write(tmp_path, yaml.safe_dump(raw))
+    assert train(load_config(path, training=True))["step"] == 1
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["train.compile=true"], training=True)
+    assert str(err.value) == (f"{path}: train: compile_dynamic false compiles a graph per batch shape, so it needs "
+                              "batch_shapes static (one shape per length bucket), not free")
