@@ -213,3 +213,23 @@ def test_test_sets_named_with_a_slash_write_one_file_each(tiny_config_file, tmp_
     for name, file in (("wmt14/full", "wmt14_full.hyp"), ("wmt16/full", "wmt16_full.hyp")):
         hyps = (tmp_path / "run" / file).read_text(encoding="utf-8").splitlines()
         assert len(hyps) == tests[name]["sentences"] == 30
+
+
+def test_experiment_scores_on_the_device_of_its_config(tiny_config_file, tmp_path, monkeypatch):
+    """A run kept on the CPU (`train.device: cpu`, a GPU busy with something else, say) is scored on the CPU too,
+    not on the device `auto` would pick. On a machine without a GPU both are the CPU, so the device each
+    checkpoint is loaded for is read on its way to the real `Translator.from_checkpoint`."""
+    asked = []
+    load = Translator.from_checkpoint.__func__
+
+    def from_checkpoint(cls, path, device="auto", **kwargs):
+        asked.append(device)
+        return load(cls, path, device=device, **kwargs)
+
+    monkeypatch.setattr(Translator, "from_checkpoint", classmethod(from_checkpoint))
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "cpu", "--results", str(results),
+                              "--set", "train.max_steps=2", "--set", "decode.beam=1", "--set", "train.device=cpu"])
+    assert out.exit_code == 0, out.output
+    assert asked == ["cpu"]
+    assert json.loads((results / "cpu.json").read_text(encoding="utf-8"))["scored_on"] == "cpu"
