@@ -104,6 +104,21 @@ def test_a_coverage_penalty_is_refused_for_a_parent_without_attention(small_corp
     assert train(config_from_dict(child))["step"] == 2
 
 
+def test_decode_lengths_that_outgrow_the_parent_s_positions_are_refused(small_corpus, tmp_path, parent):
+    """The child's own model section (4096 positions) is set aside for the parent's (1024), which its
+    max_len_b of 1100 outgrows: refused when the parent is read, before the run directory is made."""
+    raw = child_raw(small_corpus, tmp_path / "child", parent)
+    raw["model"] = {"transformer": {"max_positions": 4096}}
+    raw["decode"]["max_len_b"] = 1100
+    with pytest.raises(ConfigError) as err:
+        train(config_from_dict(raw))
+    assert str(err.value).startswith(
+        f"train.init_from: {parent}: the parent model does not fit this config: decode.max_len_a (1.2) and "
+        "decode.max_len_b (1100) allow outputs of more than the 1023 tokens that model.transformer.max_positions "
+        "(1024) holds")
+    assert not (tmp_path / "child").exists()
+
+
 def test_a_copied_checkpoint_without_training_state_is_refused_with_the_way_out(small_corpus, tmp_path, parent):
     run = tmp_path / "copied"
     run.mkdir()
