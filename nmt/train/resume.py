@@ -230,6 +230,7 @@ def restart_best(path: Path, saved_train: dict[str, Any], cfg: ExperimentConfig,
 
 OPTIMIZER = ("optimizer", "betas", "eps", "weight_decay")
 """The `train` keys that set the optimizer's groups: a resumed run takes them from its config (`load_optimizer_state`)."""
+
 TRAINING_SET = ("train", "max_len", "max_ratio")
 """The `data` keys that decide which pairs training takes: a resume with others changes the corpus under the epoch."""
 

@@ -48,7 +48,7 @@ def starting_point(cfg: ExperimentConfig) -> Start:
         CheckpointError: `train.init_from` is missing or not an nmt checkpoint.
         ConfigError: `tokenizer.model` is missing or not a compatible sentencepiece model,
             or the parent model cannot take this config's data (its position table is shorter than data.max_len)
-            or search (a coverage penalty without attention).
+            or search (a coverage penalty without attention, output lengths beyond its positions).
     """
     if cfg.train.init_from:
         return _from_checkpoint(cfg, Path(cfg.train.init_from))
