@@ -80,11 +80,12 @@ def search_options(translator: Translator, cfg: ExperimentConfig) -> SearchOptio
 
 
 def pick_checkpoint(
-    run_dir: Path, cfg: ExperimentConfig, device: str = "auto"
+    run_dir: Path, cfg: ExperimentConfig, device: str | None = None
 ) -> tuple[Path, Any, dict[str, dict[str, float]]]:
     """A `Translator` of the checkpoint to report: `best.pt`, or `averaged.pt` where training
     wrote one and it translates the validation set at least as well (with `cfg`'s search settings
-    and scoring; BLEU first, then chrF, scored whatever `eval.metrics` says).
+    and scoring; BLEU first, then chrF, scored whatever `eval.metrics` says), on `device` (None: the
+    config's `train.device`, where the run trained).
 
     Averaging pays off near convergence; over a short run the average reaches back to weak
     early checkpoints and can lose to the best single one, so the validation set decides.
@@ -94,7 +95,7 @@ def pick_checkpoint(
     candidates = [p for p in (run_dir / "averaged.pt", run_dir / "best.pt") if p.is_file()]
     if not candidates:
         raise CheckpointError(f"{run_dir}: no best.pt to score; train first")
-    translators = [Translator.from_checkpoint(p, device=device) for p in candidates]
+    translators = [Translator.from_checkpoint(p, device=device or cfg.train.device) for p in candidates]
     if len(translators) == 1:
         return candidates[0], translators[0], {}
     sources, refs = eval_sets(cfg, split="valid")["valid"]
@@ -112,9 +113,14 @@ def pick_checkpoint(
 
 
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
-                   restart: bool = False, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any] | None:
+                   restart: bool = False, device: str | None = None,
+                   overrides: Sequence[str] = ()) -> dict[str, Any] | None:
     """Train `cfg` (resuming an interrupted run), score the checkpoint `pick_checkpoint` chooses
     on every test set, and write `results_dir/<name>.json`.
+
+    The test sets are translated on `device`, by default the config's `train.device`: a run kept off a GPU
+    (`train.device: cpu`) or given one GPU (`cuda:1`) is scored there too, not on the GPU `auto` picks. The
+    JSON's `scored_on` names it.
 
     The test sets, the search settings and the scoring are `cfg`'s (`data.test`, `decode`, `eval`), not those
     stored in the checkpoint, and the JSON records the search settings used. BLEU and chrF, on which the
@@ -166,6 +172,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "stopped_by": summary["stop"],
         "tokens_per_s": training_speed(records),
         "hardware": hardware(pick_device(cfg.train.device)),
+        "scored_on": str(translator.device),
         "valid": summary["last_valid"],
         "valid_step": summary["validated_step"],
         "best_step": summary["best_step"],

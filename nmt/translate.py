@@ -40,6 +40,7 @@ from torch.profiler import record_function
 
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.config import ExperimentConfig
+from nmt.config.schema import longest_source
 from nmt.data.batching import inference_batches
 from nmt.data.text import normalize_spaces, one_line
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -294,16 +295,14 @@ class Translator:
         positions = self.model.max_positions
         if positions is None:
             return 1 << 30
-        # The search feeds BOS and up to a * S + b tokens, at positions 0 .. a * S + b.
-        room = positions - 1 - opts.max_len_b
-        by_output = (int(room / opts.max_len_a) if opts.max_len_a > 0 else positions) if room >= 0 else 0
-        if by_output < 2:  # not even one subword and EOS
+        longest = longest_source(positions, opts.max_len_a, opts.max_len_b)
+        if longest < 2:  # not even one subword and EOS
             raise UserError(
                 f"max_len_a {opts.max_len_a:g} and max_len_b {opts.max_len_b} allow outputs of more than the "
                 f"{positions - 1} tokens the model's {positions} positions hold, even from a one-subword source (2 "
                 f"positions with EOS): lower --max-len-a or --max-len-b (decode.max_len_a, decode.max_len_b) so that "
                 f"2 x max_len_a + max_len_b is at most {positions - 1}")
-        return min(positions, by_output)
+        return longest
 
     def max_tokens_for(self, max_tokens: int | None = None) -> int:
         """The batch budget a call with `max_tokens` uses: it, else the checkpoint's

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nmt.config import (
     ExperimentConfig,
@@ -64,7 +65,7 @@ def test_invariants_raise_with_values_and_key_path(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer.joint"):
         load_config(write(tmp_path, "tokenizer:\n  joint: false\nmodel:\n  tie_embeddings: all\n"))
     with pytest.raises(ConfigError, match=r"exp.yaml: train: compile_dynamic false .* needs batch_shapes static"):
-        load_config(write(tmp_path, "train:\n  compile_dynamic: false\n  batch_shapes: free\n"))
+        load_config(write(tmp_path, "train:\n  compile: true\n  compile_dynamic: false\n  batch_shapes: free\n"))
 
 
 def test_overrides_set_nested_keys_and_are_validated(tmp_path):
@@ -241,3 +242,48 @@ def test_a_mapping_set_for_a_section_merges_into_it(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'model.transformer.d_modle'"):
         load_config(path, ["model.transformer={d_modle: 64}"])
     assert load_config(write(tmp_path, ""), ["model.transformer={d_model: 64, heads: 2}"]).model.transformer.ff_dim == 2048
+
+
+def test_a_transformer_whose_decode_lengths_outgrow_its_positions_is_refused_before_training(tmp_path):
+    """16 positions hold BOS and 15 output tokens; a one-subword source (2 positions with EOS) may give
+    2 x max_len_a + max_len_b. At 16 nothing could be translated, so the first validation would fail after the
+    first valid_every updates: refused at load for training, and by `train` before the run directory is made."""
+    from nmt.train.loop import train
+
+    def config(a: float, b: int) -> Path:
+        return write(tmp_path, f"run_dir: {tmp_path / 'run'}\n"
+                               "data: {train: {path: corpus/train}, valid: {path: corpus/valid}, max_len: 16}\n"
+                               "model: {transformer: {d_model: 32, heads: 2, max_positions: 16}}\n"
+                               f"decode: {{max_len_a: {a}, max_len_b: {b}}}\n")
+
+    message = ("decode.max_len_a (3) and decode.max_len_b (10) allow outputs of more than the 15 tokens that "
+               "model.transformer.max_positions (16) holds, even from a one-subword source (2 positions with EOS), so "
+               "validation could translate nothing: lower them so that 2 x max_len_a + max_len_b is at most 15, or "
+               "raise max_positions")
+    with pytest.raises(ConfigError) as err:
+        load_config(config(3, 10), training=True)
+    assert str(err.value) == f"{tmp_path / 'exp.yaml'}: {message}"
+    cfg = load_config(config(3, 10))  # a checkpoint's config, whose search `nmt translate` may set otherwise
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+    assert load_config(config(2.5, 10), training=True).decode.max_len_a == 2.5  # 15: the longest that fits
+    assert load_config(config(3, 10), ["model.type=rnn"], training=True).model.type == "rnn"  # no position table
+
+
+def test_compile_dynamic_false_is_accepted_and_unused_without_compile(small_corpus, tmp_path):
+    """`compile_dynamic` is read only when compiling, as `compile_mode` is: a config that keeps compile settings for
+    `--set train.compile=true` trains without compile, free batch shapes and all; with compile, false still needs
+    static shapes, and the error says why."""
+    from nmt.train.loop import train
+    from tests.conftest import tiny_config_dict
+
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["train"].update({"compile": False, "compile_dynamic": False, "batch_shapes": "free", "compile_mode":
+                         "reduce-overhead", "max_steps": 1, "valid_every": 1, "valid_bleu": False, "device": "cpu"})
+    path = write(tmp_path, yaml.safe_dump(raw))
+    assert train(load_config(path, training=True))["step"] == 1
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["train.compile=true"], training=True)
+    assert str(err.value) == (f"{path}: train: compile_dynamic false compiles a graph per batch shape, so it needs "
+                              "batch_shapes static (one shape per length bucket), not free")

@@ -228,3 +228,23 @@ def test_a_test_set_without_a_pair_to_score_stops_the_experiment_before_it_train
     assert isinstance(out.exception, DataError)
     assert str(out.exception) == f"data.test.test: {tmp_path / 'empty'}: nothing to score: {why}"
     assert not (tmp_path / "run").exists() and not results.exists()
+
+
+def test_experiment_scores_on_the_device_of_its_config(tiny_config_file, tmp_path, monkeypatch):
+    """A run kept on the CPU (`train.device: cpu`, a GPU busy with something else, say) is scored on the CPU too,
+    not on the device `auto` would pick. On a machine without a GPU both are the CPU, so the device each
+    checkpoint is loaded for is read on its way to the real `Translator.from_checkpoint`."""
+    asked = []
+    load = Translator.from_checkpoint.__func__
+
+    def from_checkpoint(cls, path, device="auto", **kwargs):
+        asked.append(device)
+        return load(cls, path, device=device, **kwargs)
+
+    monkeypatch.setattr(Translator, "from_checkpoint", classmethod(from_checkpoint))
+    results = tmp_path / "results"
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "cpu", "--results", str(results),
+                              "--set", "train.max_steps=2", "--set", "decode.beam=1", "--set", "train.device=cpu"])
+    assert out.exit_code == 0, out.output
+    assert asked == ["cpu"]
+    assert json.loads((results / "cpu.json").read_text(encoding="utf-8"))["scored_on"] == "cpu"

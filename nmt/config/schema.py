@@ -15,7 +15,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
 
@@ -136,7 +136,7 @@ class CorpusConfig:
     """Where one split of a parallel corpus comes from."""
 
     kind: Literal["text", "tsv", "jsonl", "parquet", "disk", "hf"] = "text"
-    """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset, or a folder of data files (CSV, JSON lines, parquet) as `datasets.load_dataset` reads one."""
+    """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset, or a folder of data files (CSV, JSON lines, parquet) as `datasets.load_dataset` reads one. Training refuses a key that its kind does not read (`src_field` and `tgt_field` on `text`, `split` on all but `disk` and `hf`, `hf_config` on all but `hf`)."""
     path: list[str] | str = ""
     """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another."""
     src_field: str | int | None = None
@@ -144,11 +144,20 @@ class CorpusConfig:
     tgt_field: str | int | None = None
     """Column holding the target sentence; default: the target language code, or `translation.<lang>`. A number as for `src_field` (give both as numbers)."""
     hf_config: str | None = None
-    """Hub dataset configuration name (`kind: hf`), e.g. `de-en` for wmt14."""
+    """Hub dataset configuration name (`kind: hf` only), e.g. `de-en` for wmt14."""
     split: str | None = None
-    """Split to read from a hub dataset or a saved DatasetDict, e.g. `validation`."""
+    """Split to read (`kind: hf` and `disk`), e.g. `validation`. Null (the default) reads `train`: a hub dataset's or a folder's `train` split, or a saved DatasetDict's; a dataset saved as one `Dataset` has no splits and is read whole (a split given for it is refused)."""
     weight: float = num(1.0, lo=0, lo_open=True)
     """Training corpora only (`data.train` may be a list of corpus sections): how many times an epoch takes each of this corpus's pairs. 3 repeats a small in-domain corpus three times; 0.25 takes a fresh random quarter of a large one each epoch."""
+
+    READ_BY: ClassVar[dict[str, tuple[str, ...]]] = {
+        "src_field": ("tsv", "jsonl", "parquet", "disk", "hf"), "tgt_field": ("tsv", "jsonl", "parquet", "disk", "hf"),
+        "split": ("disk", "hf"), "hf_config": ("hf",)}
+    """The kinds that read each optional key (`nmt.data.corpus.load_pairs`); the others would leave it unused."""
+
+    def unread_keys(self) -> list[str]:
+        """The optional keys this corpus sets that its kind does not read."""
+        return [key for key, kinds in self.READ_BY.items() if getattr(self, key) is not None and self.kind not in kinds]
 
     @property
     def paths(self) -> list[str]:
@@ -231,6 +240,14 @@ class DataConfig:
         """The file name (without suffix) of a test set's translations: its name with each `/` or `\\` as `_`,
         so that names such as `wmt14/full` make one file, not a path into a folder."""
         return name.replace("/", "_").replace("\\", "_")
+
+    def corpora(self) -> list[tuple[str, CorpusConfig]]:
+        """Every corpus section with its key path: `data.train` (`data.train[i]` in a list), `data.valid`,
+        `data.test.NAME`."""
+        train = self.train_corpora
+        named = [(f"data.train[{i}]" if isinstance(self.train, list) else "data.train", c) for i, c in enumerate(train)]
+        named += [("data.valid", self.valid)] if self.valid is not None else []
+        return named + [(f"data.test.{name}", spec) for name, spec in self.test.items()]
 
     @property
     def train_corpora(self) -> list[CorpusConfig]:
@@ -361,6 +378,12 @@ class ModelConfig:
     rnn: RNNConfig = field(default_factory=RNNConfig)
     """RNN sizes (`type: rnn`)."""
 
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model attends to the source (a Transformer, or an RNN whose decoder is not `none`), which
+        the coverage penalty and attention plots read."""
+        return self.type == "transformer" or self.rnn.decoder != "none"
+
 
 @dataclass
 class TrainConfig:
@@ -381,7 +404,7 @@ class TrainConfig:
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """`torch.compile` mode with `compile: true`: `reduce-overhead` adds CUDA graphs (one per batch shape), the `max-autotune` modes search kernel configurations (long first compile). On an H200, reduce-overhead made the Multi30k Transformer's updates 1.9-2.8x faster than eager ones in fp32 (`bench/train_speed.py`; not yet timed in a whole training run)."""
     compile_dynamic: Literal["auto", True, False] = "auto"
-    """With `compile: true`: true, one graph with symbolic sizes serves every batch shape; false, a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` and compiles once per length bucket in the first steps; `auto`: false exactly where batch shapes are static (`batch_shapes: static`, or `auto` in `reduce-overhead` mode on CUDA). On an H200, CUDA graphs over the graph with symbolic sizes killed training with a segmentation fault in the compiled backward pass; a graph per static shape trained."""
+    """With `compile: true` (without it, like `compile_mode`, it is read by nothing and any value is accepted, so that `--set train.compile=true` alone turns compiling on): true, one graph with symbolic sizes serves every batch shape; false, a graph per batch shape, each compiled for its exact sizes, which needs the bounded shapes of `batch_shapes: static` and compiles once per length bucket in the first steps; `auto`: false exactly where batch shapes are static (`batch_shapes: static`, or `auto` in `reduce-overhead` mode on CUDA). On an H200, CUDA graphs over the graph with symbolic sizes killed training with a segmentation fault in the compiled backward pass; a graph per static shape trained."""
     cuda_graphs: Literal["auto", True, False] = "auto"
     """Record each batch shape's whole update (forward, backward, clipping, the optimizer, the bf16 copy's bookkeeping) as one CUDA graph after two eager uses of that shape, then replay it with one launch, so that a small model's step is no longer bound by the host's kernel launches (`compile_mode: reduce-overhead` records the forward and backward passes only). With `accumulate` above 1, each batch shape's forward and backward pass is recorded apart, and the update's end (clipping, the optimizer) once. Needs CUDA, one process, batch shapes that are not `free` (`auto` makes them static), and no compile mode with graphs of its own (`default` and `max-autotune-no-cudagraphs` go with it). On an H200 the Multi30k Transformer's updates ran at 724,000-730,000 target tokens/s in fp32 and 937,000-941,000 in bf16 this way, against about 200,000 eager (`bench/train_speed.py --update-graphs off,on`), and a whole bf16 run with it, beside five other runs on the same GPU, reached 41.5 BLEU on test_2016_flickr in 3.3 minutes. `auto`: on where a whole run with it has been measured, a Transformer on one CUDA device with settings it can record (the training log says so, or why not); off on a CPU, under torchrun, with fp16 or autocast (which true records, not yet measured on a GPU), with free batch shapes, with a compile mode that records graphs of its own, and for the RNNs. Recorded updates run without cuDNN, whose recorded RNN kernels went wrong once validation had run cuDNN eagerly; with cuDNN off in the whole process, an RNN's recorded updates trained as its eager ones did (700 updates on an H200), and with cuDNN off in the recorded updates alone (what training does) they are not yet run on a GPU. After each validation the recorded updates check that the weights are where they were recorded, and record again if not."""
     pad_to_multiple: int = num(0, lo=0)
@@ -439,7 +462,7 @@ class TrainConfig:
     valid_max_sentences: int = num(0, lo=0)
     """Decode at most this many validation sentences for BLEU (0: all)."""
     early_stop_metric: Literal[tuple(METRICS)] = "bleu"
-    """Metric that picks the best checkpoint, drives early stopping and the plateau schedule (a text metric needs `valid_bleu`, else the loss is used; validation scores it besides `eval.metrics`); `loss` is the validation loss as training minimises it, label smoothing included."""
+    """Metric that picks the best checkpoint, drives early stopping and the plateau schedule (a text metric needs `valid_bleu`, else the loss is used; validation scores it besides `eval.metrics`); `loss` is the validation loss as training minimises it, label smoothing included. A run resumed with another metric than its checkpoint's starts its best, patience and plateau counts anew (with a warning): scores of two metrics do not compare."""
     patience: int = num(0, lo=0)
     """Stop after this many validations without improvement (0: never)."""
     save_every: int = num(0, lo=0)
@@ -454,7 +477,7 @@ class TrainConfig:
         self.init_from = expand_vars(self.init_from) if self.init_from else ""
         if self.schedule in ("cosine", "linear") and self.max_steps == 0:
             raise ValueError(f"schedule {self.schedule!r} decays to max_steps, which must then be > 0")
-        if self.compile_dynamic is False and self.batch_shapes == "free":
+        if self.compile and self.compile_dynamic is False and self.batch_shapes == "free":  # unread without compile
             raise ValueError("compile_dynamic false compiles a graph per batch shape, so it needs batch_shapes "
                              "static (one shape per length bucket), not free")
         if self.cuda_graphs is True:
@@ -499,13 +522,13 @@ class DecodeConfig:
     length_penalty: float = num(1.0, lo=-5, hi=5)
     """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha; 0 disables. Values used in practice lie between 0.6 and 2; beyond 5 the penalty of a long output leaves fp32's range."""
     max_len_a: float = num(1.5, lo=0, hi=MAX_POSITIONS)
-    """Longest output is `max_len_a * source_length + max_len_b` tokens."""
+    """Longest output is `max_len_a * source_length + max_len_b` tokens. A Transformer's positions hold BOS and the output, so a source is cut to fit, and training refuses limits that no source fits: `2 x max_len_a + max_len_b` (a one-subword source with EOS) must be at most `model.transformer.max_positions - 1`."""
     max_len_b: int = num(10, lo=0, hi=MAX_POSITIONS)
     """See `max_len_a`."""
     min_len: int = num(0, lo=0, hi=MAX_POSITIONS)
     """No end of sentence before this many output tokens."""
     coverage_penalty: float = num(0.0, lo=0)
-    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables. It needs a model with attention: `nmt train` refuses it with `model.rnn.decoder: none`."""
+    """GNMT coverage-penalty weight beta (Wu et al., 2016): rewards hypotheses whose attention covers the whole source; 0 disables. It needs a model with attention: `nmt train` refuses it with `model.rnn.decoder: none`, the config's own or that of its `train.init_from` parent."""
     max_tokens: int = num(0, lo=0)
     """Token budget of one translation batch (padded source tokens times beam); 0: auto, 8000 on CPU, 128000 on a CUDA GPU. Search on a GPU is bound by kernel launches and host work per step, not arithmetic, so fewer, larger batches are faster: at beam 5, 128000 is hundreds of sentences per batch, whose caches stay under 10 GiB even for Transformer-base. A batch that runs out of CUDA memory (a smaller GPU, a larger model or beam) is translated in halves, and later batches take at most half its tokens, with a warning that names the value to set. On CPU larger batches gain nothing and cost memory."""
 
@@ -523,6 +546,16 @@ def check_length_limit(max_len_a: float, max_len_b: int, min_len: int = 0) -> No
         raise ValueError(f"min_len ({min_len}) is above the longest output that max_len_a 0 and max_len_b "
                          f"({max_len_b}) allow, so every output would stop at {max_len_b} tokens; lower min_len or "
                          "raise max_len_b")
+
+
+def longest_source(positions: int, max_len_a: float, max_len_b: int) -> int:
+    """The longest source (subwords and EOS) that a model of `positions` positions takes when an output may be
+    `max_len_a * S + max_len_b` tokens long: the search feeds BOS and those tokens, at positions 0 .. a * S + b.
+    Below 2 (one subword and EOS) where no source fits."""
+    room = positions - 1 - max_len_b
+    if room < 0:
+        return 0
+    return min(positions, int(room / max_len_a) if max_len_a > 0 else positions)
 
 
 @dataclass
@@ -576,7 +609,19 @@ class ExperimentConfig:
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
-        if self.model.type == "rnn" and self.model.rnn.decoder == "none" and self.decode.coverage_penalty > 0:
+        for where, spec in self.data.corpora():
+            for key in spec.unread_keys():
+                kinds = CorpusConfig.READ_BY[key]
+                return (f"{where}.{key}: kind {spec.kind} does not read {key} ({key} is for kind "
+                        f"{', '.join(kinds[:-1]) + ' and ' if len(kinds) > 1 else ''}{kinds[-1]}); remove it, or give "
+                        "the kind that reads it")
+        positions, d = self.model.transformer.max_positions, self.decode
+        if self.model.type == "transformer" and longest_source(positions, d.max_len_a, d.max_len_b) < 2:
+            return (f"decode.max_len_a ({d.max_len_a:g}) and decode.max_len_b ({d.max_len_b}) allow outputs of more "
+                    f"than the {positions - 1} tokens that model.transformer.max_positions ({positions}) holds, even "
+                    f"from a one-subword source (2 positions with EOS), so validation could translate nothing: lower "
+                    f"them so that 2 x max_len_a + max_len_b is at most {positions - 1}, or raise max_positions")
+        if not self.model.has_attention and self.decode.coverage_penalty > 0:
             return (f"decode.coverage_penalty ({self.decode.coverage_penalty:g}) needs attention, which "
                     "model.rnn.decoder 'none' has not: set decode.coverage_penalty to 0 or choose the bahdanau "
                     "or luong decoder")

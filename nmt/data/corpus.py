@@ -402,6 +402,9 @@ def _load_disk(path: str, split: str | None) -> Dataset:
         if name not in loaded:
             raise DataError(f"{path}: no split {name!r}; splits found: {', '.join(loaded)} (set split)")
         return loaded[name]
+    if split is not None:  # it would be read whole all the same, whatever the config meant
+        raise DataError(f"{path}: a dataset saved without splits, so split {split!r} names none of it; remove split "
+                        "to read it whole")
     return loaded
 
 

@@ -45,10 +45,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
-IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
-"""Optimizer group settings that choose how an update is computed, not what it computes."""
-
-
 def _decays(p: Tensor) -> bool:
     """Whether `build_optimizer` puts `p` in its group with weight decay: matrices do, vectors don't."""
     return p.ndim >= 2
@@ -64,14 +60,20 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module, sav
     upgrade as the weights, so the run goes on where it stopped: Adam's moments are elementwise,
     and its step count is the same for every part.
 
-    How the optimizer runs (`IMPLEMENTATION`: the fused kernel or not, ...) stays the live optimizer's, which
-    `build_optimizer` chose for this device and torch: a checkpoint written where no fused kernel was used would
-    otherwise turn it off here, with step counts left on the CPU, and its first update would fail.
+    Only the state (Adam's moments and step counts) comes from `saved`. Every group setting stays the live
+    optimizer's, which `build_optimizer` made from this run's config and for this device and torch: the weight
+    decay, betas, eps and the kind (adamw's decoupled decay) are what the resumed run's config says, not what
+    the checkpoint's run said; and how it runs (the fused kernel or not, ...) fits this machine, where a
+    checkpoint written without a fused kernel would turn it off, with step counts left on the CPU, and the
+    first update would fail. (The rate is the schedule's, which sets it before every update.)
 
     Raises:
         ValueError: `saved` does not fit the parameters of `saved_model`.
     """
-    saved = {**saved, "param_groups": [{**old, **{k: live[k] for k in IMPLEMENTATION if k in live}}
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise ValueError(f"its optimizer has {len(saved['param_groups'])} parameter groups, this run's "
+                         f"{len(optimizer.param_groups)}")
+    saved = {**saved, "param_groups": [{**{k: v for k, v in live.items() if k != "params"}, "params": old["params"]}
                                        for old, live in zip(saved["param_groups"], optimizer.param_groups)]}
     first = {id(p): n for n, p in model.named_parameters()}
     tied = {n: first[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}  # every name -> the first
@@ -100,9 +102,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module, sav
             upgraded.setdefault(n, {})[field] = value.to(like.dtype)
     state = optimizer.state_dict()
     order = [first[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    state["state"] = {i: upgraded[n] for i, n in enumerate(order) if n in upgraded}
-    state["param_groups"] = [{**old, "params": new["params"]}
-                             for old, new in zip(saved["param_groups"], state["param_groups"], strict=True)]
+    state["state"] = {i: upgraded[n] for i, n in enumerate(order) if n in upgraded}  # the live groups' settings
     optimizer.load_state_dict(state)
 
 

@@ -16,9 +16,11 @@ from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_checkpoi
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
+from nmt.metrics import METRICS
 from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
 from nmt.train.data import TOKENIZER_RECORD
 from nmt.train.optim import Schedule, load_optimizer_state
+from nmt.train.validate import early_stop_metric, stop_metric
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +187,13 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
                     "pairs come again and others not until the next epoch; set %s to resume in the run's order", path,
                     ", ".join(f"train.{key}: {old}, now {new}" for key, old, new in changed),
                     ", ".join(f"train.{key}: {old}" for key, old, _ in changed))
+    restart_best(path, saved_train, cfg, progress, scheduler, ctx)
+    now_train = config_to_dict(cfg.train)
+    other_optimizer = [f"train.{key}: {now_train[key]} (the checkpoint's: {saved_train[key]})" for key in OPTIMIZER
+                       if key in saved_train and saved_train[key] != now_train[key]]
+    if other_optimizer and ctx.is_main:
+        log.info("%s: resuming with %s; the optimizer's moments and step count carry over", path,
+                 ", ".join(other_optimizer))
     saved_data, data = payload.get("config", {}).get("data", {}), config_to_dict(cfg.data)
     other_data = [f"data.{key}" for key in TRAINING_SET if key in saved_data and saved_data[key] != data[key]]
     if other_data and ctx.is_main:  # fine-tuning on in a run directory, say: allowed, and said
@@ -195,6 +204,32 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
         log.info("resumed from %s at step %d", path, progress.step)
     return progress
 
+
+def restart_best(path: Path, saved_train: dict[str, Any], cfg: ExperimentConfig, progress: Progress,
+                 scheduler: Schedule, ctx: Dist) -> None:
+    """Forget the best score, the validations without improvement and the plateau schedule's record when the
+    checkpoint's run picked its best by another metric (`train.early_stop_metric`, or the loss it falls back to
+    without `train.valid_bleu`): scores of two metrics do not compare, so the next validation is the first of the
+    new metric and the best so far. The plateau's rate reductions already made stay."""
+    name = saved_train.get("early_stop_metric")
+    if name not in METRICS:  # a checkpoint that does not say
+        return
+    before, now = stop_metric(name, valid_bleu=saved_train.get("valid_bleu", True)), early_stop_metric(cfg)
+    if before == now:
+        return
+    if ctx.is_main:
+        best = "none yet" if progress.best_metric is None else f"{before} {progress.best_metric:.4g} at step " \
+                                                               f"{progress.best_step}"
+        log.warning("%s picked its best checkpoint by %s, this config picks it by %s (train.early_stop_metric): "
+                    "their scores do not compare, so the best (%s), the count of validations without improvement "
+                    "(%d) and the plateau schedule's best start anew at the next validation, whose checkpoint "
+                    "becomes best.pt", path, before, now, best, progress.bad_validations)
+    progress.best_metric, progress.best_step, progress.bad_validations = None, -1, 0
+    scheduler.best, scheduler.bad = None, 0
+
+
+OPTIMIZER = ("optimizer", "betas", "eps", "weight_decay")
+"""The `train` keys that set the optimizer's groups: a resumed run takes them from its config (`load_optimizer_state`)."""
 
 TRAINING_SET = ("train", "max_len", "max_ratio")
 """The `data` keys that decide which pairs training takes: a resume with others changes the corpus under the epoch."""

@@ -47,7 +47,8 @@ def starting_point(cfg: ExperimentConfig) -> Start:
     Raises:
         CheckpointError: `train.init_from` is missing or not an nmt checkpoint.
         ConfigError: `tokenizer.model` is missing or not a compatible sentencepiece model,
-            or the parent model cannot take this config's data (its position table is shorter than data.max_len).
+            or the parent model cannot take this config's data (its position table is shorter than data.max_len)
+            or search (a coverage penalty without attention, output lengths beyond its positions).
     """
     if cfg.train.init_from:
         return _from_checkpoint(cfg, Path(cfg.train.init_from))
@@ -82,10 +83,17 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     if unused and is_main_process():  # every rank reads the parent; one says so
         log.warning("%s: the model and tokenizer are the parent's, so this config's %s %s not used", where,
                     "; ".join(unused), "is" if len(unused) == 1 else "are")
+    if cfg.decode.coverage_penalty > 0 and not parent.model.has_attention:
+        raise ConfigError(f"{where}: decode.coverage_penalty ({cfg.decode.coverage_penalty:g}) needs attention "
+                          f"weights, and the parent model has no attention (its model.rnn.decoder is 'none'): set "
+                          "decode.coverage_penalty to 0, or fine-tune a model with attention")
     try:
         cfg = dataclasses.replace(cfg, model=parent.model, tokenizer=parent.tokenizer)
     except ValueError as err:
         raise ConfigError(f"{where}: the parent model does not fit this config: {err}") from None
+    problem = cfg.training_problem()  # those the parent's model decides (decode lengths against its positions)
+    if problem is not None:
+        raise ConfigError(f"{where}: the parent model does not fit this config: {problem}")
     return Start(cfg, tokenizer=tokenizer, weights=weights)
 
 

@@ -26,8 +26,13 @@ from nmt.translate import Translator
 def early_stop_metric(cfg: ExperimentConfig) -> str:
     """The metric that picks the best checkpoint: `train.early_stop_metric`, or the loss when
     validation translates nothing (`train.valid_bleu: false`)."""
-    name = cfg.train.early_stop_metric
-    return name if METRICS[name].scorer is None or cfg.train.valid_bleu else "loss"
+    return stop_metric(cfg.train.early_stop_metric, valid_bleu=cfg.train.valid_bleu)
+
+
+def stop_metric(name: str, *, valid_bleu: bool) -> str:
+    """`early_stop_metric` of the settings `train.early_stop_metric` and `train.valid_bleu` (as a checkpoint's
+    config records them)."""
+    return name if METRICS[name].scorer is None or valid_bleu else "loss"
 
 
 @torch.no_grad()

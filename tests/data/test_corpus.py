@@ -264,6 +264,9 @@ def test_disk_dataset_dict_split_and_plain_dataset(tmp_path: Path) -> None:
     assert pairs(load(tmp_path, "disk", tmp_path / "plain")) == PAIRS
     with pytest.raises(DataError, match=r"no split 'test'; splits found: train, validation"):
         load(tmp_path, "disk", tmp_path / "dd", split="test")
+    with pytest.raises(DataError, match=r"plain: a dataset saved without splits, so split 'train' names none of it; "
+                                        r"remove split to read it whole$"):
+        load(tmp_path, "disk", tmp_path / "plain", split="train")
     with pytest.raises(DataError, match="no such folder"):
         load(tmp_path, "disk", tmp_path / "nowhere")
 

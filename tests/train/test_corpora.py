@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from nmt.checkpoint import load_checkpoint
-from nmt.config import config_from_dict
+from nmt.config import config_from_dict, load_config
 from nmt.train.data import prepare_run
 from tests.conftest import tiny_config_dict
 
@@ -77,3 +77,33 @@ def test_the_weight_of_a_single_corpus_counts_too(small_corpus, tmp_path):
     (tmp_path / "run").mkdir()
     data = prepare_run(config_from_dict(raw), tmp_path / "run")
     assert data.train_parts == [(len(data.train), 2.0)]
+
+
+def test_a_corpus_key_that_its_kind_does_not_read_is_refused_for_training(small_corpus, tmp_path):
+    """A `split` on text files, a hub configuration on a TSV file or fields on text files would be left unused,
+    and the run would train on something else than the config says: refused, naming the key, before training."""
+    cases = [
+        ("data.train[0].split", lambda d: d["train"][0].update(split="validation"),
+         "kind text does not read split (split is for kind disk and hf)"),
+        ("data.train[1].hf_config", lambda d: d["train"][1].update(hf_config="de-en"),
+         "kind tsv does not read hf_config (hf_config is for kind hf)"),
+        ("data.valid.src_field", lambda d: d["valid"].update(src_field="en", tgt_field="de"),
+         "kind text does not read src_field (src_field is for kind tsv, jsonl, parquet, disk and hf)"),
+        ("data.test.test.split", lambda d: d["test"]["test"].update(split="test"),
+         "kind text does not read split (split is for kind disk and hf)"),
+    ]
+    for key, change, problem in cases:
+        raw = two_corpora(small_corpus, tmp_path)  # data.train: a text corpus, then a TSV file
+        change(raw["data"])
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+        run = nmt("train", str(tmp_path / "c.yaml"))
+        assert run.returncode == 2, run.stderr
+        assert run.stderr.strip().splitlines() == [
+            f"nmt: error: {tmp_path / 'c.yaml'}: {key}: {problem}; remove it, or give the kind that reads it"]
+        assert not (tmp_path / "run").exists()
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["train"] = {"kind": "hf", "path": str(tmp_path / "folder"), "split": "train", "hf_config": "de-en",
+                            "src_field": "en", "tgt_field": "de"}
+    raw["data"]["valid"] = {"kind": "disk", "path": str(tmp_path / "saved"), "split": "validation"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    assert load_config(tmp_path / "c.yaml", training=True).data.valid.split == "validation"  # the kinds that read them

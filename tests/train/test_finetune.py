@@ -83,6 +83,42 @@ def test_a_missing_parent_is_one_clear_error(small_corpus, tmp_path):
         train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "missing.pt")))
 
 
+def test_a_coverage_penalty_is_refused_for_a_parent_without_attention(small_corpus, tmp_path):
+    """The child's own config has no model section, so only the parent's decoder tells that the penalty has no
+    attention weights to read: refused when the parent is read, before the run directory is made."""
+    raw = tiny_config_dict(small_corpus, tmp_path / "parent", model_type="rnn")
+    raw["model"]["rnn"]["decoder"] = "none"
+    raw["train"].update({"max_steps": 1, "valid_every": 1, "valid_bleu": False})
+    train(config_from_dict(raw))
+    parent_path = tmp_path / "parent" / "best.pt"
+    child = child_raw(small_corpus, tmp_path / "child", parent_path)
+    child["decode"]["coverage_penalty"] = 0.2
+    with pytest.raises(ConfigError) as err:
+        train(config_from_dict(child))
+    assert str(err.value) == (
+        f"train.init_from: {parent_path}: decode.coverage_penalty (0.2) needs attention weights, and the parent "
+        "model has no attention (its model.rnn.decoder is 'none'): set decode.coverage_penalty to 0, or fine-tune "
+        "a model with attention")
+    assert not (tmp_path / "child").exists()
+    child["decode"]["coverage_penalty"] = 0.0
+    assert train(config_from_dict(child))["step"] == 2
+
+
+def test_decode_lengths_that_outgrow_the_parent_s_positions_are_refused(small_corpus, tmp_path, parent):
+    """The child's own model section (4096 positions) is set aside for the parent's (1024), which its
+    max_len_b of 1100 outgrows: refused when the parent is read, before the run directory is made."""
+    raw = child_raw(small_corpus, tmp_path / "child", parent)
+    raw["model"] = {"transformer": {"max_positions": 4096}}
+    raw["decode"]["max_len_b"] = 1100
+    with pytest.raises(ConfigError) as err:
+        train(config_from_dict(raw))
+    assert str(err.value).startswith(
+        f"train.init_from: {parent}: the parent model does not fit this config: decode.max_len_a (1.2) and "
+        "decode.max_len_b (1100) allow outputs of more than the 1023 tokens that model.transformer.max_positions "
+        "(1024) holds")
+    assert not (tmp_path / "child").exists()
+
+
 def test_a_copied_checkpoint_without_training_state_is_refused_with_the_way_out(small_corpus, tmp_path, parent):
     run = tmp_path / "copied"
     run.mkdir()

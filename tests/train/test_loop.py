@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 
 import pytest
 import torch
@@ -219,3 +220,33 @@ def test_resuming_with_batches_of_another_size_or_seed_warns_naming_both(small_c
     assert message.startswith(f"{tmp_path / 'run' / 'ckpt_2.pt'} was trained with train.max_tokens: 600, now 300, "
                               "train.seed: 1, now 2: this epoch's remaining batches may be cut anew")
     assert message.endswith("set train.max_tokens: 600, train.seed: 1 to resume in the run's order")
+
+
+def test_a_resumed_run_updates_with_the_optimizer_settings_of_its_config(small_corpus, tmp_path, caplog):
+    """Stopped after 2 updates of Adam without weight decay, run a resumes as AdamW with decay 0.1, its copy b as
+    it was. Their gradients at step 3 are the same (the same weights, batch and dropout), so AdamW's decoupled
+    decay is the whole difference: each decayed matrix is lr x 0.1 x its step-2 value lower, the vectors are
+    unchanged. A third copy resumes with other betas and eps, which its optimizer then holds."""
+    train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=2))
+    for copy in ("b", "c"):
+        shutil.copytree(tmp_path / "a", tmp_path / copy)
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=3, optimizer="adamw", weight_decay=0.1))
+    assert "train.optimizer: adamw (the checkpoint's: adam), train.weight_decay: 0.1 (the checkpoint's: 0.0)" \
+        in caplog.text
+    train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=3))
+    [lr] = [r["lr"] for r in records(tmp_path / "a", "train") if r["step"] == 3]
+    before, a, b = (weights(tmp_path / run / f"ckpt_{step}.pt") for run, step in (("a", 2), ("a", 3), ("b", 3)))
+    for name, p in before.items():
+        if p.is_floating_point() and p.ndim >= 2:
+            torch.testing.assert_close(a[name], b[name] - lr * 0.1 * p, rtol=0, atol=1e-7)
+            assert not torch.equal(a[name], b[name])
+        else:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-7)
+    decayed, other = load_checkpoint(tmp_path / "a" / "ckpt_3.pt")["optimizer"]["param_groups"]
+    assert (decayed["weight_decay"], other["weight_decay"]) == (0.1, 0.0)
+    assert decayed["decoupled_weight_decay"] and other["decoupled_weight_decay"]
+    train(tiny_cfg(small_corpus, tmp_path / "c", max_steps=3, eps=1e-6, betas=[0.8, 0.95]))
+    groups = load_checkpoint(tmp_path / "c" / "ckpt_3.pt")["optimizer"]["param_groups"]
+    assert [(tuple(g["betas"]), g["eps"]) for g in groups] == [((0.8, 0.95), 1e-6)] * 2
+    assert not same_weights(weights(tmp_path / "b" / "ckpt_3.pt"), weights(tmp_path / "c" / "ckpt_3.pt"))

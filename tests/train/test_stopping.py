@@ -131,3 +131,30 @@ def test_each_log_line_counts_the_updates_it_averages_and_after_a_resume_fewer(s
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     lines = [(r["step"], r["updates"]) for r in records if r["event"] == "train"]
     assert lines == [(1, 1), (2, 1), (4, 1), (6, 2)], lines
+
+
+def test_a_run_resumed_with_another_early_stop_metric_picks_its_best_by_that_metric_alone(small_corpus, tmp_path,
+                                                                                          caplog):
+    """Two validations by the loss (about 5), then two by TER (about 100, lower is better): compared with the loss's
+    best, no TER would ever be better, patience 2 would stop the run at step 4 and the plateau schedule (patience 0)
+    would lower the rate at step 3. By TER alone, step 3's is the best so far, and step 4's only if it is lower."""
+    run = tmp_path / "run"
+    keys = dict(valid_every=1, keep_last=10, patience=2, schedule="plateau", plateau_patience=0)
+    first = train(tiny_cfg(small_corpus, run, max_steps=2, early_stop_metric="loss", **keys))
+    assert first["metric"] == "loss" and first["best_step"] == 2
+    with caplog.at_level("WARNING", logger="nmt"):
+        summary = train(tiny_cfg(small_corpus, run, max_steps=4, early_stop_metric="ter", valid_bleu=True, **keys))
+    [warning] = [r.getMessage() for r in caplog.records if "early_stop_metric" in r.getMessage()]
+    assert warning.startswith(f"{run / 'ckpt_2.pt'} picked its best checkpoint by loss, this config picks it by ter "
+                              f"(train.early_stop_metric): their scores do not compare, so the best (loss "
+                              f"{first['best_metric']:.4g} at step 2)")
+    step3, step4 = valid_records(run)[2:]
+    assert step3["ter"] > first["best_metric"]  # a TER that the loss's best would have hidden
+    assert step3["best"] and step4["best"] == (step4["ter"] < step3["ter"])
+    best = step4 if step4["best"] else step3
+    assert summary["stop"] == "max_steps=4" and summary["metric"] == "ter"
+    assert (summary["best_step"], summary["best_metric"]) == (best["step"], best["ter"])
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == best["step"]
+    lr = {r["step"]: r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+          if r["event"] == "train"}
+    assert lr[4] == lr[3] == lr[2]  # the plateau schedule did not count step 3's TER as a worse loss
