@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, TextIO
 from tqdm import tqdm
 
 from nmt.data.text import READ_ERRORS, available_lines, decode_lines, open_binary
-from nmt.decode import CHUNK_LINES, SearchOptions
+from nmt.decode import SearchOptions
 from nmt.errors import OutputClosed, UserError
 from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
 from nmt.partial import partial_paths, resumable_output
@@ -142,10 +142,11 @@ def is_stream(path: str) -> bool:
 def _translate_stream(translator: Translator, options: SearchOptions, raw: BinaryIO, name: str, dst: TextIO, *,
                       progress: bool | None, **write: Any) -> int:
     """Standard input or another stream: line by line from a terminal (with prompts); from a pipe, each line
-    answered once it has arrived."""
+    answered once it has arrived, in chunks of at most the lines a file's chunk holds (`Translator.chunk_lines`), so
+    that a file given as standard input is translated in a file's batches."""
     if raw is sys.stdin.buffer and sys.stdin.isatty():
         return interactive(translator, raw, dst, sys.stderr, options, name=name, **write)
-    chunks = available_lines(raw, name, max_lines=CHUNK_LINES)
+    chunks = available_lines(raw, name, max_lines=translator.chunk_lines(options))
     return write_translations(translator, chunks, dst, options, flush=dst is sys.stdout, progress=bool(progress),
                               **write)
 

@@ -93,6 +93,35 @@ def test_batch_equals_one_by_one_and_order_is_kept(translators, sources, kind):
     assert tr.translate(sources, beam=3, max_tokens=1) == [hyps[0].text for hyps in together]
 
 
+@pytest.mark.parametrize("kind", [*KINDS, "ensemble"])
+def test_a_lines_translations_do_not_depend_on_its_batch_its_neighbours_or_their_order(checkpoints, small_corpus,
+                                                                                     kind):
+    """Each line translated alone is what it is among others: in batches of any budget (length-sorted, then put
+    back in input order), in the reverse order, and a few lines at a time from a stream."""
+    paths = [checkpoints["transformer"], checkpoints["rnn"]] if kind == "ensemble" else checkpoints[kind]
+    tr = Translator.from_checkpoint(paths, device="cpu")
+    test = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    lines = [*test[:4], "", test[1], "  ", " ".join(test[:3]), *test[4:9]]  # empty, repeated and long lines too
+
+    def assert_same(got, want, way):
+        assert [[h.text for h in nbest] for nbest in got] == [[h.text for h in nbest] for nbest in want], way
+        for field in ("score", "log_prob"):
+            values = [getattr(h, field) for nbest in got for h in nbest]
+            assert values == pytest.approx([getattr(h, field) for nbest in want for h in nbest], abs=1e-4), way
+        for h, a in zip((h for nbest in got for h in nbest), (a for nbest in want for a in nbest), strict=True):
+            assert (h.attention is None) == (a.attention is None), way
+            if a.attention is not None:
+                torch.testing.assert_close(h.attention, a.attention, atol=1e-5, rtol=1e-4)
+
+    for options in (dict(beam=1), dict(beam=3, nbest=2, length_penalty=0.6, coverage_penalty=0.2, attention=True)):
+        alone = [tr.translate_nbest([line], **options)[0] for line in lines]
+        assert len({len(h.tokens) for nbest in alone for h in nbest}) >= 4  # outputs of many lengths
+        for budget in (1, 60, 100_000):  # a line a batch, a few lines a batch, one batch
+            assert_same(tr.translate_nbest(lines, max_tokens=budget, **options), alone, f"max_tokens {budget}")
+        assert_same(tr.translate_nbest(lines[::-1], **options)[::-1], alone, "reversed")
+        assert_same(list(tr.translate_stream_nbest(lines, chunk_size=3, **options)), alone, "stream")
+
+
 def test_batch_budget_is_by_device_unless_set(translators):
     import copy
     import dataclasses

@@ -122,7 +122,10 @@ def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[lis
 
     A chunk is yielded as soon as at least one whole line is there and nothing more
     can be read without waiting, so a line written to the pipe is answered before
-    the next one is sent; a file or a fast producer still gives full chunks.
+    the next one is sent. While more can be read at once, only full chunks are yielded:
+    a file (given as standard input) is cut every `max_lines` lines, as `islice` cuts it,
+    so that its batches, and a seeded sampler's draws, are those of the same file read by
+    name; a fast producer gives full chunks too.
     Reads the file descriptor directly: Python's buffered readers would wait for
     a full buffer.
     """
@@ -149,7 +152,9 @@ def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[lis
             at_end = True
             if partial:
                 pending.append(partial)
-        while pending:
+        # The lines short of a full chunk wait for the next read only where it would not wait.
+        last = at_end or not select.select([fd], [], [], 0)[0]
+        while len(pending) >= max_lines or (pending and last):
             chunk, pending = pending[:max_lines], pending[max_lines:]
             decoded = list(decode_lines(chunk, name, first=number + 1))
             number += len(chunk)
