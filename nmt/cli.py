@@ -12,7 +12,9 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Annotated, Optional
@@ -390,6 +392,19 @@ def _printed_by_another_process(err: UserError) -> bool:
     return isinstance(err, RelayedError) or (isinstance(err, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0")
 
 
+# How long a process that leaves its error to another one waits for torchrun to stop it (`_wait_to_be_stopped`).
+SILENT_EXIT_WAIT_S = 10.0
+
+
+def _wait_to_be_stopped() -> None:
+    """Let the process that prints the error exit first. torchrun stops every process once one of them exits:
+    had a silent one exited first, the one that prints could be stopped before its line was out (seen under
+    load: no line at all). torchrun's SIGTERM ends this wait at once, so it costs nothing where the printing
+    process exits; under a launcher that stops no one, a silent process exits `SILENT_EXIT_WAIT_S` later."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(SILENT_EXIT_WAIT_S)
+
+
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
     from nmt.heap import keep_freed_memory
@@ -401,7 +416,9 @@ def main() -> None:
     except UserError as err:
         if _state["debug"]:
             traceback.print_exc()
-        if not _printed_by_another_process(err):
+        if _printed_by_another_process(err):
+            _wait_to_be_stopped()
+        else:
             typer.echo(f"nmt: error: {err}", err=True)
         sys.exit(err.exit_code)
     except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted

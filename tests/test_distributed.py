@@ -297,15 +297,44 @@ def test_torchrun_two_processes_on_the_command_line(small_corpus, tmp_path):
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]  # resumed at step 5
 
 
+# `nmt` whose local rank 0 writes its error line late, as on a loaded machine: torchrun, which stops every process
+# once one exits, must not stop it before the line is out.
+LATE_ERROR_LINE = """
+import os, sys, time
+from nmt.cli import main
+
+class LateErrorLine:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        if text.startswith("nmt: error: "):
+            time.sleep(2)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+if os.environ["LOCAL_RANK"] == "0":
+    sys.stderr = LateErrorLine(sys.stderr)
+main()
+"""
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["line-at-once", "line-late"])
 @pytest.mark.parametrize("setting, message", [
     ("train.lr=-1", "nmt: error: "),  # a config error: every process meets it, local rank 0 prints it
     ("data.train.path=missing/train", "nmt: error: data.train: text corpus not found"),  # rank 0's, relayed
 ], ids=["config", "corpus"])
-def test_torchrun_prints_an_error_every_process_meets_once(setting, message, small_corpus, tmp_path):
+def test_torchrun_prints_an_error_every_process_meets_once(setting, message, late, small_corpus, tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=2, device="cpu")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-    command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "nmt", "train", str(config), "--set", setting]
+    program = ["-m", "nmt"]
+    if late:
+        (tmp_path / "late_nmt.py").write_text(LATE_ERROR_LINE, encoding="utf-8")
+        program = [str(tmp_path / "late_nmt.py")]
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", *program, "train", str(config), "--set", setting]
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("nmt: error: ")]
