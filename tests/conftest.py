@@ -16,6 +16,10 @@ TOY = ROOT / "data" / "toy"
 MULTI30K = Path(os.environ.get("NMT_DATA", ROOT.parent / "shared" / "data" / "multi30k"))
 
 torch.set_num_threads(1)  # tiny models: threads cost more than they give
+# ... and so for the `nmt` and torchrun processes the tests start: each would take a thread per core, and
+# OpenMP's threads spin while they wait, so on 2 cores two test processes beside one such child ran up to
+# 8 times slower (`make test`: 710 s with a child's default threads, 421 s with one thread each).
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 # A suite started as a background job of a shell without job control inherits SIGINT ignored, and so
 # would every `nmt` process it starts (an ignored signal stays ignored across exec): the tests that
