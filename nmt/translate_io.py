@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from nmt.data.text import READ_ERRORS, available_lines, decode_lines, open_binary
+from nmt.data.text import READ_ERRORS, available_lines, decode_lines, normalize_spaces, open_binary
 from nmt.decode import SearchOptions
 from nmt.errors import OutputClosed, UserError
 from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
@@ -339,7 +339,7 @@ def format_nbest(hyps: Sequence[Translation], *, scores: bool = False) -> str:
     The score is the one hypotheses are ranked by (`Translation.score`: the log-probability
     over the GNMT length penalty), so the printed scores decrease along the line.
     """
-    texts = [" ".join(h.text.split()) for h in hyps]  # tabs part the n-best list, so a translation holds none
+    texts = [normalize_spaces(h.text) for h in hyps]  # tabs part the n-best list, so a translation holds none
     if scores:
         return "\t".join(f"{h.score:.4f}\t{t}" for h, t in zip(hyps, texts))
     return "\t".join(texts)
