@@ -51,6 +51,8 @@ MAX_BODY_BYTES = 10 * 2**20
 """Largest request body read; about 100,000 sentences, far more than one request should hold."""
 IDLE_POLL_SECONDS = 0.25
 """How often a connection waiting for its next request (a client's keep-alive) looks whether the server stops."""
+SHUTDOWN_POLL_SECONDS = 0.1
+"""How often the accepting loop looks for `shutdown` (`serve`): the most a stop waits for it."""
 MAX_BEAM = 64
 """Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
 _METHODS = {"/translate": "POST", "/health": "GET"}
@@ -92,6 +94,12 @@ class TranslationServer(ThreadingHTTPServer):
             log.info("%s went away before its answer", client_address[0])
         else:
             super().handle_error(request, client_address)
+
+    def shutdown(self) -> None:
+        """End `serve_forever` (called from another thread); from now on, as after `server_close`, a connection
+        closes once its request is answered, and says so."""
+        self.stopping = True
+        super().shutdown()
 
     def server_close(self) -> None:
         """Stop listening, then wait (up to `drain_seconds`) for the threads still handling a request.
@@ -146,13 +154,31 @@ def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
     """Load, bind and serve until interrupted (Ctrl-C or SIGTERM's KeyboardInterrupt); `options` as for `make_server`."""
     server = make_server(checkpoint, **options)
     log.info("serving %s on %s: POST /translate {\"text\": [...]}, GET /health", server.name, server.url)
+    # The loop accepts in a thread of its own, and the stop (raised in the main thread, where Python runs signal
+    # handlers) ends it between two connections: raised inside the loop, it could come while the loop was still
+    # starting a connection's handler thread, and socketserver then shut that connection down under its handler,
+    # whose answer went nowhere (1 run in 12 of the SIGTERM test under load).
+    failed: list[BaseException] = []
+    loop = threading.Thread(target=_serve_until_shutdown, args=(server, failed), name="nmt-serve", daemon=True)
     with sigterm_interrupts():  # through the drain too: a second SIGTERM stops at once, as a second Ctrl-C
         try:
-            server.serve_forever()
+            loop.start()
+            loop.join()
         except KeyboardInterrupt:
             log.info("stopped")
         finally:
+            server.shutdown()  # returns once the loop has ended
             server.server_close()
+    if failed:
+        raise failed[0]
+
+
+def _serve_until_shutdown(server: TranslationServer, failed: list[BaseException]) -> None:
+    """`serve_forever`, keeping what ended it other than `shutdown` for the main thread to raise."""
+    try:
+        server.serve_forever(poll_interval=SHUTDOWN_POLL_SECONDS)
+    except BaseException as err:  # handed to the main thread, which raises it
+        failed.append(err)
 
 
 class _BadRequest(Exception):
