@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,20 @@ from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
 
+# A word of the scripts written without spaces between words: one Han character (Chinese, Japanese kanji; the
+# unified ideographs, their extensions A to H and the compatibility block) or one kana.
+_UNSPACED = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003fffd"
+_WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+
+
+def word_count(text: str) -> int:
+    """Words of `text`: runs of characters between spaces, where each Han character or kana counts as a word of
+    its own (Chinese and Japanese write no spaces, so a whole sentence would be one run)."""
+    return len(_WORD.findall(text))
+
 
 def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:
-    """Indices of `sources` in at most `n_buckets` groups by word count, shortest first, each of whole lengths.
+    """Indices of `sources` in at most `n_buckets` groups by word count (`word_count`), shortest first, each of whole lengths.
 
     The groups are as equal in size as the lengths allow: each cut between equal-sized groups moves to the
     nearest place between two lengths, so no length is split between two buckets (which would score its
@@ -36,7 +48,7 @@ def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:
     """
     if n_buckets < 1:
         raise ValueError(f"n_buckets ({n_buckets}) must be at least 1")
-    lengths = np.array([len(s.split()) for s in sources], dtype=np.int64)
+    lengths = np.array([word_count(s) for s in sources], dtype=np.int64)
     order = np.argsort(lengths, kind="stable")
     between = np.flatnonzero(np.diff(lengths[order])) + 1  # positions where a longer length starts
     if not len(between):
@@ -57,7 +69,7 @@ def bleu_by_length(
     settings = with_metrics(cfg, besides=False)  # a bucket's row keeps these two only
     rows = []
     for idx in length_buckets(sources, n_buckets):
-        lengths = [len(sources[i].split()) for i in idx]
+        lengths = [word_count(sources[i]) for i in idx]
         s = score([hyps[i] for i in idx], [refs[i] for i in idx], settings)
         rows.append({"words": f"{min(lengths)}-{max(lengths)}", "sentences": len(idx), "bleu": s["bleu"], "chrf": s["chrf"]})
     return rows

@@ -32,6 +32,17 @@ def test_bleu_by_length_scores_each_bucket_separately():
     assert "| m | 100.0 |" in table
 
 
+def test_sources_without_spaces_are_bucketed_by_their_characters():
+    """Chinese and Japanese write no spaces: counted by spaces, every sentence was one word long and the
+    whole test set one bucket. A Han character or a kana counts as a word; spaced scripts count as before."""
+    han = "".join(chr(0x4E00 + 37 * i) for i in range(12))
+    sources = [han[:n] + "\u3002" for n in (2, 3, 5, 6, 10, 11)]  # ideographs and a full stop
+    sources += ["\u732b\u304c\u597d\u304d\u3067\u3059\u3002", "\u0645\u0631\u062d\u0628\u0627 \u0628\u0643"]
+    refs = [f"reference {i}" for i in range(len(sources))]
+    rows = bleu_by_length(sources, refs, refs, n_buckets=3)
+    assert [(r["words"], r["sentences"]) for r in rows] == [("2-4", 3), ("6-7", 3), ("11-12", 2)]
+
+
 def test_plot_writes_a_png(tmp_path):
     rows = [{"words": "1-3", "bleu": 50.0}, {"words": "4-9", "bleu": 30.0}]
     path = plot_bleu_by_length({"a": rows, "b": rows}, tmp_path / "sub" / "plot.png")
