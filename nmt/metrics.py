@@ -23,8 +23,12 @@ from sacrebleu.metrics.base import Metric as SacreMetric
 
 from nmt.errors import UserError, headline
 
-TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "char", "none")
-"""sacreBLEU's BLEU tokenizers that `eval.tokenize` accepts."""
+TOKENIZERS = ("auto", "13a", "intl", "zh", "ja-mecab", "char", "none")
+"""sacreBLEU's BLEU tokenizers that `eval.tokenize` accepts, and `auto` (`bleu_tokenizer`)."""
+
+_BY_LANGUAGE = {"zh": "zh", "ja": "ja-mecab"}
+"""The BLEU tokenizer sacreBLEU picks for a target language written without spaces between words (its
+`BLEU(trg_lang=...)`): 13a would take a whole sentence of Chinese or Japanese for one word."""
 
 REPORTED = ("bleu", "chrf")
 """The metrics experiments and `nmt analyze` always score (`with_metrics`): their tables, plots and
@@ -75,7 +79,7 @@ class ScoreSettings(Protocol):
 
 @dataclass(frozen=True)
 class _Settings:
-    tokenize: str = "13a"
+    tokenize: str = "auto"
     lowercase: bool = False
     metrics: tuple[str, ...] = TEXT_METRICS
 
@@ -88,6 +92,15 @@ _TOKENIZER_ERRORS = (RuntimeError, ImportError, AssertionError)
 """sacreBLEU's ways to say that a tokenizer's extra is missing or broken."""
 
 
+def bleu_tokenizer(tokenize: str, tgt_lang: str | None = None) -> str:
+    """The sacreBLEU tokenizer that `eval.tokenize` names: `auto` is sacreBLEU's choice for `tgt_lang` (`zh` for
+    Chinese, `ja-mecab` for Japanese, by the code's first part: `zh-TW` is Chinese), 13a for other languages and
+    where the language is not known."""
+    if tokenize != "auto":
+        return tokenize
+    return _BY_LANGUAGE.get(tgt_lang.replace("_", "-").split("-")[0].lower(), "13a") if tgt_lang else "13a"
+
+
 def tokenizer_problem(tokenize: str) -> str | None:
     """Why sacreBLEU cannot build the BLEU tokenizer `tokenize` here, or None when it can.
 
@@ -96,7 +109,7 @@ def tokenizer_problem(tokenize: str) -> str | None:
     installed), so a config checks it as it loads, not at the first validation of a training run.
     """
     try:
-        BLEU(tokenize=tokenize)
+        BLEU(tokenize=bleu_tokenizer(tokenize))
     except _TOKENIZER_ERRORS as err:
         return (f"{headline(err).rstrip('.') or type(err).__name__}; install them with: pip install 'sacrebleu[ja]', "
                 "or choose another tokenizer")
@@ -125,7 +138,7 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = 
     result: dict[str, Any] = {}
     for name in cfg.metrics:
         try:
-            scorer = METRICS[name].scorer(cfg.tokenize, cfg.lowercase)
+            scorer = METRICS[name].scorer(bleu_tokenizer(cfg.tokenize), cfg.lowercase)
         except _TOKENIZER_ERRORS:
             raise UserError(f"eval.tokenize {cfg.tokenize!r}: {tokenizer_problem(cfg.tokenize)}") from None
         result[name] = round(scorer.corpus_score(hyps, refs).score, 2)

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from nmt.config import (
+    EvalConfig,
     ExperimentConfig,
     config_from_dict,
     config_to_dict,
@@ -15,6 +16,7 @@ from nmt.config import (
     save_config,
 )
 from nmt.errors import ConfigError
+from nmt.metrics import bleu_tokenizer, score
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,6 +228,31 @@ def test_a_tokenizer_sacrebleu_cannot_build_here_is_refused_at_load(tmp_path, mo
         load_config(write(tmp_path, "{}\n"), ["eval.tokenize=ja-mecab"])
     for name in ("13a", "intl", "zh", "char", "none"):
         assert load_config(write(tmp_path, f"eval:\n  tokenize: '{name}'\n")).eval.tokenize == name
+
+
+def test_auto_scores_chinese_and_japanese_with_the_bleu_tokenizer_of_their_script(tmp_path, monkeypatch):
+    """13a splits at spaces and punctuation, so it takes a sentence of Chinese for one word: a translation with
+    one character wrong in each sentence scored 0 BLEU, and validation chose checkpoints by that number."""
+    tokenize = {lang: load_config(write(tmp_path, f"data:\n  src_lang: en\n  tgt_lang: {lang}\n")).eval.tokenize
+                for lang in ("zh", "zh-TW", "zh_Hans", "de", "ru")}
+    assert tokenize == {"zh": "zh", "zh-TW": "zh", "zh_Hans": "zh", "de": "13a", "ru": "13a"}
+    assert bleu_tokenizer("auto", "ja") == "ja-mecab" and bleu_tokenizer("auto") == "13a"
+    assert load_config(write(tmp_path, "data:\n  tgt_lang: zh\neval:\n  tokenize: 13a\n")).eval.tokenize == "13a"
+    han = [chr(0x4E00 + 97 * i) for i in range(200)]
+    refs = ["".join(han[(7 * n + i) % 200] for i in range(12)) + "\u3002" for n in range(20)]
+    hyps = [ref[:5] + "\u4e86" + ref[6:] for ref in refs]  # one ideograph of twelve wrong
+    chinese = load_config(write(tmp_path, "data:\n  tgt_lang: zh\n")).eval
+    assert score(hyps, refs, chinese)["bleu"] > 50 and "tok:zh" in score(hyps, refs, chinese)["bleu_signature"]
+    assert score(hyps, refs, EvalConfig(tokenize="13a"))["bleu"] < 1
+
+    from sacrebleu.tokenizers import tokenizer_ja_mecab
+
+    monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    path = write(tmp_path, "data:\n  tgt_lang: ja\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: eval.tokenize 'ja-mecab' (sacreBLEU's for data.tgt_lang "
+                                                    "'ja'): Japanese tokenization requires extra dependencies")):
+        load_config(path)
+    assert load_config(write(tmp_path, "data:\n  tgt_lang: ja\neval:\n  tokenize: char\n")).eval.tokenize == "char"
 
 
 def test_a_mapping_set_for_a_section_merges_into_it(tmp_path):

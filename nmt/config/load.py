@@ -21,7 +21,7 @@ import yaml
 
 from nmt.config.schema import ExperimentConfig, range_of
 from nmt.errors import ConfigError, shorten
-from nmt.metrics import tokenizer_problem
+from nmt.metrics import bleu_tokenizer, tokenizer_problem
 
 
 class _Refused(Exception):
@@ -105,7 +105,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, train
     cfg = config_from_dict(apply_overrides(raw, overrides), source=str(path))
     problem = tokenizer_problem(cfg.eval.tokenize)  # here, not at the first validation of a training run
     if problem:
-        raise ConfigError(f"{path}: eval.tokenize {cfg.eval.tokenize!r}: {problem}")
+        why = f" (sacreBLEU's for data.tgt_lang {cfg.data.tgt_lang!r})" if bleu_tokenizer(
+            "auto", cfg.data.tgt_lang) == cfg.eval.tokenize else ""
+        raise ConfigError(f"{path}: eval.tokenize {cfg.eval.tokenize!r}{why}: {problem}")
     problem = cfg.training_problem() if training else None
     if problem:
         raise ConfigError(f"{path}: {problem}")

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS
+from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS, bleu_tokenizer
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 """The devices `train.device` and `--device` accept by name."""
@@ -563,7 +563,7 @@ class EvalConfig:
     """sacreBLEU settings."""
 
     tokenize: Literal[TOKENIZERS] = DEFAULTS.tokenize
-    """sacreBLEU tokenizer for BLEU."""
+    """sacreBLEU tokenizer for BLEU. `auto`: sacreBLEU's choice for `data.tgt_lang`, `zh` for Chinese (`zh`, `zh-TW`, ...) and `ja-mecab` for Japanese (which needs `pip install 'sacrebleu[ja]'`), else `13a`, which takes a whole sentence of a language written without spaces for one word. A config decides it as it loads, so checkpoints hold the tokenizer used; the scores' signatures name it (`tok:zh`)."""
     lowercase: bool = DEFAULTS.lowercase
     """Case-insensitive scores."""
     metrics: list[Literal[TEXT_METRICS]] = field(default_factory=lambda: list(DEFAULTS.metrics))
@@ -595,6 +595,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         self.run_dir = expand_vars(self.run_dir)
+        self.eval.tokenize = bleu_tokenizer(self.eval.tokenize, self.data.tgt_lang)
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError("model.tie_embeddings 'all' needs tokenizer.joint: true (one shared vocabulary)")
         positions, max_len = self.model.transformer.max_positions, self.data.max_len
