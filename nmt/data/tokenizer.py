@@ -8,6 +8,7 @@ and a joint vocabulary can be shared by both embeddings.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import subprocess
@@ -22,6 +23,8 @@ from sentencepiece import sentencepiece_model_pb2
 from nmt.config import TokenizerConfig
 from nmt.errors import DataError
 from nmt.fileio import write_atomic
+
+log = logging.getLogger(__name__)
 
 PAD_ID = 0
 UNK_ID = 1
@@ -134,9 +137,38 @@ def train_tokenizer_on_files(cfg: TokenizerConfig, src_file: Path, tgt_file: Pat
         DataError: no text at all, or too little for `cfg.vocab_size`.
     """
     if cfg.joint:
-        return Tokenizer(src_model=_train_one(cfg, [src_file, tgt_file], "joint", where))
-    return Tokenizer(src_model=_train_one(cfg, [src_file], "source", where),
-                     tgt_model=_train_one(cfg, [tgt_file], "target", where))
+        tokenizer = Tokenizer(src_model=_train_one(cfg, [src_file, tgt_file], "joint", where))
+    else:
+        tokenizer = Tokenizer(src_model=_train_one(cfg, [src_file], "source", where),
+                              tgt_model=_train_one(cfg, [tgt_file], "target", where))
+    _warn_if_normalized(tokenizer.tgt, tgt_file, cfg.normalization, where)
+    return tokenizer
+
+
+NORMALIZATION_SAMPLE = 10_000
+"""Target sentences of the tokenizer's sample that training checks against the normalization."""
+
+
+def normalized(processor: spm.SentencePieceProcessor, text: str) -> str:
+    """`text` as the model reads it, and so as a model trained on it writes it: sentencepiece's normalization
+    (`tokenizer.normalization`), its word marks read as spaces."""
+    return processor.normalize(text).replace("\u2581", " ").strip(" ")
+
+
+def _warn_if_normalized(processor: spm.SentencePieceProcessor, tgt_file: Path, rule: str, where: str) -> None:
+    """Warn when the normalization changes target sentences: the model can only write their normalized forms,
+    which the references (the text as it is) do not hold."""
+    with open(tgt_file, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line, _ in zip(f, range(NORMALIZATION_SAMPLE))]
+    changed = [line for line in lines if normalized(processor, line) != line]
+    if not changed:
+        return
+    example = next((f"{c!r} U+{ord(c):04X} becomes {normalized(processor, c)!r}" for c in changed[0]
+                    if normalized(processor, c) != c and not c.isspace()), f"{changed[0]!r} becomes "
+                   f"{normalized(processor, changed[0])!r}")
+    log.warning("%s: sentencepiece's %s normalization changes %d of %d target sentences (%s): the model learns and "
+                "writes the normalized text, which the references do not hold; set tokenizer.normalization: identity "
+                "to keep the text as it is", where, rule, len(changed), len(lines), example)
 
 
 def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:
@@ -164,6 +196,7 @@ def _train_one(cfg: TokenizerConfig, files: list[Path], which: str, where: str) 
         model_type=cfg.type,
         vocab_size=cfg.vocab_size,
         character_coverage=cfg.character_coverage,
+        normalization_rule_name=cfg.normalization,
         pad_id=PAD_ID,
         unk_id=UNK_ID,
         bos_id=BOS_ID,

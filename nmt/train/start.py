@@ -64,7 +64,7 @@ def starting_point(cfg: ExperimentConfig) -> Start:
     return Start(cfg)
 
 
-_TRAINING_KEYS = ("type", "vocab_size", "character_coverage", "max_sentences")
+_TRAINING_KEYS = ("type", "vocab_size", "character_coverage", "max_sentences", "normalization")
 """The tokenizer section's keys that only training a sentencepiece model reads."""
 
 

@@ -105,3 +105,38 @@ def test_sentence_sample_is_k_non_empty_lines_in_corpus_order(k: int) -> None:
     if k < len(text):  # a sample, not the first k lines: over seeds every line gets drawn
         drawn = {line for seed in range(500) for line in _sample(lines, k, seed)}
         assert drawn == set(text)
+
+
+def _many_scripts(n: int) -> tuple[list[str], list[str]]:
+    """English sources and targets in scripts beyond Latin, each with characters NFKC changes or drops: Chinese
+    with full-width punctuation and digits, Persian with ZWNJ, Hindi with combining marks, Hebrew with points,
+    and emoji outside the BMP joined by ZWJ."""
+    han = [chr(0x4E00 + 61 * i) for i in range(40)]
+    targets = ["".join(han[(n * 7 + i) % 40] for i in range(4)) + "\uff0c" + han[n % 40] + "\uff11\u3002",
+               "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u06a9\u062a\u0627\u0628",
+               "\u0915\u094d\u0937\u093f\u0924\u093f\u091c \u0939\u093f\u0902\u0926\u0940\u0964",
+               "\u05e9\u05b8\u05c1\u05dc\u05d5\u05b9\u05dd \U0001F468\u200d\U0001F469\u200d\U0001F467 \U0001F44D\U0001F3FD"]
+    tgt = [targets[i % 4] if i % 4 else targets[0].replace(han[0], han[i % 40]) for i in range(n)]
+    return [f"the sentence number {i}" for i in range(n)], tgt
+
+
+def test_a_normalization_that_changes_the_target_text_warns_and_identity_keeps_it_byte_for_byte(caplog) -> None:
+    """sentencepiece's default NFKC turns the Chinese full-width comma into ',' and Persian's ZWNJ into a space:
+    the model then writes text its references do not hold. Training says so, and `identity` keeps the text."""
+    src, tgt = _many_scripts(80)
+    with caplog.at_level("WARNING", logger="nmt.data.tokenizer"):
+        nfkc = train_tokenizer(TokenizerConfig(vocab_size=150), src, tgt, seed=0, where="data.train (t)")
+    assert nfkc.decode_tgt(nfkc.encode_tgt(tgt[:2])) == [tgt[0].replace("\uff0c", ",").replace("\uff11", "1"),
+                                                          tgt[1].replace("\u200c", " ")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.train (t): sentencepiece's nmt_nfkc normalization changes 40 of 80 target sentences ('\uff0c' U+FF0C "
+        "becomes ','): the model learns and writes the normalized text, which the references do not hold; set "
+        "tokenizer.normalization: identity to keep the text as it is"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nmt.data.tokenizer"):
+        identity = train_tokenizer(TokenizerConfig(vocab_size=150, normalization="identity"), src, tgt, seed=0)
+        separate = train_tokenizer(TokenizerConfig(vocab_size=100, normalization="identity", joint=False), src, tgt)
+    assert not caplog.records
+    for tokenizer in (identity, separate):
+        assert tokenizer.decode_tgt(tokenizer.encode_tgt(tgt)) == tgt
+        assert UNK_ID not in sum(tokenizer.encode_tgt(tgt), [])
