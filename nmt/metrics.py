@@ -29,6 +29,10 @@ TOKENIZERS = ("auto", "13a", "intl", "zh", "ja-mecab", "char", "none")
 _BY_LANGUAGE = {"zh": "zh", "ja": "ja-mecab"}
 """The BLEU tokenizer sacreBLEU picks for a target language written without spaces between words (its
 `BLEU(trg_lang=...)`): 13a would take a whole sentence of Chinese or Japanese for one word."""
+_UNSPACED = frozenset(_BY_LANGUAGE.values())
+"""BLEU tokenizers of languages written without spaces. With them TER splits Chinese and Japanese characters
+too (sacreBLEU's `asian_support`, which needs its `normalized`): by spaces, it took a sentence for one word, so
+one wrong character made the whole sentence an edit."""
 
 REPORTED = ("bleu", "chrf")
 """The metrics experiments and `nmt analyze` always score (`with_metrics`): their tables, plots and
@@ -62,7 +66,8 @@ class Metric:
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("bleu", "BLEU", True, lambda tokenize, lowercase: BLEU(tokenize=tokenize, lowercase=lowercase)),
     Metric("chrf", "chrF", True, lambda tokenize, lowercase: CHRF(lowercase=lowercase)),
-    Metric("ter", "TER", False, lambda tokenize, lowercase: TER(case_sensitive=not lowercase)),
+    Metric("ter", "TER", False, lambda tokenize, lowercase: TER(
+        case_sensitive=not lowercase, normalized=tokenize in _UNSPACED, asian_support=tokenize in _UNSPACED)),
     Metric("loss", "loss", False),
 )}
 TEXT_METRICS = tuple(name for name, m in METRICS.items() if m.scorer is not None)

@@ -72,3 +72,17 @@ def test_a_tokenizer_this_machine_cannot_build_is_one_line_naming_the_key(monkey
     with pytest.raises(UserError, match=r"^eval.tokenize 'ja-mecab': Japanese tokenization requires extra "
                                         r"dependencies.*pip install 'sacrebleu\[ja\]', or choose another tokenizer$"):
         score(["ein Hund"], ["ein Hund"], settings)
+
+
+def test_ter_of_chinese_and_japanese_counts_edits_per_character():
+    """TER splits at spaces: a sentence of Chinese was one word, so one wrong character in each made TER 100.
+    With the BLEU tokenizer of a language written without spaces, it splits their characters (sacreBLEU's asian
+    support); other tokenizers keep plain TER."""
+    han = [chr(0x4E00 + 97 * i) for i in range(200)]
+    refs = ["".join(han[(7 * n + i) % 200] for i in range(10)) + "\u3002" for n in range(20)]
+    hyps = [ref[:5] + "\u4e86" + ref[6:] for ref in refs]  # one ideograph of ten wrong
+    chinese = score(hyps, refs, EvalConfig(tokenize="zh", metrics=["ter"]))
+    assert chinese["ter"] == round(100 / 11, 2) and "asian:yes" in chinese["ter_signature"]
+    assert score(hyps, refs, EvalConfig(tokenize="13a", metrics=["ter"]))["ter"] == 100.0
+    german = score(["der Hund, der bellt"], ["der Hund, der schläft"], EvalConfig(tokenize="intl", metrics=["ter"]))
+    assert german["ter"] == 25.0 and "norm:no|punct:yes|asian:no" in german["ter_signature"]
