@@ -54,6 +54,21 @@ def _check_device(name: str) -> str:
     return name
 
 
+def _check_tokenize(name: str | None) -> str | None:
+    """`--tokenize`: a sacreBLEU tokenizer this machine can build, refused before any translation starts."""
+    from nmt.metrics import TOKENIZERS, tokenizer_problem
+
+    if name is None:
+        return None
+    names = [t for t in TOKENIZERS if t != "auto"]  # auto needs the target language, which --hyp files lack
+    if name not in names:
+        raise UserError(f"--tokenize {shorten(repr(name), 60)}: not a BLEU tokenizer; choose one of {', '.join(names)}")
+    problem = tokenizer_problem(name)
+    if problem:
+        raise UserError(f"--tokenize {name}: {problem}")
+    return name
+
+
 def _version(show: bool) -> None:
     if show:
         from nmt import __version__
@@ -182,8 +197,12 @@ def evaluate(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
     save_translations: Annotated[Optional[Path], typer.Option(
         help="Also write each set's translations to DIR/<set>.hyp.")] = None,
+    tokenize: Annotated[Optional[str], typer.Option(
+        help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, ja-mecab, char or none (default: the checkpoint's "
+             "eval.tokenize; with --hyp, 13a).", callback=_check_tokenize)] = None,
 ) -> None:
     """Score with sacreBLEU: a checkpoint on a split or on --src/--ref, or --hyp against --ref."""
+    from nmt.config import EvalConfig
     from nmt.evaluate import evaluate_checkpoint, score_files
     from nmt.fileio import check_folder_to_write
     from nmt.metrics import format_scores
@@ -197,7 +216,7 @@ def evaluate(
         if unused:
             raise UserError(f"{unused[0]} does not apply to --hyp, which scores ready translations against --ref; "
                             f"drop {unused[0]}, or translate with --checkpoint instead of --hyp")
-        results = {str(hyp): score_files(hyp, ref)}
+        results = {str(hyp): score_files(hyp, ref, EvalConfig(tokenize=tokenize) if tokenize else None)}
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
@@ -206,7 +225,7 @@ def evaluate(
         if save_translations is not None:
             check_folder_to_write(save_translations, "--save-translations")
         results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref, beam=beam, device=device,
-                                      save_dir=save_translations)
+                                      save_dir=save_translations, tokenize=tokenize)
     if as_json:
         typer.echo(json.dumps(results, indent=2))
     else:

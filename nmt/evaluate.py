@@ -5,6 +5,7 @@ The metrics themselves are in `nmt.metrics`, the sets to score in `nmt.data.eval
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -43,25 +44,27 @@ def evaluate_checkpoint(
     beam: int | None = None,
     device: str = "auto",
     save_dir: str | Path | None = None,
+    tokenize: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Translate and score the sets `eval_sets` picks. Returns {set name: scores}.
 
     With `save_dir`, each set's translations are also written to `save_dir/<set>.hyp`
-    (the file name of `src` when scoring files).
+    (the file name of `src` when scoring files); `tokenize` replaces the checkpoint's `eval.tokenize`.
     """
     check_search_flags(beam=beam)  # this and the files are checked before the model loads
     files = file_set(src, ref)
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
-    problem = tokenizer_problem(cfg.eval.tokenize)
+    settings = cfg.eval if tokenize is None else dataclasses.replace(cfg.eval, tokenize=tokenize)
+    problem = tokenizer_problem(settings.tokenize)
     if problem:  # before translating, not after
-        raise UserError(f"{checkpoint}: eval.tokenize {cfg.eval.tokenize!r}: {problem}")
+        raise UserError(f"{checkpoint}: eval.tokenize {settings.tokenize!r}: {problem}")
     out = Path(save_dir) if save_dir is not None else None
     results = {}
     for name, (sources, references) in (files or eval_sets(cfg, split=split)).items():
         log.info("%s: translating %d sentences (beam %d)", name, len(sources), beam or cfg.decode.beam)
         hyps = translator.translate(sources, beam=beam)
-        results[name] = {**score(hyps, references, cfg.eval), "beam": beam or cfg.decode.beam}
+        results[name] = {**score(hyps, references, settings), "beam": beam or cfg.decode.beam}
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)  # once there is something to put in it: a failed eval makes none
             stem = Path(name).name if files else DataConfig.set_file_stem(name)

@@ -133,6 +133,11 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
         assert len(hyps) == scores["sentences"] == lines
         again = score_files(out / file, small_corpus / ref)
         assert {k: again[k] for k in ("bleu", "chrf", "ter")} == {k: scores[k] for k in ("bleu", "chrf", "ter")}
+    result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "test", "--json",
+                                 "--tokenize", "char"])  # the checkpoint's eval.tokenize (13a) replaced
+    chars = __import__("json").loads(result.stdout)["test"]
+    assert "tok:char" in chars["bleu_signature"]
+    assert chars["bleu"] == score_files(out / "test.hyp", small_corpus / "test.de", EvalConfig(tokenize="char"))["bleu"]
     # an eval that fails makes no folder
     result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "nope",
                                  "--save-translations", str(tmp_path / "never")])
@@ -143,3 +148,30 @@ def _write(tmp_path, raw) -> str:
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return str(path)
+
+
+def test_eval_of_ready_translations_takes_the_tokenizer_given(tmp_path, monkeypatch):
+    """`nmt eval --hyp --ref` scored BLEU with 13a whatever the language: Chinese, a sentence a word, scored 0."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    han = [chr(0x4E00 + 97 * i) for i in range(200)]
+    refs = ["".join(han[(7 * n + i) % 200] for i in range(12)) + "\u3002" for n in range(20)]
+    (tmp_path / "ref.zh").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    (tmp_path / "hyp.zh").write_text("".join(r[:5] + "\u4e86" + r[6:] + "\n" for r in refs), encoding="utf-8")
+    runner = CliRunner()
+    files = ["eval", "--hyp", str(tmp_path / "hyp.zh"), "--ref", str(tmp_path / "ref.zh"), "--json"]
+    plain, chinese = (__import__("json").loads(runner.invoke(app, files + extra).stdout)[str(tmp_path / "hyp.zh")]
+                      for extra in ([], ["--tokenize", "zh"]))
+    assert plain["bleu"] < 1 and "tok:13a" in plain["bleu_signature"]
+    assert chinese["bleu"] > 50 and "tok:zh" in chinese["bleu_signature"] and chinese["chrf"] == plain["chrf"]
+    result = runner.invoke(app, files + ["--tokenize", "13b"])
+    assert isinstance(result.exception, UserError)
+    assert str(result.exception) == "--tokenize '13b': not a BLEU tokenizer; choose one of 13a, intl, zh, ja-mecab, char, none"
+    from sacrebleu.tokenizers import tokenizer_ja_mecab
+
+    monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    result = runner.invoke(app, files + ["--tokenize", "ja-mecab"])
+    assert isinstance(result.exception, UserError)
+    assert str(result.exception).startswith("--tokenize ja-mecab: Japanese tokenization requires extra dependencies")
