@@ -222,11 +222,18 @@ def _train_one(cfg: TokenizerConfig, files: list[Path], which: str, where: str) 
         )
     needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", error)
     if needed:  # the characters to cover and the special symbols take that many pieces before any subword
+        usual = (" (0.9995 is usual for Chinese and Japanese, whose thousands of characters include many rare "
+                 "ones: those then become <unk>)" if cfg.character_coverage > CJK_COVERAGE else "")
         raise DataError(
             f"tokenizer.vocab_size ({cfg.vocab_size}) is below the {needed.group(1)} pieces that the characters of "
             f"the {which} text of {where} and the special symbols take; raise it to at least {needed.group(1)}, "
-            "or lower tokenizer.character_coverage")
+            f"or lower tokenizer.character_coverage ({cfg.character_coverage:g}){usual}")
     raise DataError(f"{where}: sentencepiece failed on the {which} text: {error}")
+
+
+CJK_COVERAGE = 0.9995
+"""The `character_coverage` sentencepiece's authors advise for languages of large character sets (Chinese,
+Japanese)."""
 
 
 # The child process: sentencepiece alone (no torch, no datasets), options as JSON on stdin.

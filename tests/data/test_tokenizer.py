@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,19 @@ def test_a_normalization_that_changes_the_target_text_warns_and_identity_keeps_i
     for tokenizer in (identity, separate):
         assert tokenizer.decode_tgt(tokenizer.encode_tgt(tgt)) == tgt
         assert UNK_ID not in sum(tokenizer.encode_tgt(tgt), [])
+
+
+def test_a_vocabulary_below_the_characters_of_chinese_says_which_coverage_is_usual() -> None:
+    """A Chinese corpus has thousands of characters; at coverage 1.0 each takes a piece, and the error names
+    the coverage sentencepiece advises for it."""
+    han = [chr(0x4E00 + i) for i in range(600)]
+    tgt = ["".join(han[(n * 13 + i * 7) % 600] for i in range(8)) + "\u3002" for n in range(300)]
+    src = [f"sentence {n}" for n in range(300)]
+    with pytest.raises(DataError) as err:
+        train_tokenizer(TokenizerConfig(vocab_size=300), src, tgt, where="data.train (zh)")
+    assert re.fullmatch(r"tokenizer.vocab_size \(300\) is below the (\d+) pieces that the characters of the joint "
+                        r"text of data.train \(zh\) and the special symbols take; raise it to at least \1, or lower "
+                        r"tokenizer.character_coverage \(1\) \(0.9995 is usual for Chinese and Japanese, whose "
+                        r"thousands of characters include many rare ones: those then become <unk>\)", str(err.value))
+    with pytest.raises(DataError, match=r"lower tokenizer.character_coverage \(0.9995\)$"):
+        train_tokenizer(TokenizerConfig(vocab_size=300, character_coverage=0.9995), src, tgt, where="data.train (zh)")
