@@ -49,12 +49,14 @@ class Metric:
         higher_is_better: the direction of improvement.
         scorer: builds the sacreBLEU scorer from (tokenize, lowercase); None for
             a metric that is not computed from text (the validation loss).
+        reads: the `eval` settings its score depends on: scores under others do not compare.
     """
 
     name: str
     label: str
     higher_is_better: bool
     scorer: Callable[[str, bool], SacreMetric] | None = None
+    reads: tuple[str, ...] = ()
 
     def better(self, value: float, best: float | None) -> bool:
         """Whether `value` improves on `best` (None: nothing yet, so it does)."""
@@ -64,10 +66,12 @@ class Metric:
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("bleu", "BLEU", True, lambda tokenize, lowercase: BLEU(tokenize=tokenize, lowercase=lowercase)),
-    Metric("chrf", "chrF", True, lambda tokenize, lowercase: CHRF(lowercase=lowercase)),
+    Metric("bleu", "BLEU", True, lambda tokenize, lowercase: BLEU(tokenize=tokenize, lowercase=lowercase),
+           ("tokenize", "lowercase")),
+    Metric("chrf", "chrF", True, lambda tokenize, lowercase: CHRF(lowercase=lowercase), ("lowercase",)),
     Metric("ter", "TER", False, lambda tokenize, lowercase: TER(
-        case_sensitive=not lowercase, normalized=tokenize in _UNSPACED, asian_support=tokenize in _UNSPACED)),
+        case_sensitive=not lowercase, normalized=tokenize in _UNSPACED, asian_support=tokenize in _UNSPACED),
+           ("tokenize", "lowercase")),
     Metric("loss", "loss", False),
 )}
 TEXT_METRICS = tuple(name for name, m in METRICS.items() if m.scorer is not None)

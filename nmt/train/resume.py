@@ -187,7 +187,7 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
                     "pairs come again and others not until the next epoch; set %s to resume in the run's order", path,
                     ", ".join(f"train.{key}: {old}, now {new}" for key, old, new in changed),
                     ", ".join(f"train.{key}: {old}" for key, old, _ in changed))
-    restart_best(path, saved_train, cfg, progress, scheduler, ctx)
+    restart_best(path, payload.get("config", {}), cfg, progress, scheduler, ctx)
     now_train = config_to_dict(cfg.train)
     other_optimizer = [f"train.{key}: {now_train[key]} (the checkpoint's: {saved_train[key]})" for key in OPTIMIZER
                        if key in saved_train and saved_train[key] != now_train[key]]
@@ -205,25 +205,34 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
     return progress
 
 
-def restart_best(path: Path, saved_train: dict[str, Any], cfg: ExperimentConfig, progress: Progress,
+def restart_best(path: Path, saved: dict[str, Any], cfg: ExperimentConfig, progress: Progress,
                  scheduler: Schedule, ctx: Dist) -> None:
     """Forget the best score, the validations without improvement and the plateau schedule's record when the
     checkpoint's run picked its best by another metric (`train.early_stop_metric`, or the loss it falls back to
-    without `train.valid_bleu`): scores of two metrics do not compare, so the next validation is the first of the
-    new metric and the best so far. The plateau's rate reductions already made stay."""
+    without `train.valid_bleu`), or scored it under other `eval` settings (BLEU's `tokenize`, say, which `auto`
+    now decides by the target language): such scores do not compare, so the next validation is the first of the
+    new metric and the best so far. The plateau's rate reductions already made stay.
+
+    Args:
+        saved: the checkpoint's config, as a dict.
+    """
+    saved_train, saved_eval = saved.get("train", {}), saved.get("eval", {})
     name = saved_train.get("early_stop_metric")
     if name not in METRICS:  # a checkpoint that does not say
         return
     before, now = stop_metric(name, valid_bleu=saved_train.get("valid_bleu", True)), early_stop_metric(cfg)
-    if before == now:
+    scoring = [f"eval.{key} {saved_eval[key]!r}, now {getattr(cfg.eval, key)!r}" for key in METRICS[now].reads
+               if key in saved_eval and saved_eval[key] != getattr(cfg.eval, key)] if before == now else []
+    if before == now and not scoring:
         return
     if ctx.is_main:
         best = "none yet" if progress.best_metric is None else f"{before} {progress.best_metric:.4g} at step " \
                                                                f"{progress.best_step}"
-        log.warning("%s picked its best checkpoint by %s, this config picks it by %s (train.early_stop_metric): "
-                    "their scores do not compare, so the best (%s), the count of validations without improvement "
-                    "(%d) and the plateau schedule's best start anew at the next validation, whose checkpoint "
-                    "becomes best.pt", path, before, now, best, progress.bad_validations)
+        change = (f"scored {now} with {', '.join(scoring)}" if scoring else
+                  f"picked its best checkpoint by {before}, this config picks it by {now} (train.early_stop_metric)")
+        log.warning("%s %s: their scores do not compare, so the best (%s), the count of validations without "
+                    "improvement (%d) and the plateau schedule's best start anew at the next validation, whose "
+                    "checkpoint becomes best.pt", path, change, best, progress.bad_validations)
     progress.best_metric, progress.best_step, progress.bad_validations = None, -1, 0
     scheduler.best, scheduler.bad = None, 0
 

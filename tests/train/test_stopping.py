@@ -158,3 +158,29 @@ def test_a_run_resumed_with_another_early_stop_metric_picks_its_best_by_that_met
     lr = {r["step"]: r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
           if r["event"] == "train"}
     assert lr[4] == lr[3] == lr[2]  # the plateau schedule did not count step 3's TER as a worse loss
+
+
+def test_a_run_resumed_with_another_bleu_tokenizer_picks_its_best_by_the_new_scores_alone(small_corpus, tmp_path,
+                                                                                         caplog):
+    """BLEU on characters (tok:char) runs higher than on words (tok:13a): compared with the char BLEU of the run's
+    first validations, no 13a BLEU would be better, and best.pt would stay a checkpoint scored otherwise. This is
+    what `eval.tokenize: auto` does to an en-zh run of 13a resumed: its BLEU is then zh's."""
+    from nmt.config import config_from_dict
+    from tests.train.helpers import tiny_raw
+
+    run = tmp_path / "run"
+
+    def cfg(tokenize: str, max_steps: int):
+        raw = tiny_raw(small_corpus, run, max_steps=max_steps, valid_every=1, keep_last=10, valid_bleu=True)
+        return config_from_dict({**raw, "eval": {"tokenize": tokenize, "metrics": ["bleu"]}})
+
+    first = train(cfg("char", 2))
+    with caplog.at_level("WARNING", logger="nmt"):
+        summary = train(cfg("13a", 3))
+    [warning] = [r.getMessage() for r in caplog.records if "do not compare" in r.getMessage()]
+    assert warning.startswith(f"{run / 'ckpt_2.pt'} scored bleu with eval.tokenize 'char', now '13a': their scores "
+                              f"do not compare, so the best (bleu {first['best_metric']:.4g} at step ")
+    step3 = valid_records(run)[2]
+    assert step3["bleu"] < first["best_metric"] and step3["best"]  # a 13a BLEU that char's best would have hidden
+    assert (summary["best_step"], summary["best_metric"]) == (3, step3["bleu"])
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == 3
