@@ -13,6 +13,9 @@ margins for the labels, the colour bar and the title, at `DPI` dots per inch.
 
 from __future__ import annotations
 
+import logging
+import re
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +24,8 @@ from typing import Any
 import torch
 
 from nmt.errors import UserError
+
+log = logging.getLogger(__name__)
 
 DPI = 100
 """Resolution of the written PNGs."""
@@ -87,7 +92,7 @@ def plot_attention(
     if title:
         fig.text(0.1 / w, 0.1 / h, title, fontsize=8)
     path = Path(path)
-    fig.savefig(path, format="png", dpi=DPI)
+    _save(fig, path, dpi=DPI)
     return path
 
 
@@ -100,8 +105,42 @@ def plot_bleu_by_length(results: dict[str, list[dict[str, Any]]], path: str | Pa
     fig = bleu_by_length_figure(results, title=title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    _save(fig, path)
     return path
+
+
+_MISSING_GLYPH = re.compile(r"Glyph (\d+) .* missing from font\(s\) (.+)\.$")
+
+
+def _save(fig: Any, path: Path, **options: Any) -> None:
+    """`fig` as a PNG. matplotlib warns once for each character its font lacks (every Chinese character of the
+    labels, with the font it ships); those warnings become one log line (`_say_missing_glyphs`), others pass on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(path, format="png", **options)
+    missing: dict[str, set[str]] = {}
+    for w in caught:
+        found = _MISSING_GLYPH.match(str(w.message))
+        if found:
+            missing.setdefault(found.group(2), set()).add(chr(int(found.group(1))))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    for font, chars in missing.items():
+        _say_missing_glyphs(font, "".join(sorted(chars)))
+
+
+_FONTS_SAID: set[str] = set()
+"""The fonts whose missing characters this process has logged."""
+
+
+def _say_missing_glyphs(font: str, chars: str) -> None:
+    """Once per process and font: the first figure's missing characters stand for the others'."""
+    if font in _FONTS_SAID:
+        return
+    _FONTS_SAID.add(font)
+    log.warning("plots: the font %s has no glyph for %d characters of the labels (%s), drawn as boxes: install a "
+                "font that has them (Noto Sans CJK for Chinese and Japanese) and name it in matplotlib's font.family "
+                "(matplotlibrc)", font, len(chars), chars[:10] + ("..." if len(chars) > 10 else ""))
 
 
 def bleu_by_length_figure(results: dict[str, list[dict[str, Any]]], *, title: str = ""):

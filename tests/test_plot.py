@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -53,3 +54,21 @@ def test_the_title_is_drawn_where_the_docstring_says_bottom_left_below_the_heatm
     assert len(rows) > 0
     below_heatmap = height - _BOTTOM * DPI  # pixel rows count from the top
     assert rows.min() >= below_heatmap and cols.max() < width / 2
+
+
+def test_characters_the_font_lacks_are_one_log_line_not_a_warning_each(tmp_path, caplog, recwarn, monkeypatch):
+    """matplotlib's font has no Chinese: each character of an en-zh model's labels was a two-line warning, at
+    every sentence of `nmt translate --attention-plot`. Private-use characters stand in here, which no font has."""
+    from nmt import plot
+
+    monkeypatch.setattr(plot, "_FONTS_SAID", set(), raising=False)
+    chars = ["\ue000", "\ue001", "\ue002"]
+    with caplog.at_level("WARNING", logger="nmt.plot"):
+        for i in range(3):
+            plot_attention(torch.full((3, 2), 0.5), ["a", chars[0]], [chars[1], chars[2] * 2, "</s>"], tmp_path / f"{i}.png")
+    assert not [w for w in recwarn if "missing from font" in str(w.message)]
+    [said] = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"plots: the font .+ has no glyph for 3 characters of the labels \(\ue000\ue001\ue002\), drawn "
+                        r"as boxes: install a font that has them \(Noto Sans CJK for Chinese and Japanese\) and name it "
+                        r"in matplotlib's font.family \(matplotlibrc\)", said)
+    assert all((tmp_path / f"{i}.png").read_bytes()[:4] == b"\x89PNG" for i in range(3))
