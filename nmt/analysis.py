@@ -20,7 +20,7 @@ import numpy as np
 from nmt.config import EvalConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.errors import UserError
-from nmt.metrics import score, with_metrics
+from nmt.metrics import check_tokenizer, score, with_metrics
 from nmt.plot import bucket_labels, plot_attention, plot_bleu_by_length
 from nmt.translate import Translator
 
@@ -159,6 +159,8 @@ def score_models(translators: dict[str, Translator], set_name: str, sources: lis
                  n_buckets: int = 3, beam: int | None = None) -> dict[str, Any]:
     """`analyze` of the set given."""
     pair = _pair(next(iter(translators.values())))
+    for name, translator in translators.items():  # a tokenizer missing here stops the run before any translation
+        check_tokenizer(translator.cfg.eval, name)
     overall, by_length = {}, {}
     for name, translator in translators.items():
         if _pair(translator) != pair:

@@ -14,9 +14,9 @@ from nmt.config import DataConfig, EvalConfig
 from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
 from nmt.decode.options import check_search_flags
-from nmt.errors import DataError, UserError
+from nmt.errors import DataError
 from nmt.fileio import write_lines
-from nmt.metrics import score, tokenizer_problem
+from nmt.metrics import check_tokenizer, score
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,7 @@ def evaluate_checkpoint(
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
     settings = cfg.eval if tokenize is None else dataclasses.replace(cfg.eval, tokenize=tokenize)
-    problem = tokenizer_problem(settings.tokenize)
-    if problem:  # before translating, not after
-        raise UserError(f"{checkpoint}: eval.tokenize {settings.tokenize!r}: {problem}")
+    check_tokenizer(settings, str(checkpoint))  # before translating, not after
     out = Path(save_dir) if save_dir is not None else None
     results = {}
     for name, (sources, references) in (files or eval_sets(cfg, split=split)).items():

@@ -125,6 +125,17 @@ def tokenizer_problem(tokenize: str) -> str | None:
     return None
 
 
+def check_tokenizer(settings: ScoreSettings, where: str) -> None:
+    """Refuse, before any translation, settings whose BLEU tokenizer this machine cannot build.
+
+    Raises:
+        UserError: naming `where` (a checkpoint, a model), the setting and what to install.
+    """
+    problem = tokenizer_problem(settings.tokenize)
+    if problem:
+        raise UserError(f"{where}: eval.tokenize {settings.tokenize!r}: {problem}")
+
+
 def with_metrics(cfg: ScoreSettings | None, names: Sequence[str] = REPORTED, *, besides: bool = True) -> ScoreSettings:
     """`cfg` (or `DEFAULTS`) scoring `names` first, then (`besides`) the rest of its own `metrics`."""
     cfg = cfg or DEFAULTS

@@ -178,3 +178,21 @@ def test_checkpoints_with_clashing_names_are_refused_not_dropped():
     for spec in ("=runs/a/best.pt", "a="):  # an empty name, or no checkpoint
         with pytest.raises(UserError, match=f"-c {spec}: give NAME=CKPT with a name and a checkpoint"):
             name_checkpoints([spec])
+
+
+def test_a_bleu_tokenizer_missing_here_stops_analyze_before_any_translation(ter_only, small_corpus, monkeypatch,
+                                                                             caplog):
+    """A Japanese model trained where MeCab is installed (eval.tokenize ja-mecab), analyzed where it is not: one
+    line naming the model and what to install, before the first model translates the set, not after."""
+    from sacrebleu.tokenizers import tokenizer_ja_mecab
+
+    from nmt.analysis import analyze
+    from nmt.translate import Translator
+
+    monkeypatch.setattr(tokenizer_ja_mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    first, japanese = Translator.from_checkpoint(ter_only), Translator.from_checkpoint(ter_only)
+    japanese.cfg.eval.tokenize = "ja-mecab"  # as its checkpoint holds it
+    with caplog.at_level("INFO", logger="nmt"), pytest.raises(UserError) as err:
+        analyze({"first": first, "ja": japanese}, src=small_corpus / "test.en", ref=small_corpus / "test.de")
+    assert str(err.value).startswith("ja: eval.tokenize 'ja-mecab': Japanese tokenization requires extra dependencies")
+    assert not [r for r in caplog.records if "translating" in r.getMessage()]
