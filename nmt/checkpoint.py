@@ -250,7 +250,7 @@ _SET_ASIDE = {
 }
 
 
-def _stored_config(raw: Any, source: str | Path) -> ExperimentConfig:
+def stored_config(raw: Any, source: str | Path) -> ExperimentConfig:
     """A checkpoint's config. A `decode` or `eval` section this version refuses (a range narrowed since the
     checkpoint was written) gives way to the defaults, with a warning: search and scoring settings are not
     part of the model, and refusing the whole checkpoint for them would leave it unusable. (An
@@ -299,7 +299,7 @@ def model_from_checkpoint(payload: dict[str, Any], device: torch.device | str = 
         CheckpointError: the stored config or weights do not fit this version of nmt.
     """
     try:
-        cfg = _stored_config(payload["config"], source)
+        cfg = stored_config(payload["config"], source)
         tokenizer = Tokenizer.from_state(payload["tokenizer"])
     except KeyError as err:
         raise CheckpointError(f"{source}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None

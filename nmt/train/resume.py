@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_checkpoints
+from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_checkpoints, stored_config
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
@@ -313,11 +313,12 @@ def drop_replaced(run_dir: Path) -> None:
 
 
 def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path) -> None:
-    """Refuse to resume when the config changed what the weights mean."""
-    saved = payload.get("config", {})
+    """Refuse to resume when the config changed what the weights mean. The checkpoint's config is read as
+    configs are, so that a key added since it was written (`tokenizer.normalization`) counts as its default."""
+    saved = config_to_dict(stored_config(payload.get("config", {}), path))
     now = config_to_dict(cfg)
     for section in ("model", "tokenizer"):
-        if saved.get(section) != now[section]:
+        if saved[section] != now[section]:
             raise UserError(
                 f"{path}: the run directory holds a run with a different {section} section; "
                 f"use --restart to start over or choose another run_dir"

@@ -13,7 +13,7 @@ from nmt.checkpoint import (
     model_from_checkpoint,
     save_checkpoint,
 )
-from nmt.errors import CheckpointError
+from nmt.errors import CheckpointError, UserError
 from nmt.train.loop import train
 from nmt.train.optim import build_optimizer, load_optimizer_state
 from tests.train.helpers import same_weights, tiny_cfg, weights
@@ -111,3 +111,23 @@ def test_an_optimizer_state_that_fits_no_layout_is_a_clear_error(small_corpus, t
     save_checkpoint(payload, tmp_path / "a" / "ckpt_2.pt")
     with pytest.raises(CheckpointError, match=r"ckpt_2.pt: cannot resume its optimizer \(.*\); to start a new run"):
         train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=4))
+
+
+def test_a_run_saved_before_a_tokenizer_key_was_added_resumes(small_corpus, tmp_path):
+    """Checkpoints written before `tokenizer.normalization` existed hold a tokenizer section without it: compared
+    as they were stored, every such run was refused as "a different tokenizer section" when resumed."""
+    run = tmp_path / "run"
+    train(tiny_cfg(small_corpus, run, max_steps=2))
+    [ckpt] = sorted(run.glob("ckpt_*.pt"))
+    payload = load_checkpoint(ckpt)
+    del payload["config"]["tokenizer"]["normalization"]  # as an earlier nmt saved it
+    save_checkpoint(payload, ckpt)
+    summary = train(tiny_cfg(small_corpus, run, max_steps=3))
+    assert summary["step"] == 3
+    payload["config"]["tokenizer"]["normalization"] = "identity"  # a tokenizer made otherwise is still refused
+    save_checkpoint(payload, ckpt)
+    for other in run.glob("ckpt_*.pt"):
+        if other != ckpt:
+            other.unlink()
+    with pytest.raises(UserError, match="a different tokenizer section"):
+        train(tiny_cfg(small_corpus, run, max_steps=4))
