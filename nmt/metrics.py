@@ -26,9 +26,11 @@ from nmt.errors import UserError, headline
 TOKENIZERS = ("auto", "13a", "intl", "zh", "ja-mecab", "char", "none")
 """sacreBLEU's BLEU tokenizers that `eval.tokenize` accepts, and `auto` (`bleu_tokenizer`)."""
 
-_BY_LANGUAGE = {"zh": "zh", "ja": "ja-mecab"}
+_BY_LANGUAGE = {**dict.fromkeys(("zh", "zho", "chi", "cmn", "yue"), "zh"), **dict.fromkeys(("ja", "jpn"), "ja-mecab")}
 """The BLEU tokenizer sacreBLEU picks for a target language written without spaces between words (its
-`BLEU(trg_lang=...)`): 13a would take a whole sentence of Chinese or Japanese for one word."""
+`BLEU(trg_lang=...)`, which knows `zh` and `ja`; here also their three-letter codes, as in Flores-200's
+`zho_Hans` and `jpn_Jpan`, and Mandarin's and Cantonese's): 13a would take a whole sentence of Chinese or
+Japanese for one word."""
 _UNSPACED = frozenset(_BY_LANGUAGE.values())
 """BLEU tokenizers of languages written without spaces. With them TER splits Chinese and Japanese characters
 too (sacreBLEU's `asian_support`, which needs its `normalized`): by spaces, it took a sentence for one word, so
@@ -103,8 +105,8 @@ _TOKENIZER_ERRORS = (RuntimeError, ImportError, AssertionError)
 
 def bleu_tokenizer(tokenize: str, tgt_lang: str | None = None) -> str:
     """The sacreBLEU tokenizer that `eval.tokenize` names: `auto` is sacreBLEU's choice for `tgt_lang` (`zh` for
-    Chinese, `ja-mecab` for Japanese, by the code's first part: `zh-TW` is Chinese), 13a for other languages and
-    where the language is not known."""
+    Chinese, `ja-mecab` for Japanese, by the code's first part: `zh-TW` and `zho_Hant` are Chinese), 13a for other
+    languages and where the language is not known."""
     if tokenize != "auto":
         return tokenize
     return _BY_LANGUAGE.get(tgt_lang.replace("_", "-").split("-")[0].lower(), "13a") if tgt_lang else "13a"

@@ -234,9 +234,10 @@ def test_auto_scores_chinese_and_japanese_with_the_bleu_tokenizer_of_their_scrip
     """13a splits at spaces and punctuation, so it takes a sentence of Chinese for one word: a translation with
     one character wrong in each sentence scored 0 BLEU, and validation chose checkpoints by that number."""
     tokenize = {lang: load_config(write(tmp_path, f"data:\n  src_lang: en\n  tgt_lang: {lang}\n")).eval.tokenize
-                for lang in ("zh", "zh-TW", "zh_Hans", "de", "ru")}
-    assert tokenize == {"zh": "zh", "zh-TW": "zh", "zh_Hans": "zh", "de": "13a", "ru": "13a"}
-    assert bleu_tokenizer("auto", "ja") == "ja-mecab" and bleu_tokenizer("auto") == "13a"
+                for lang in ("zh", "zh-TW", "zho_Hans", "cmn", "de", "ru")}
+    assert tokenize == {"zh": "zh", "zh-TW": "zh", "zho_Hans": "zh", "cmn": "zh", "de": "13a", "ru": "13a"}
+    assert bleu_tokenizer("auto", "ja") == bleu_tokenizer("auto", "jpn_Jpan") == "ja-mecab"
+    assert bleu_tokenizer("auto") == "13a"
     assert load_config(write(tmp_path, "data:\n  tgt_lang: zh\neval:\n  tokenize: 13a\n")).eval.tokenize == "13a"
     han = [chr(0x4E00 + 97 * i) for i in range(200)]
     refs = ["".join(han[(7 * n + i) % 200] for i in range(12)) + "\u3002" for n in range(20)]

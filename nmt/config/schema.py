@@ -565,7 +565,7 @@ class EvalConfig:
     """sacreBLEU settings."""
 
     tokenize: Literal[TOKENIZERS] = DEFAULTS.tokenize
-    """sacreBLEU tokenizer for BLEU. `auto`: sacreBLEU's choice for `data.tgt_lang`, `zh` for Chinese (`zh`, `zh-TW`, ...) and `ja-mecab` for Japanese (which needs `pip install 'sacrebleu[ja]'`), else `13a`, which takes a whole sentence of a language written without spaces for one word. A config decides it as it loads, so checkpoints hold the tokenizer used; the scores' signatures name it (`tok:zh`). With `zh` and `ja-mecab`, TER splits Chinese and Japanese characters too (sacreBLEU's `asian_support`, `asian:yes` in its signature), where it took a sentence for one word."""
+    """sacreBLEU tokenizer for BLEU. `auto`: sacreBLEU's choice for `data.tgt_lang`, `zh` for Chinese (`zh`, `zh-TW`, `zho_Hans`, `cmn`, ...) and `ja-mecab` for Japanese (`ja`, `jpn_Jpan`; it needs `pip install 'sacrebleu[ja]'`), else `13a`, which takes a whole sentence of a language written without spaces for one word. A config decides it as it loads, so checkpoints hold the tokenizer used; the scores' signatures name it (`tok:zh`). With `zh` and `ja-mecab`, TER splits Chinese and Japanese characters too (sacreBLEU's `asian_support`, `asian:yes` in its signature), where it took a sentence for one word."""
     lowercase: bool = DEFAULTS.lowercase
     """Case-insensitive scores."""
     metrics: list[Literal[TEXT_METRICS]] = field(default_factory=lambda: list(DEFAULTS.metrics))
