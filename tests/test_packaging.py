@@ -1,0 +1,92 @@
+"""What `pip install nmt` gives a user outside this repository.
+
+The development environment holds more than the package needs (the `dev` and `plot` extras), so a
+module that a plain install lacks is found here all the same: protobuf, which sentencepiece's model
+format needs and sentencepiece does not require, came only through tensorboard, and a plain install
+failed at `nmt train`. These tests run nmt on a site-packages folder that holds what the declared
+dependencies bring and nothing else, as read from the installed distributions' own metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def brought_by(requirements: list[str]) -> set[str]:
+    """The canonical names of the distributions that installing `requirements` brings: them and,
+    through each one's metadata, what they require (with the extras asked for), as pip resolves it."""
+    todo = [Requirement(r) for r in requirements]
+    done: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{req.name} is a dependency but is not installed here; run make install")
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in {"", *req.extras}):
+                todo.append(sub)
+    return {name for name, _ in done}
+
+
+def installed_alone(requirements: list[str], folder: Path) -> Path:
+    """`folder` made a site-packages that holds what installing `requirements` brings and nothing
+    else: links to those distributions' files (top-level modules and their metadata)."""
+    folder.mkdir()
+    for name in brought_by(requirements):
+        dist = metadata.distribution(name)
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            if not (folder / top).exists():
+                (folder / top).symlink_to(dist.locate_file(top))
+    return folder
+
+
+# Imports every nmt module and prints each one that fails; run without the site module, on a
+# PYTHONPATH of the repository and a site-packages folder of `installed_alone`.
+_IMPORT_ALL = """
+import importlib, pkgutil, sys
+try:
+    import pytest
+except ImportError:
+    pass
+else:
+    sys.exit("pytest is importable: the environment holds more than the dependencies")
+import nmt
+for module in pkgutil.walk_packages(nmt.__path__, "nmt."):
+    if module.name != "nmt.__main__":  # runs the command line
+        try:
+            importlib.import_module(module.name)
+        except ImportError as err:
+            print(f"{module.name}: {err}")
+"""
+
+
+def test_every_module_imports_with_the_declared_dependencies_alone(tmp_path):
+    site = installed_alone(project()["dependencies"], tmp_path / "site-packages")
+    assert (site / "torch").exists() and (site / "sentencepiece").exists() and not (site / "pytest").exists()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    run = subprocess.run([sys.executable, "-S", "-c", _IMPORT_ALL], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "", "modules that a plain `pip install nmt` cannot import:\n" + run.stdout
