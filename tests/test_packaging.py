@@ -10,14 +10,18 @@ dependencies bring and nothing else, as read from the installed distributions' o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.conftest import tiny_config_dict
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -82,11 +86,51 @@ for module in pkgutil.walk_packages(nmt.__path__, "nmt."):
 """
 
 
-def test_every_module_imports_with_the_declared_dependencies_alone(tmp_path):
-    site = installed_alone(project()["dependencies"], tmp_path / "site-packages")
+@pytest.fixture(scope="module")
+def plain_site(tmp_path_factory) -> Path:
+    """A site-packages of what `pip install nmt` brings, without extras (no matplotlib, tensorboard, ctranslate2)."""
+    site = installed_alone(project()["dependencies"], tmp_path_factory.mktemp("plain") / "site-packages")
     assert (site / "torch").exists() and (site / "sentencepiece").exists() and not (site / "pytest").exists()
+    assert not any((site / extra).exists() for extra in ("matplotlib", "tensorboard", "ctranslate2"))
+    return site
+
+
+def run_plain(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -c CODE` or `python -m nmt ...` (args) with nothing installed but `site`, from `cwd`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
-    run = subprocess.run([sys.executable, "-S", "-c", _IMPORT_ALL], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, timeout=300)
+    return subprocess.run([sys.executable, "-S", *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=300)
+
+
+def test_every_module_imports_with_the_declared_dependencies_alone(plain_site, tmp_path):
+    run = run_plain(plain_site, "-c", _IMPORT_ALL, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "", "modules that a plain `pip install nmt` cannot import:\n" + run.stdout
+
+
+@pytest.fixture(scope="module")
+def trained_plain(plain_site, small_corpus, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A tiny run trained by `nmt train` under a plain install (train.tensorboard true, as by default)."""
+    work = tmp_path_factory.mktemp("user")
+    config = work / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(small_corpus, work / "run")), encoding="utf-8")
+    return work / "run", run_plain(plain_site, "-m", "nmt", "train", str(config), cwd=work)
+
+
+def test_training_without_tensorboard_says_which_extra_brings_it(trained_plain):
+    """It wrote no event files and said nothing: `train.tensorboard` is true by default."""
+    run_dir, done = trained_plain
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "train.tensorboard" in line]
+    assert warned == ["[nmt] train.tensorboard: the tensorboard package is not installed, so this run writes "
+                      "metrics.jsonl but no TensorBoard event files; install it with: pip install "
+                      "'nmt[tensorboard]' (or set train.tensorboard: false)"]
+    assert (run_dir / "metrics.jsonl").is_file() and not (run_dir / "tensorboard").exists()
+
+
+def test_every_extra_that_a_message_or_the_readme_names_exists():
+    named = set()
+    for path in [*(ROOT / "nmt").rglob("*.py"), ROOT / "README.md"]:
+        named.update(re.findall(r"nmt\[(\w+)\]", path.read_text(encoding="utf-8")))
+    assert {"plot", "export", "tensorboard"} <= named
+    assert named <= set(project()["optional-dependencies"])

@@ -9,6 +9,7 @@ record and the first `train` record after it, which averages the updates since t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -32,8 +33,11 @@ class MetricsLog:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # the tensorboard package is optional
-                pass
+            except ImportError as err:  # the tensorboard package is optional: the `tensorboard` extra
+                why = ("the tensorboard package is not installed" if importlib.util.find_spec("tensorboard") is None
+                       else f"torch.utils.tensorboard does not import ({err})")
+                log.warning("train.tensorboard: %s, so this run writes metrics.jsonl but no TensorBoard event files; "
+                            "install it with: pip install 'nmt[tensorboard]' (or set train.tensorboard: false)", why)
             else:
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
