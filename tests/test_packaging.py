@@ -134,3 +134,21 @@ def test_every_extra_that_a_message_or_the_readme_names_exists():
         named.update(re.findall(r"nmt\[(\w+)\]", path.read_text(encoding="utf-8")))
     assert {"plot", "export", "tensorboard"} <= named
     assert named <= set(project()["optional-dependencies"])
+
+
+
+@pytest.mark.parametrize("flag", ["translate --attention-plot", "analyze --plot", "analyze --report"])
+def test_a_plot_without_matplotlib_is_refused_before_any_translating(flag, plain_site, trained_plain, small_corpus,
+                                                                     tmp_path):
+    """`analyze --plot` translated the whole test set first, then failed naming attention plots;
+    `translate --attention-plot` failed after its first batch, leaving its lines in `out.de.partial`."""
+    run_dir, trained = trained_plain
+    assert trained.returncode == 0, trained.stderr
+    command, option = flag.split()
+    args = {"translate": ["-i", str(small_corpus / "test.en"), "-o", "out.de", option, "plots"],
+            "analyze": [option, "plots/bleu.png" if option == "--plot" else "report"]}[command]
+    done = run_plain(plain_site, "-m", "nmt", command, "-c", str(run_dir / "best.pt"), *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (f"nmt: error: {option} needs matplotlib (No module named 'matplotlib'); install it with: "
+                           "pip install 'nmt[plot]' (make install includes it)\n")
+    assert list(tmp_path.iterdir()) == []  # no output, no partial output, no folder
