@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -21,6 +22,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import nmt
 from tests.conftest import tiny_config_dict
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -152,3 +154,16 @@ def test_a_plot_without_matplotlib_is_refused_before_any_translating(flag, plain
     assert done.stderr == (f"nmt: error: {option} needs matplotlib (No module named 'matplotlib'); install it with: "
                            "pip install 'nmt[plot]' (make install includes it)\n")
     assert list(tmp_path.iterdir()) == []  # no output, no partial output, no folder
+
+
+def test_the_package_version_is_the_one_nmt_version_prints(tmp_path):
+    """The version was written twice, in pyproject.toml and in nmt/__init__.py, so a release that
+    changed one had `pip show nmt` and `nmt --version` disagree."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "nmt").mkdir()
+    init = (ROOT / "nmt" / "__init__.py").read_text(encoding="utf-8")
+    assert f'__version__ = "{nmt.__version__}"' in init
+    (tmp_path / "nmt" / "__init__.py").write_text(init.replace(nmt.__version__, "9.8.7"), encoding="utf-8")
+    assert read_configuration(tmp_path / "pyproject.toml")["project"]["version"] == "9.8.7"
