@@ -167,3 +167,12 @@ def test_the_package_version_is_the_one_nmt_version_prints(tmp_path):
     assert f'__version__ = "{nmt.__version__}"' in init
     (tmp_path / "nmt" / "__init__.py").write_text(init.replace(nmt.__version__, "9.8.7"), encoding="utf-8")
     assert read_configuration(tmp_path / "pyproject.toml")["project"]["version"] == "9.8.7"
+
+
+def test_export_without_ctranslate2_names_the_extra_and_writes_nothing(plain_site, trained_plain, tmp_path):
+    run_dir, trained = trained_plain
+    assert trained.returncode == 0, trained.stderr
+    done = run_plain(plain_site, "-m", "nmt", "export", "-c", str(run_dir / "best.pt"), "-o", "ct2", cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (2, "nmt: error: ctranslate2 is not installed; install it with: "
+                                                 "pip install 'nmt[export]'\n")
+    assert list(tmp_path.iterdir()) == []
