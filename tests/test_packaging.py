@@ -1,10 +1,11 @@
 """What `pip install nmt` gives a user outside this repository.
 
 The development environment holds more than the package needs (the `dev` and `plot` extras), so a
-module that a plain install lacks is found here all the same: protobuf, which sentencepiece's model
-format needs and sentencepiece does not require, came only through tensorboard, and a plain install
-failed at `nmt train`. These tests run nmt on a site-packages folder that holds what the declared
-dependencies bring and nothing else, as read from the installed distributions' own metadata.
+module that a plain install lacks is found here all the same: sentencepiece's generated protobuf
+module, which nmt used, needs the protobuf package, which sentencepiece does not require; it came only
+through tensorboard, and a plain install failed at `nmt train`. These tests run nmt in a virtual
+environment that holds what the declared dependencies bring and nothing else, as read from the
+installed distributions' own metadata.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+import venv
 from importlib import metadata
 from pathlib import Path
 
@@ -56,20 +57,24 @@ def brought_by(requirements: list[str]) -> set[str]:
     return {name for name, _ in done}
 
 
-def installed_alone(requirements: list[str], folder: Path) -> Path:
-    """`folder` made a site-packages that holds what installing `requirements` brings and nothing
-    else: links to those distributions' files (top-level modules and their metadata)."""
-    folder.mkdir()
+def venv_with(requirements: list[str], folder: Path) -> Path:
+    """A virtual environment in `folder` that holds what installing `requirements` brings and nothing
+    else: links to those distributions' files (top-level modules and their metadata) in its
+    site-packages. Returns its python, which the processes it starts (sentencepiece's trainer) share."""
+    venv.create(folder, symlinks=True, with_pip=False)
+    python = folder / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
     for name in brought_by(requirements):
         dist = metadata.distribution(name)
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
-            if not (folder / top).exists():
-                (folder / top).symlink_to(dist.locate_file(top))
-    return folder
+            if not (site / top).exists():
+                (site / top).symlink_to(dist.locate_file(top))
+    return python
 
 
-# Imports every nmt module and prints each one that fails; run without the site module, on a
-# PYTHONPATH of the repository and a site-packages folder of `installed_alone`.
+# Imports every nmt module and prints each one that fails; run in a `venv_with` environment, with the
+# repository on PYTHONPATH.
 _IMPORT_ALL = """
 import importlib, pkgutil, sys
 try:
@@ -89,34 +94,35 @@ for module in pkgutil.walk_packages(nmt.__path__, "nmt."):
 
 
 @pytest.fixture(scope="module")
-def plain_site(tmp_path_factory) -> Path:
-    """A site-packages of what `pip install nmt` brings, without extras (no matplotlib, tensorboard, ctranslate2)."""
-    site = installed_alone(project()["dependencies"], tmp_path_factory.mktemp("plain") / "site-packages")
-    assert (site / "torch").exists() and (site / "sentencepiece").exists() and not (site / "pytest").exists()
-    assert not any((site / extra).exists() for extra in ("matplotlib", "tensorboard", "ctranslate2"))
-    return site
+def plain_python(tmp_path_factory) -> Path:
+    """The python of what `pip install nmt` brings, without extras (no matplotlib, tensorboard, ctranslate2)."""
+    python = venv_with(project()["dependencies"], tmp_path_factory.mktemp("plain") / "venv")
+    has = {name: subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode == 0
+           for name in ("torch", "sentencepiece", "pytest", "matplotlib", "tensorboard", "ctranslate2")}
+    assert has == {"torch": True, "sentencepiece": True, "pytest": False, "matplotlib": False, "tensorboard": False,
+                   "ctranslate2": False}
+    return python
 
 
-def run_plain(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`python -c CODE` or `python -m nmt ...` (args) with nothing installed but `site`, from `cwd`."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
-    return subprocess.run([sys.executable, "-S", *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=300)
+def run_plain(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -c CODE` or `python -m nmt ...` (args) in the `plain_python` environment, from `cwd`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([python, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
-def test_every_module_imports_with_the_declared_dependencies_alone(plain_site, tmp_path):
-    run = run_plain(plain_site, "-c", _IMPORT_ALL, cwd=tmp_path)
+def test_every_module_imports_with_the_declared_dependencies_alone(plain_python, tmp_path):
+    run = run_plain(plain_python, "-c", _IMPORT_ALL, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "", "modules that a plain `pip install nmt` cannot import:\n" + run.stdout
 
 
 @pytest.fixture(scope="module")
-def trained_plain(plain_site, small_corpus, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def trained_plain(plain_python, small_corpus, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A tiny run trained by `nmt train` under a plain install (train.tensorboard true, as by default)."""
     work = tmp_path_factory.mktemp("user")
     config = work / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_config_dict(small_corpus, work / "run")), encoding="utf-8")
-    return work / "run", run_plain(plain_site, "-m", "nmt", "train", str(config), cwd=work)
+    return work / "run", run_plain(plain_python, "-m", "nmt", "train", str(config), cwd=work)
 
 
 def test_training_without_tensorboard_says_which_extra_brings_it(trained_plain):
@@ -140,7 +146,7 @@ def test_every_extra_that_a_message_or_the_readme_names_exists():
 
 
 @pytest.mark.parametrize("flag", ["translate --attention-plot", "analyze --plot", "analyze --report"])
-def test_a_plot_without_matplotlib_is_refused_before_any_translating(flag, plain_site, trained_plain, small_corpus,
+def test_a_plot_without_matplotlib_is_refused_before_any_translating(flag, plain_python, trained_plain, small_corpus,
                                                                      tmp_path):
     """`analyze --plot` translated the whole test set first, then failed naming attention plots;
     `translate --attention-plot` failed after its first batch, leaving its lines in `out.de.partial`."""
@@ -149,7 +155,7 @@ def test_a_plot_without_matplotlib_is_refused_before_any_translating(flag, plain
     command, option = flag.split()
     args = {"translate": ["-i", str(small_corpus / "test.en"), "-o", "out.de", option, "plots"],
             "analyze": [option, "plots/bleu.png" if option == "--plot" else "report"]}[command]
-    done = run_plain(plain_site, "-m", "nmt", command, "-c", str(run_dir / "best.pt"), *args, cwd=tmp_path)
+    done = run_plain(plain_python, "-m", "nmt", command, "-c", str(run_dir / "best.pt"), *args, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == (f"nmt: error: {option} needs matplotlib (No module named 'matplotlib'); install it with: "
                            "pip install 'nmt[plot]' (make install includes it)\n")
@@ -169,10 +175,10 @@ def test_the_package_version_is_the_one_nmt_version_prints(tmp_path):
     assert read_configuration(tmp_path / "pyproject.toml")["project"]["version"] == "9.8.7"
 
 
-def test_export_without_ctranslate2_names_the_extra_and_writes_nothing(plain_site, trained_plain, tmp_path):
+def test_export_without_ctranslate2_names_the_extra_and_writes_nothing(plain_python, trained_plain, tmp_path):
     run_dir, trained = trained_plain
     assert trained.returncode == 0, trained.stderr
-    done = run_plain(plain_site, "-m", "nmt", "export", "-c", str(run_dir / "best.pt"), "-o", "ct2", cwd=tmp_path)
+    done = run_plain(plain_python, "-m", "nmt", "export", "-c", str(run_dir / "best.pt"), "-o", "ct2", cwd=tmp_path)
     assert (done.returncode, done.stderr) == (2, "nmt: error: ctranslate2 is not installed; install it with: "
                                                  "pip install 'nmt[export]'\n")
     assert list(tmp_path.iterdir()) == []
