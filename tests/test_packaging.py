@@ -57,14 +57,18 @@ def brought_by(requirements: list[str]) -> set[str]:
     return {name for name, _ in done}
 
 
+def site_packages(python: Path) -> Path:
+    return Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+
+
 def venv_with(requirements: list[str], folder: Path) -> Path:
     """A virtual environment in `folder` that holds what installing `requirements` brings and nothing
     else: links to those distributions' files (top-level modules and their metadata) in its
     site-packages. Returns its python, which the processes it starts (sentencepiece's trainer) share."""
     venv.create(folder, symlinks=True, with_pip=False)
     python = folder / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = site_packages(python)
     for name in brought_by(requirements):
         dist = metadata.distribution(name)
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
@@ -134,6 +138,26 @@ def test_training_without_tensorboard_says_which_extra_brings_it(trained_plain):
                       "metrics.jsonl but no TensorBoard event files; install it with: pip install "
                       "'nmt[tensorboard]' (or set train.tensorboard: false)"]
     assert (run_dir / "metrics.jsonl").is_file() and not (run_dir / "tensorboard").exists()
+
+
+def test_training_with_a_broken_tensorboard_warns_and_trains(small_corpus, tmp_path):
+    """A tensorboard whose protobuf is of another major version raises protobuf's VersionError, no
+    ImportError, on import; that stopped the training at its start. Here a tensorboard that raises so."""
+    python = venv_with(project()["dependencies"], tmp_path / "venv")
+    site = site_packages(python)
+    (site / "tensorboard").mkdir()
+    (site / "tensorboard" / "__init__.py").write_text(
+        "class VersionError(Exception):\n    pass\n\n"
+        "raise VersionError('Detected mismatched Protobuf Gencode/Runtime major versions\\nSee the guarantees')\n")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(small_corpus, tmp_path / "run")), encoding="utf-8")
+    done = run_plain(python, "-m", "nmt", "train", str(config), "--set", "train.max_steps=2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "train.tensorboard" in line]
+    assert warned == ["[nmt] train.tensorboard: torch.utils.tensorboard does not import (VersionError: Detected "
+                      "mismatched Protobuf Gencode/Runtime major versions), so this run writes metrics.jsonl but no "
+                      "TensorBoard event files; install it with: pip install 'nmt[tensorboard]' (or set "
+                      "train.tensorboard: false)"]
 
 
 def test_every_extra_that_a_message_or_the_readme_names_exists():
