@@ -206,3 +206,30 @@ def test_export_without_ctranslate2_names_the_extra_and_writes_nothing(plain_pyt
     assert (done.returncode, done.stderr) == (2, "nmt: error: ctranslate2 is not installed; install it with: "
                                                  "pip install 'nmt[export]'\n")
     assert list(tmp_path.iterdir()) == []
+
+
+# Versions of dependencies that failed with this code, each with what failed; found by installing each one
+# alone into a plain install (2026-12-05, Python 3.11, click 8.5.1, pyarrow 26), the others at their newest.
+# pip keeps an installed version that the declared range allows, so each must fall outside it.
+FAILED_WITH = {
+    "datasets": {
+        "2.14.0": "nmt train: AttributeError: module 'pyarrow' has no attribute 'PyExtensionType'",
+        "2.18.0": "nmt train: ImportError: cannot import name 'List' from 'datasets' (new in 4.0)",
+        "3.0.0": "nmt train: ImportError: cannot import name 'List' from 'datasets' (new in 4.0)",
+    },
+    "typer": {
+        "0.13.0": "nmt translate -h: TypeError: Parameter.make_metavar() missing 1 required positional argument: 'ctx'",
+        "0.15.1": "nmt translate -h: TypeError: Parameter.make_metavar() missing 1 required positional argument: 'ctx'",
+        "0.17.0": "nmt eval -h: AttributeError: module 'rich' has no attribute 'markup'",
+        "0.17.3": "nmt eval -h: AttributeError: module 'rich' has no attribute 'markup'",
+    },
+}
+
+
+def test_the_declared_versions_leave_out_those_that_failed():
+    declared = {canonicalize_name(r.name): r.specifier for r in map(Requirement, project()["dependencies"])}
+    allowed = {f"{name} {version}: {failure}" for name, failures in FAILED_WITH.items()
+               for version, failure in failures.items() if declared[name].contains(version)}
+    assert not allowed
+    for name in FAILED_WITH:  # the versions installed here are inside the range
+        assert declared[name].contains(metadata.version(name)), name
