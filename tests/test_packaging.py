@@ -140,6 +140,7 @@ def test_training_without_tensorboard_says_which_extra_brings_it(trained_plain):
     assert (run_dir / "metrics.jsonl").is_file() and not (run_dir / "tensorboard").exists()
 
 
+@pytest.mark.slow
 def test_training_with_a_broken_tensorboard_warns_and_trains(small_corpus, tmp_path):
     """A tensorboard whose protobuf is of another major version raises protobuf's VersionError, no
     ImportError, on import; that stopped the training at its start. Here a tensorboard that raises so."""
