@@ -158,6 +158,7 @@ def translate(
     from nmt.decode import Sampling
     from nmt.decode.options import check_search_flags
     from nmt.fileio import check_folder_to_write
+    from nmt.plot import require_matplotlib
     from nmt.translate import Translator
     from nmt.translate_io import check_io, translate_io
 
@@ -174,6 +175,7 @@ def translate(
         raise UserError(str(err)) from None
     check_io(input, output, checkpoint)  # a missing input or a bad output fails before the model loads
     if attention_plot is not None:
+        require_matplotlib("--attention-plot")
         check_folder_to_write(attention_plot, "--attention-plot")
     translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
     translator.set_attention(layer=attention_layer, head=attention_head)
@@ -319,13 +321,16 @@ def analyze(
         write_report,
     )
     from nmt.fileio import check_folder_to_write
+    from nmt.plot import require_matplotlib
 
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
     chosen = _sentence_numbers(sentences)
     if report is not None:
+        require_matplotlib("--report")
         check_folder_to_write(report, "--report")
     if plot is not None:
+        require_matplotlib("--plot")
         if plot.is_dir():
             raise UserError(f"--plot {plot}: a folder; give a file name for the PNG")
         check_folder_to_write(plot.parent, "--plot")  # the plot makes its folder

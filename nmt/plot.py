@@ -182,10 +182,20 @@ def bucket_labels(rows: Sequence[dict[str, Any]], *, unit: str = "") -> list[str
     return labels
 
 
-def _matplotlib():
+def require_matplotlib(what: str) -> None:
+    """Refuse `what` (a command's plotting option) before any work is done, where matplotlib is missing.
+
+    Raises:
+        UserError: matplotlib does not import.
+    """
+    _matplotlib(what)
+
+
+def _matplotlib(what: str = "plotting"):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-    except ImportError:
-        raise UserError("attention plots need matplotlib: pip install 'nmt[plot]' (make install includes it)") from None
+    except ImportError as err:
+        raise UserError(f"{what} needs matplotlib ({err}); install it with: pip install 'nmt[plot]' "
+                        "(make install includes it)") from None
     return Figure, FigureCanvasAgg

@@ -456,7 +456,8 @@ class TrainConfig:
     log_every: int = num(100, lo=1)
     """Steps between log lines in `metrics.jsonl` (and TensorBoard)."""
     tensorboard: bool = True
-    """Also write TensorBoard event files to `run_dir/tensorboard` when the `tensorboard` package is installed."""
+    """Also write TensorBoard event files to `run_dir/tensorboard` when the `tensorboard` package is installed
+    (`pip install 'nmt[tensorboard]'`; without it, training warns and writes `metrics.jsonl` alone)."""
     valid_every: int = num(1000, lo=1)
     """Steps between validations (each writes a checkpoint); training also validates once when it ends."""
     valid_bleu: bool = True

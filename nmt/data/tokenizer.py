@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2
 
 from nmt.config import TokenizerConfig
 from nmt.errors import DataError
@@ -240,7 +239,6 @@ Japanese)."""
 _CHILD = """
 import io, json, sys
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2
 model = io.BytesIO()
 try:
     spm.SentencePieceTrainer.train(model_writer=model, **json.load(sys.stdin))
@@ -252,8 +250,64 @@ open(sys.argv[1], 'wb').write(model.getvalue())
 
 def _without_input_paths(model: bytes) -> bytes:
     """The model without the paths of its (temporary) input files, which it records: the same
-    sentences give the same bytes, whatever file they were read from."""
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model)
-    proto.trainer_spec.ClearField("input")
-    return proto.SerializeToString()
+    sentences give the same bytes, whatever file they were read from.
+
+    Read in protobuf's wire format (https://protobuf.dev/programming-guides/encoding/) rather than
+    through sentencepiece's generated `sentencepiece_model_pb2`: that module needs the protobuf
+    package, which sentencepiece does not require, at the version that generated it. The path is
+    `ModelProto.trainer_spec` (field 2) `.input` (field 1, repeated); the bytes are those protobuf
+    writes after clearing it, every other field kept as it was, in its order.
+    """
+    return _rewrite_field(model, 2, lambda spec: _rewrite_field(spec, 1, None))
+
+
+def _rewrite_field(message: bytes, number: int, change) -> bytes:
+    """`message` with each length-delimited field `number` replaced by `change(its bytes)`, or dropped
+    where `change` is None."""
+    out = bytearray()
+    pos = 0
+    while pos < len(message):
+        start = pos
+        key, key_end = _varint(message, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(message, key_end)
+        elif wire in (1, 5):
+            pos = key_end + (8 if wire == 1 else 4)
+        elif wire == 2:
+            size, body = _varint(message, key_end)
+            pos = body + size
+            if key >> 3 == number:
+                if change is not None:
+                    inner = change(message[body:pos])
+                    out += message[start:key_end] + _encode_varint(len(inner)) + inner
+                continue
+        else:
+            raise ValueError(f"not a sentencepiece model: protobuf wire type {wire} at byte {start}")
+        out += message[start:pos]
+    if pos != len(message):
+        raise ValueError("not a sentencepiece model: its last field runs past the end")
+    return bytes(out)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The base-128 varint at `pos` and the position after it."""
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("not a sentencepiece model: it ends inside a number")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -9,11 +9,13 @@ record and the first `train` record after it, which averages the updates since t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from nmt.errors import headline, shorten
 from nmt.fileio import write_atomic
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,11 @@ class MetricsLog:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # the tensorboard package is optional
-                pass
+            except Exception as err:  # optional (the `tensorboard` extra): missing, or broken (its protobuf's version)
+                why = ("the tensorboard package is not installed" if importlib.util.find_spec("tensorboard") is None
+                       else f"torch.utils.tensorboard does not import ({type(err).__name__}: {shorten(headline(err))})")
+                log.warning("train.tensorboard: %s, so this run writes metrics.jsonl but no TensorBoard event files; "
+                            "install it with: pip install 'nmt[tensorboard]' (or set train.tensorboard: false)", why)
             else:
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 
 from nmt.config import TokenizerConfig
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, _sample, train_tokenizer
+from nmt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    _sample,
+    _without_input_paths,
+    train_tokenizer,
+)
 from nmt.errors import DataError
 
 
@@ -157,3 +168,35 @@ def test_a_vocabulary_below_the_characters_of_chinese_says_which_coverage_is_usu
                         r"thousands of characters include many rare ones: those then become <unk>\)", str(err.value))
     with pytest.raises(DataError, match=r"lower tokenizer.character_coverage \(0.9995\)$"):
         train_tokenizer(TokenizerConfig(vocab_size=300, character_coverage=0.9995), src, tgt, where="data.train (zh)")
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_input_paths_are_dropped_byte_for_byte_as_protobuf_drops_them(
+    model_type: str, corpus: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """`_without_input_paths` reads the wire format itself, so that nmt needs no protobuf package; its
+    bytes are those of sentencepiece's own generated protobuf module (where protobuf is installed)."""
+    pb2 = pytest.importorskip("sentencepiece.sentencepiece_model_pb2")
+    files = [tmp_path / "a-long-folder-name" / "src.txt", tmp_path / "tgt.txt"]
+    files[0].parent.mkdir()
+    for path, lines in zip(files, corpus):
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    raw = io.BytesIO()
+    spm.SentencePieceTrainer.train(model_writer=raw, input=",".join(map(str, files)), model_type=model_type,
+                                   vocab_size=60, minloglevel=2, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
+                                   eos_id=EOS_ID)
+    model = raw.getvalue()
+    proto = pb2.ModelProto()
+    proto.ParseFromString(model)
+    assert list(proto.trainer_spec.input) == [str(f) for f in files]
+    proto.trainer_spec.ClearField("input")
+    stripped = _without_input_paths(model)
+    assert stripped == proto.SerializeToString()
+    assert str(files[0]).encode() not in stripped and len(stripped) < len(model)
+    before, after = (spm.SentencePieceProcessor(model_proto=m) for m in (model, stripped))
+    assert before.encode(corpus[0][:20]) == after.encode(corpus[0][:20])
+
+
+def test_a_model_cut_short_is_refused_not_misread() -> None:
+    with pytest.raises(ValueError, match="not a sentencepiece model"):
+        _without_input_paths(b"\x12\x05ab")  # trainer_spec announces 5 bytes, 2 follow
