@@ -14,7 +14,9 @@ under teacher forcing, not from text.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -99,6 +101,13 @@ DEFAULTS = _Settings()
 """The settings `score` uses without a config, and `EvalConfig`'s defaults."""
 
 
+SCORE_CHUNK = 2000
+"""Sentences whose references sacreBLEU holds analysed at a time (`corpus_score`). `Metric.corpus_score` first
+analyses every reference (chrF: a Counter of the character and word n-grams of each), then scores: on a 50,000-line
+test set of good translations that took 1.6 GB for chrF alone (`bench/score_memory.py`), about 32 KB a line, so a
+set of a few hundred thousand lines did not fit in memory. The statistics of each sentence are kept (a few numbers
+each) and summed at the end, as sacreBLEU sums them: the scores are the same."""
+
 _TOKENIZER_ERRORS = (RuntimeError, ImportError, AssertionError)
 """sacreBLEU's ways to say that a tokenizer's extra is missing or broken."""
 
@@ -156,17 +165,51 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = 
         raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: they must pair line by line")
     if not hyps:
         raise UserError("nothing to score: no hypotheses and no references (empty files?)")
-    hyps, refs = list(hyps), [list(refs)]
+    hyps, refs = list(hyps), list(refs)
     result: dict[str, Any] = {}
     for name in cfg.metrics:
         try:
             scorer = METRICS[name].scorer(bleu_tokenizer(cfg.tokenize), cfg.lowercase)
         except _TOKENIZER_ERRORS:
             raise UserError(f"eval.tokenize {cfg.tokenize!r}: {tokenizer_problem(cfg.tokenize)}") from None
-        result[name] = round(scorer.corpus_score(hyps, refs).score, 2)
+        result[name] = round(corpus_score(scorer, hyps, refs).score, 2)
         result[f"{name}_signature"] = str(scorer.get_signature())
     result["sentences"] = len(hyps)
     return result
+
+
+def corpus_score(scorer: SacreMetric, hyps: Sequence[str], refs: Sequence[str]) -> Any:
+    """`scorer.corpus_score(hyps, [refs])` computed `SCORE_CHUNK` sentences at a time, in bounded memory.
+
+    A warning sacreBLEU gives about the text (BLEU's "lines that end in a tokenized period") is given once,
+    not once per chunk; its count of 100 lines is then one chunk's.
+    """
+    stats: list[Any] = []
+    with _each_warning_once():
+        for start in range(0, len(hyps), SCORE_CHUNK):
+            end = start + SCORE_CHUNK
+            stats += scorer._extract_corpus_statistics(hyps[start:end], [refs[start:end]])
+    return scorer._aggregate_and_compute(stats)
+
+
+@contextlib.contextmanager
+def _each_warning_once() -> Iterator[None]:
+    """sacreBLEU's log messages, each shown once while the block runs."""
+    seen: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in seen:
+            return False
+        seen.add(message)
+        return True
+
+    sacre_log = logging.getLogger("sacrebleu")
+    sacre_log.addFilter(first_time)
+    try:
+        yield
+    finally:
+        sacre_log.removeFilter(first_time)
 
 
 def format_scores(name: str, scores: dict[str, Any]) -> str:

@@ -198,6 +198,9 @@ def _readable(sock: socket.socket, wait: float = 0.0) -> bool:
 class _Handler(BaseHTTPRequestHandler):
     server: TranslationServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client may send many requests on one connection
+    # TCP_NODELAY: an answer is two writes, headers then body, and with Nagle's algorithm the body waited for the
+    # client's delayed acknowledgement of the headers (40 ms on Linux) on every request of a kept-alive connection
+    disable_nagle_algorithm = True
 
     def handle_one_request(self) -> None:
         """The next request on this connection, waited for in steps of `IDLE_POLL_SECONDS`: when the server

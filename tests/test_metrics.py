@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
+from sacrebleu.metrics.base import Metric as SacreMetric
 
+from nmt import metrics
 from nmt.config import EvalConfig, config_from_dict
 from nmt.errors import ConfigError, UserError
 from nmt.metrics import METRICS, TEXT_METRICS, format_scores, score
 from nmt.train.loop import train
-from tests.conftest import tiny_config_dict
+from tests.conftest import TOY, tiny_config_dict
 
 
 def test_ter_counts_edits_per_reference_word():
@@ -18,6 +21,43 @@ def test_ter_counts_edits_per_reference_word():
     assert score(["a b c d"], ["a b c e"])["ter"] == 25.0
     assert score(["a b c d"], ["a b c d e"])["ter"] == 20.0
     assert score(["a b c d"], ["a b c d"])["ter"] == 0.0
+
+
+def _toy_pairs(n: int) -> tuple[list[str], list[str]]:
+    """`n` references of the toy test set and, as hypotheses, each with its last two words swapped."""
+    refs = (TOY / "test.de").read_text(encoding="utf-8").splitlines()[:n]
+    hyps = [" ".join([*r.split()[:-2], *reversed(r.split()[-2:])]) for r in refs]
+    return hyps, refs
+
+
+def test_a_large_set_is_scored_a_chunk_of_references_at_a_time_to_sacrebleus_scores(monkeypatch):
+    """sacreBLEU analyses every reference before it scores (1.6 GB of chrF n-grams for 50,000 lines): `score`
+    hands it `SCORE_CHUNK` at a time and sums the sentences' statistics, to the very scores of one call."""
+    monkeypatch.setattr(metrics, "SCORE_CHUNK", 40)
+    analysed = []
+    whole = SacreMetric._cache_references
+
+    def counted(self, references):
+        analysed.append(len(references[0]))
+        return whole(self, references)
+
+    hyps, refs = _toy_pairs(230)
+    expected = {name: round(METRICS[name].scorer("13a", False).corpus_score(hyps, [refs]).score, 2)
+                for name in TEXT_METRICS}
+    monkeypatch.setattr(SacreMetric, "_cache_references", counted)
+    scores = score(hyps, refs)
+    assert {name: scores[name] for name in TEXT_METRICS} == expected
+    assert 0 < expected["bleu"] < 100 and scores["sentences"] == 230
+    assert analysed == ([40] * 5 + [30]) * 3  # for each metric: five full chunks, then the last 30 references
+
+
+def test_sacrebleus_warning_about_the_text_comes_once_however_many_chunks(monkeypatch, caplog):
+    monkeypatch.setattr(metrics, "SCORE_CHUNK", 100)
+    refs = ["a man rides a bike ."] * 300  # tokenized: each line ends in " ."
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        assert score(refs, refs, config_from_dict({"eval": {"metrics": ["bleu"]}}).eval)["bleu"] == 100.0
+    assert [r.getMessage() for r in caplog.records].count("That's 100 lines that end in a tokenized period ('.')") == 1
+    assert logging.getLogger("sacrebleu").filters == []  # left as it was
 
 
 def test_directions_and_better():

@@ -112,6 +112,22 @@ def test_health(server, checkpoint):
     assert request(f"{server.url}/health") == (200, {"status": "ok", "checkpoint": str(checkpoint)})
 
 
+def test_requests_on_one_kept_alive_connection_are_not_held_by_the_tcp_ack_delay(server):
+    """An answer is two writes (headers, then body): with Nagle's algorithm on, the body waited for the
+    client's delayed acknowledgement of the headers, 40 ms on Linux, so each request on a kept-alive
+    connection took 40 ms more than on a new one (64 against 22 ms for 3 lines, 2-core CPU)."""
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
+    conn.request("GET", "/health")
+    conn.getresponse().read()  # the connection is open and past its first exchanges
+    start = time.perf_counter()
+    for _ in range(20):
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+    conn.close()
+    assert time.perf_counter() - start < 0.4  # 20 x 40 ms would be 0.8 s; a /health answer takes about 1 ms
+
+
 def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as sock:
