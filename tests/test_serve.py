@@ -119,13 +119,16 @@ def test_requests_on_one_kept_alive_connection_are_not_held_by_the_tcp_ack_delay
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
     conn.request("GET", "/health")
     conn.getresponse().read()  # the connection is open and past its first exchanges
-    start = time.perf_counter()
+    took = []
     for _ in range(20):
+        start = time.perf_counter()
         conn.request("GET", "/health")
         response = conn.getresponse()
         assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+        took.append(time.perf_counter() - start)
     conn.close()
-    assert time.perf_counter() - start < 0.4  # 20 x 40 ms would be 0.8 s; a /health answer takes about 1 ms
+    # the median, not the sum: a loaded machine may hold up a few requests, never most of them by 40 ms
+    assert sorted(took)[len(took) // 2] < 0.03  # a /health answer takes about 1 ms
 
 
 def _ipv6_loopback() -> bool:
