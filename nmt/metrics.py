@@ -184,6 +184,9 @@ def corpus_score(scorer: SacreMetric, hyps: Sequence[str], refs: Sequence[str]) 
     A warning sacreBLEU gives about the text (BLEU's "lines that end in a tokenized period") is given once,
     not once per chunk; its count of 100 lines is then one chunk's.
     """
+    if not (hasattr(scorer, "_extract_corpus_statistics") and hasattr(scorer, "_aggregate_and_compute")):
+        # the two steps of corpus_score are sacreBLEU's own (2.x) methods: a release without them scores whole
+        return scorer.corpus_score(list(hyps), [list(refs)])
     stats: list[Any] = []
     with _each_warning_once():
         for start in range(0, len(hyps), SCORE_CHUNK):

@@ -51,6 +51,19 @@ def test_a_large_set_is_scored_a_chunk_of_references_at_a_time_to_sacrebleus_sco
     assert analysed == ([40] * 5 + [30]) * 3  # for each metric: five full chunks, then the last 30 references
 
 
+def test_a_sacrebleu_without_the_steps_of_corpus_score_scores_the_whole_set_in_one_call():
+    """The chunks use two of sacreBLEU 2.x's own methods; a scorer without them still scores, in one call."""
+
+    class OneCall:  # a sacreBLEU scorer that shows only its public corpus_score
+        def __init__(self, scorer):
+            self.corpus_score = scorer.corpus_score
+
+    hyps, refs = _toy_pairs(120)
+    for name in TEXT_METRICS:
+        scorer = METRICS[name].scorer("13a", False)
+        assert metrics.corpus_score(OneCall(scorer), hyps, refs).score == scorer.corpus_score(hyps, [refs]).score
+
+
 def test_sacrebleus_warning_about_the_text_comes_once_however_many_chunks(monkeypatch, caplog):
     monkeypatch.setattr(metrics, "SCORE_CHUNK", 100)
     refs = ["a man rides a bike ."] * 300  # tokenized: each line ends in " ."
