@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 # A word of the scripts written without spaces between words: one Han character (Chinese, Japanese kanji; the
 # unified ideographs, their extensions A to H and the compatibility block) or one kana.
-_UNSPACED = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003fffd"
-_WORD = re.compile(f"[{_UNSPACED}]|[^\\s{_UNSPACED}]+")
+_UNSPACED_CHARS = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003fffd"
+_WORD = re.compile(f"[{_UNSPACED_CHARS}]|[^\\s{_UNSPACED_CHARS}]+")
 
 
 def word_count(text: str) -> int:
