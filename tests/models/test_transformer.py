@@ -1,4 +1,5 @@
 import itertools
+import math
 
 import pytest
 import torch
@@ -174,6 +175,83 @@ def test_manual_and_sdpa_models_agree(norm):
     fused = make_model(norm=norm, attention_impl="sdpa")
     fused.load_state_dict(manual.state_dict())
     torch.testing.assert_close(fused(src, src_mask, tgt), manual(src, src_mask, tgt), atol=1e-5, rtol=0)
+
+
+def _torch_reference(model: Transformer, *, norm: str, activation: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """torch's own encoder and decoder stacks (`nn.TransformerEncoder`/`nn.TransformerDecoder`) holding `model`'s
+    weights: every residual, LayerNorm, attention and feed-forward as torch writes them, the final LayerNorms
+    with pre-norm only."""
+    d, heads, ff = 16, 4, 32
+    pre = norm == "pre"
+    kinds = dict(dim_feedforward=ff, dropout=0.0, activation=activation, batch_first=True, norm_first=pre,
+                 dtype=torch.float64)
+    encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(d, heads, **kinds), 2,
+                                          norm=torch.nn.LayerNorm(d, dtype=torch.float64) if pre else None,
+                                          enable_nested_tensor=False)
+    decoder = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(d, heads, **kinds), 2,
+                                          norm=torch.nn.LayerNorm(d, dtype=torch.float64) if pre else None)
+    ours = model.state_dict()
+
+    def take(prefix: str, names: dict[str, str]) -> dict[str, torch.Tensor]:
+        return {theirs: ours[f"{prefix}.{mine}"] for theirs, mine in names.items()}
+
+    common = {"self_attn.in_proj_weight": "self_attn.qkv_proj.weight",
+              "self_attn.in_proj_bias": "self_attn.qkv_proj.bias",
+              "self_attn.out_proj.weight": "self_attn.out_proj.weight",
+              "self_attn.out_proj.bias": "self_attn.out_proj.bias",
+              "linear1.weight": "feed_forward.up.weight", "linear1.bias": "feed_forward.up.bias",
+              "linear2.weight": "feed_forward.down.weight", "linear2.bias": "feed_forward.down.bias"}
+    for i, layer in enumerate(encoder.layers):
+        layer.load_state_dict(take(f"encoder.layers.{i}", {
+            **common, "norm1.weight": "attn_res.norm.weight", "norm1.bias": "attn_res.norm.bias",
+            "norm2.weight": "ff_res.norm.weight", "norm2.bias": "ff_res.norm.bias"}))
+    for i, layer in enumerate(decoder.layers):
+        prefix = f"decoder.layers.{i}"
+        cross = {"multihead_attn.in_proj_weight": torch.cat([ours[f"{prefix}.cross_attn.q_proj.weight"],
+                                                             ours[f"{prefix}.cross_attn.kv_proj.weight"]]),
+                 "multihead_attn.in_proj_bias": torch.cat([ours[f"{prefix}.cross_attn.q_proj.bias"],
+                                                           ours[f"{prefix}.cross_attn.kv_proj.bias"]])}
+        layer.load_state_dict({**cross, **take(prefix, {
+            **common, "multihead_attn.out_proj.weight": "cross_attn.out_proj.weight",
+            "multihead_attn.out_proj.bias": "cross_attn.out_proj.bias",
+            "norm1.weight": "self_res.norm.weight", "norm1.bias": "self_res.norm.bias",
+            "norm2.weight": "cross_res.norm.weight", "norm2.bias": "cross_res.norm.bias",
+            "norm3.weight": "ff_res.norm.weight", "norm3.bias": "ff_res.norm.bias"})})
+    if pre:
+        encoder.norm.load_state_dict(take("encoder.norm", {"weight": "weight", "bias": "bias"}))
+        decoder.norm.load_state_dict(take("decoder.norm", {"weight": "weight", "bias": "bias"}))
+    return encoder.eval(), decoder.eval()
+
+
+@pytest.mark.parametrize("norm, activation", [("pre", "relu"), ("post", "gelu")])
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+def test_the_model_computes_what_torchs_own_transformer_computes_with_its_weights(norm, activation, impl):
+    """Vaswani et al. (2017) end to end against an independent implementation: torch's `nn.TransformerEncoder`
+    and `nn.TransformerDecoder` given the model's weights, fed sqrt(D) x embedding + PE(pos) with the sinusoids
+    of sec. 3.5 written here, then the output projection. Padding is the key padding mask of both attentions
+    over the source, and the target is causally masked."""
+    d = 16
+    model = make_model(norm=norm, activation=activation, attention_impl=impl, dropout=0.0, attention_dropout=0.0,
+                       activation_dropout=0.0, tie_embeddings="none").double()
+    encoder, decoder = _torch_reference(model, norm=norm, activation=activation)
+    src, src_mask, tgt = batch()
+
+    def embed(weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.size(1), dtype=torch.float64)[:, None]  # (L, 1)
+        angle = pos / 10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # (L, D/2)
+        pe = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # (L, D): sin at 2i, cos at 2i + 1
+        return weight[tokens] * math.sqrt(d) + pe
+
+    with torch.no_grad():
+        memory = encoder(embed(model.encoder.embed.weight, src), src_key_padding_mask=src_mask)
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt.size(1), dtype=torch.float64)
+        states = decoder(embed(model.decoder.embed.weight, tgt), memory, tgt_mask=causal,
+                         memory_key_padding_mask=src_mask)
+        expected = states @ model.output.weight.T  # (B, T, V)
+        logits = model(src, src_mask, tgt)
+    # the model's sinusoid table is stored in fp32 (about 1e-8 off fp64's); the rest runs in fp64
+    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(logits[0], logits[0, :1]), "every position differs"
 
 
 def test_causal_attention_without_a_mask_masks_the_future_on_both_paths():
