@@ -377,3 +377,42 @@ def test_half_weights_rank_by_an_fp32_coverage_penalty_and_return_fp32_attention
             covered = h.attention.double().sum(dim=0).clamp(max=1.0)  # (S,) every position is real here
             expected = h.log_prob / lp(len(h.tokens) + 1, alpha) + beta * covered.log().sum().item()
             assert h.score == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("transformer", {}),
+    ("rnn", {"decoder": "luong", "attention": "general", "local_window": 2}),
+    ("rnn", {"decoder": "bahdanau", "attention": "additive", "cell": "lstm"}),
+])
+def test_real_model_hypotheses_are_their_teacher_forced_log_probabilities_within_the_length_limits(kind, options):
+    """Every hypothesis of a real model, recomputed apart from the search: its log_prob is the sum of the
+    teacher-forced log-probabilities of its tokens and EOS for its sentence alone, unpadded; its score that over
+    GNMT's ((5 + |Y|) / 6) ** alpha with EOS in |Y|, plus beta * sum_i log(min(sum_j a_ij, 1)) of its returned
+    attention (floored at 1e-10, where a local window leaves a position unseen); its length within
+    [min_len, floor(a * S + b)]; the n-best list best first and without repeats. A bias towards EOS gives
+    outputs of many lengths, so the limits and the penalty matter."""
+    model = tiny_model(kind, rnn=options, seed=3, vocab=20)
+    eos_bias = torch.zeros(20)
+    eos_bias[EOS_ID] = 0.5
+    model.output.register_forward_hook(lambda module, inputs, logits: logits + eos_bias)
+    src, pad = padded_batch([7, 2, 5, 3], vocab=20, seed=5)
+    alpha, beta, min_len, a, b = 0.6, 0.3, 1, 1.0, 3
+    hyps = search(model, src, pad, beam=4, nbest=4, max_len_a=a, max_len_b=b, length_penalty=alpha,
+                  coverage_penalty=beta, min_len=min_len, attention=True)
+    lengths = set()
+    for i, sentence in enumerate(hyps):
+        n = int((~pad[i]).sum())
+        assert len(sentence) == 4
+        assert [h.score for h in sentence] == sorted((h.score for h in sentence), reverse=True)
+        assert len({tuple(h.tokens) for h in sentence}) == 4
+        for h in sentence:
+            assert min_len <= len(h.tokens) <= math.floor(a * n + b)
+            lengths.add(len(h.tokens))
+            out = torch.tensor(h.tokens + [EOS_ID])
+            with torch.no_grad():
+                log_probs = model(src[i : i + 1, :n], pad[i : i + 1, :n], torch.tensor([[BOS_ID] + h.tokens]))
+            log_prob = log_probs[0].double().log_softmax(-1).gather(1, out[:, None]).sum().item()
+            assert h.log_prob == pytest.approx(log_prob, abs=1e-4)
+            coverage = h.attention.double().sum(dim=0).clamp(1e-10, 1.0).log().sum().item()  # (S,) all real
+            assert h.score == pytest.approx(log_prob / lp(len(out), alpha) + beta * coverage, abs=1e-4)
+    assert len(lengths) >= 3, lengths  # outputs of several lengths, some ended by EOS before the limit
