@@ -523,7 +523,7 @@ class DecodeConfig:
     beam: int = num(5, lo=1)
     """Beam size (1: greedy search)."""
     length_penalty: float = num(1.0, lo=-5, hi=5)
-    """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha; 0 disables. Values used in practice lie between 0.6 and 2; beyond 5 the penalty of a long output leaves fp32's range."""
+    """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha, len counting the final end of sentence; 0 disables. Values used in practice lie between 0.6 and 2; beyond 5 the penalty of a long output leaves fp32's range."""
     max_len_a: float = num(1.5, lo=0, hi=MAX_POSITIONS)
     """Longest output is `max_len_a * source_length + max_len_b` tokens. A Transformer's positions hold BOS and the output, so a source is cut to fit, and training refuses limits that no source fits: `2 x max_len_a + max_len_b` (a one-subword source with EOS) must be at most `model.transformer.max_positions - 1`."""
     max_len_b: int = num(10, lo=0, hi=MAX_POSITIONS)
