@@ -152,7 +152,8 @@ def choose_set(translators: dict[str, Translator], *, split: str | None = None, 
                ref: str | Path | None = None) -> tuple[str, tuple[list[str], list[str]]]:
     """(name, (sources, references)) of the set `analyze` scores: `src`/`ref`, or the first model's `split`."""
     first = next(iter(translators.values()))
-    return next(iter(eval_sets(first.cfg, split=split, src=src, ref=ref).items()))
+    name, scored = next(iter(eval_sets(first.cfg, split=split, src=src, ref=ref).items()))
+    return name, (scored.sources, scored.references)
 
 
 def score_models(translators: dict[str, Translator], set_name: str, sources: list[str], refs: list[str], *,
