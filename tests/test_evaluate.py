@@ -112,6 +112,18 @@ def test_eval_sets_from_files_instead(two_test_sets, small_corpus):
         eval_sets(two_test_sets, src=src)
 
 
+def test_eval_of_empty_source_and_reference_files_names_them_before_the_model_loads(tmp_path):
+    """It loaded the model, translated nothing and then failed with a message that named no file."""
+    from nmt.evaluate import evaluate_checkpoint
+
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_bytes(b"\xef\xbb\xbf")  # a byte-order mark alone: no line
+    ref.write_bytes(b"")
+    with pytest.raises(DataError) as err:
+        evaluate_checkpoint(tmp_path / "absent.pt", src=src, ref=ref)  # a missing checkpoint is never reached
+    assert str(err.value) == f"{src} and {ref}: both empty, nothing to score"
+
+
 def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
     """`nmt eval -c CKPT --save-translations DIR` keeps what it scored: the files score the same with --hyp."""
     from typer.testing import CliRunner

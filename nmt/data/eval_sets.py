@@ -119,4 +119,6 @@ def file_set(src: str | Path | None, ref: str | Path | None) -> EvalSets | None:
     if src is None or ref is None:
         raise UserError("--src and --ref go together: give both, or neither to use --split")
     sources, references = read_parallel(src, ref)
+    if not sources:  # found before a model loads, naming the files
+        raise DataError(f"{src} and {ref}: both empty, nothing to score")
     return {str(src): EvalSet(sources, references, list(range(len(sources))), len(sources))}
