@@ -160,8 +160,7 @@ def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_
         with _quiet("datasets"):  # its log line of the failure would come before ours
             ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
     except Exception as err:  # pyarrow and datasets raise many kinds
-        cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ is not None else err
-        raise DataError(f"{where}: cannot read as parquet: {_short(cause)}") from None
+        raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
     return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
 
 
@@ -505,6 +504,9 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 def _short(err: BaseException) -> str:
+    """The first line of `err`, or of the error behind it where `datasets` says only that generating failed."""
+    if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+        err = err.__cause__
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(err).__name__}: {first[:200]}"

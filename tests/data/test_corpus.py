@@ -301,6 +301,22 @@ def test_hf_csv_files_follow_the_line_rules(tmp_path: Path, name: str, data: byt
     assert pairs(load(tmp_path, "hf", tmp_path / "folder")) == [("ein\rhund", "a dog"), ("eine katze", "the cat")]
 
 
+@pytest.mark.parametrize("data, why", [
+    (b"de,en\nein hund,a dog\ndie katze,the,cat\n", "ParserError: Error tokenizing data. C error: Expected 2 fields "
+                                                    "in line 3, saw 3"),
+    (b"de,en\nein hund,a dog\ndie k\xe4tze,the cat\n", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe4"),
+])
+def test_a_bad_csv_file_in_a_folder_is_named_by_what_is_wrong(tmp_path: Path, data: bytes, why: str) -> None:
+    """The error of the parser behind datasets is shown: the message said only "An error occurred while
+    generating the dataset", nothing of the row with a field too many or the byte that is not UTF-8."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.csv").write_bytes(data)
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "hf", tmp_path / "folder")
+    assert str(info.value).startswith(f"{tmp_path / 'folder'}, split 'train': the folder could not be loaded as a "
+                                      f"dataset: {why}")
+
+
 def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The libraries read HF_HUB_OFFLINE when imported, so their copies are set too.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
