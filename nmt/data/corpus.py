@@ -293,6 +293,9 @@ def _read_tsv(path: str, columns: tuple[int, int], header: bool, stamp: object) 
     for lineno, line in enumerate(lines if header else itertools.chain([first], lines), 2 if header else 1):
         row = line.split("\t")
         if len(row) != width:
+            if not line.strip():  # most often a blank line at the end of the file
+                raise DataError(f"{path}:{lineno}: a blank line, where {which} {width} tab-separated fields; remove "
+                                "it, or give each pair its line")
             raise DataError(f"{path}:{lineno}: {len(row)} tab-separated fields, {which} {width}")
         yield {"src": row[columns[0]], "tgt": row[columns[1]]}
 

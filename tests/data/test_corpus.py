@@ -160,6 +160,16 @@ def test_tsv_row_with_wrong_field_count_names_the_line(tmp_path: Path) -> None:
         load(tmp_path, "tsv", tmp_path / "c.tsv")
 
 
+def test_a_blank_tsv_line_is_named_as_one(tmp_path: Path) -> None:
+    """A blank line (a file ending in two newlines, say) was "1 tab-separated fields", which left the reader to
+    find that the line was empty."""
+    (tmp_path / "c.tsv").write_bytes(b"de\ten\r\na\tb\r\n \r\n")
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "tsv", tmp_path / "c.tsv")
+    assert str(info.value) == (f"{tmp_path / 'c.tsv'}:3: a blank line, where the header has 2 tab-separated fields; "
+                               "remove it, or give each pair its line")
+
+
 def test_tsv_lone_carriage_return_is_text_and_shifts_no_pair(tmp_path: Path) -> None:
     (tmp_path / "c.tsv").write_bytes(b"de\ten\nein\rHund\ta\rdog\nKatze\tcat\r\n")
     assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv")) == [("ein\rHund", "a\rdog"), ("Katze", "cat")]
