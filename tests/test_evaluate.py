@@ -188,7 +188,7 @@ def test_saved_translations_keep_a_line_for_each_pair_left_unscored(small_corpus
     assert len(hyps) == 7 and hyps[-1] == ""  # six lines, each ended by '\n'
     assert [hyps[i] for i in kept] == expected and hyps[1] == hyps[3] == ""
     assert "data.test.gaps" in caplog.text and "2 of its 6 pairs have an empty side" in caplog.text
-    assert "(pair 2, 4, counting from 1)" in caplog.text
+    assert "(pairs 2, 4, counting from 1); its saved translations hold an empty line for each" in caplog.text
 
 
 def _write(tmp_path, raw) -> str:

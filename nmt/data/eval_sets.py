@@ -107,8 +107,11 @@ def _scored_pairs(sources: Sequence[str | None], targets: Sequence[str | None], 
     if len(kept) < len(src):
         left_out = sorted(set(range(len(src))) - set(kept))
         shown = ", ".join(str(i + 1) for i in left_out[:5]) + (", ..." if len(left_out) > 5 else "")
-        log.warning("%s (%s): %d of its %d pairs have an empty side and are not scored (pair %s, counting from 1); "
-                    "its saved translations hold an empty line for each", key, where, len(left_out), len(src), shown)
+        one = len(left_out) == 1
+        log.warning("%s (%s): %d of its %d pairs %s an empty side and %s not scored (%s %s, counting from 1); its "
+                    "saved translations hold an empty line for %s", key, where, len(left_out), len(src),
+                    "has" if one else "have", "is" if one else "are", "pair" if one else "pairs", shown,
+                    "it" if one else "each")
     return EvalSet([src[i] for i in kept], [tgt[i] for i in kept], kept, len(src))
 
 
