@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from nmt.config import EvalConfig
-from nmt.data.eval_sets import eval_sets
+from nmt.data.eval_sets import EvalSet, eval_sets
 from nmt.errors import UserError
 from nmt.metrics import check_tokenizer, score, with_metrics
 from nmt.plot import bucket_labels, plot_attention, plot_bleu_by_length
@@ -144,13 +144,13 @@ def analyze(
     Returns:
         {"set": name, "sources": [...], "overall": {model: scores}, "by_length": {model: bucket rows}}.
     """
-    set_name, (sources, refs) = choose_set(translators, split=split, src=src, ref=ref)
-    return score_models(translators, set_name, sources, refs, n_buckets=n_buckets, beam=beam)
+    set_name, scored = choose_set(translators, split=split, src=src, ref=ref)
+    return score_models(translators, set_name, scored.sources, scored.references, n_buckets=n_buckets, beam=beam)
 
 
 def choose_set(translators: dict[str, Translator], *, split: str | None = None, src: str | Path | None = None,
-               ref: str | Path | None = None) -> tuple[str, tuple[list[str], list[str]]]:
-    """(name, (sources, references)) of the set `analyze` scores: `src`/`ref`, or the first model's `split`."""
+               ref: str | Path | None = None) -> tuple[str, EvalSet]:
+    """(name, set) of the set `analyze` scores: `src`/`ref`, or the first model's `split`."""
     first = next(iter(translators.values()))
     return next(iter(eval_sets(first.cfg, split=split, src=src, ref=ref).items()))
 
@@ -201,21 +201,23 @@ def write_report(
     """
     out_dir = Path(out_dir)
     translators = load_translators(checkpoints, device)
-    set_name, (sources, refs) = choose_set(translators, split=split, src=src, ref=ref)
+    set_name, scored = choose_set(translators, split=split, src=src, ref=ref)
     chosen = list(dict.fromkeys(sentences))
-    outside = [i for i in chosen if not 0 <= i < len(sources)]
+    outside = [i for i in chosen if not 0 <= i < scored.rows]
     if outside:
-        raise UserError(f"--sentences {outside[0]}: {set_name} has {len(sources)} sentences, numbered 0 to "
-                        f"{len(sources) - 1}; choose among those")
+        raise UserError(f"--sentences {outside[0]}: {set_name} has {scored.rows} sentences, numbered 0 to "
+                        f"{scored.rows - 1}; choose among those")
     figures = out_dir / "analysis"
     figures.mkdir(parents=True, exist_ok=True)
-    result = score_models(translators, set_name, sources, refs, n_buckets=n_buckets, beam=beam)
+    result = score_models(translators, set_name, scored.sources, scored.references, n_buckets=n_buckets, beam=beam)
     del result["sources"]
     plot_bleu_by_length(result["by_length"], figures / "bleu_by_length.png",
                         title=f"BLEU by source length ({result['set']})")
     (figures / "analysis.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
-    empty = [i for i in chosen if not sources[i].split()]
+    sources = scored.hyp_lines(scored.sources)  # by row of the set, as `sentences` number them
+    unscored = set(range(scored.rows)) - set(scored.kept)  # a pair with an empty side
+    empty = [i for i in chosen if i in unscored or not sources[i].split()]
     shown = [i for i in chosen if i not in empty]
     heatmaps = {name: _heatmaps(name, translator, sources, shown, figures, beam)
                 for name, translator in translators.items()}
@@ -241,7 +243,8 @@ def write_report(
     ]
     for i in chosen:
         if i in empty:
-            lines += [f"Sentence {i} is empty: nothing to translate, no heatmap.", ""]
+            why = "has an empty side, so it is not scored" if i in unscored else "is empty: nothing to translate"
+            lines += [f"Sentence {i} {why}, no heatmap.", ""]
             continue
         lines += [f"Sentence {i}: *{sources[i]}*", "", "| " + " | ".join(heatmaps) + " |",
                   "|" + " --- |" * len(heatmaps), "| " + " | ".join(h[i] for h in heatmaps.values()) + " |", ""]

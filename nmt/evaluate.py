@@ -49,7 +49,8 @@ def evaluate_checkpoint(
     """Translate and score the sets `eval_sets` picks. Returns {set name: scores}.
 
     With `save_dir`, each set's translations are also written to `save_dir/<set>.hyp`
-    (the file name of `src` when scoring files); `tokenize` replaces the checkpoint's `eval.tokenize`.
+    (the file name of `src` when scoring files), one line per row of the set, an empty one where a pair with
+    an empty side was not scored (`EvalSet.hyp_lines`); `tokenize` replaces the checkpoint's `eval.tokenize`.
     """
     check_search_flags(beam=beam)  # this and the files are checked before the model loads
     files = file_set(src, ref)
@@ -59,12 +60,12 @@ def evaluate_checkpoint(
     check_tokenizer(settings, str(checkpoint))  # before translating, not after
     out = Path(save_dir) if save_dir is not None else None
     results = {}
-    for name, (sources, references) in (files or eval_sets(cfg, split=split)).items():
-        log.info("%s: translating %d sentences (beam %d)", name, len(sources), beam or cfg.decode.beam)
-        hyps = translator.translate(sources, beam=beam)
-        results[name] = {**score(hyps, references, settings), "beam": beam or cfg.decode.beam}
+    for name, scored in (files or eval_sets(cfg, split=split)).items():
+        log.info("%s: translating %d sentences (beam %d)", name, len(scored.sources), beam or cfg.decode.beam)
+        hyps = translator.translate(scored.sources, beam=beam)
+        results[name] = {**score(hyps, scored.references, settings), "beam": beam or cfg.decode.beam}
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)  # once there is something to put in it: a failed eval makes none
             stem = Path(name).name if files else DataConfig.set_file_stem(name)
-            write_lines(out / f"{stem}.hyp", hyps)
+            write_lines(out / f"{stem}.hyp", scored.hyp_lines(hyps))
     return results

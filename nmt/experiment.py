@@ -98,7 +98,8 @@ def pick_checkpoint(
     translators = [Translator.from_checkpoint(p, device=device or cfg.train.device) for p in candidates]
     if len(translators) == 1:
         return candidates[0], translators[0], {}
-    sources, refs = eval_sets(cfg, split="valid")["valid"]
+    valid = eval_sets(cfg, split="valid")["valid"]
+    sources, refs = valid.sources, valid.references
     scores = {}
     for path, translator in zip(candidates, translators):
         s = score(translator.translate(sources, search_options(translator, cfg)), refs,
@@ -148,14 +149,15 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     checkpoint, translator, valid_scores = pick_checkpoint(run_dir, cfg, device)
     options = search_options(translator, cfg)
     tests = {}
-    for set_name, (sources, refs) in (test_sets or eval_sets(cfg, split="test")).items():
+    for set_name, test_set in (test_sets or eval_sets(cfg, split="test")).items():
+        sources, refs = test_set.sources, test_set.references
         log.info("%s: translating %d sentences (beam %d)", set_name, len(sources), options.beam)
         hyps = translator.translate(sources, options)
         tests[set_name] = {
             **score(hyps, refs, with_metrics(cfg.eval)),
             "by_length": bleu_by_length(sources, hyps, refs, cfg=cfg.eval),
         }
-        write_lines(run_dir / f"{DataConfig.set_file_stem(set_name)}.hyp", hyps)
+        write_lines(run_dir / f"{DataConfig.set_file_stem(set_name)}.hyp", test_set.hyp_lines(hyps))
     records = logged(run_dir / "metrics.jsonl")
     result = {
         "experiment": name,

@@ -122,6 +122,30 @@ def test_report_numbers_sentences_as_the_set_does_and_skips_an_empty_one(ter_onl
     assert not (tmp_path / "report2" / "analysis").exists()
 
 
+def test_report_numbers_a_config_set_s_sentences_by_its_lines(small_corpus, tmp_path):
+    """A config's test set leaves out a pair with an empty side; `--sentences` still counts the set's lines, so
+    sentence 2 is its third line (it was the fourth: the numbers counted the pairs scored)."""
+    sources = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    targets = (small_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:4]
+    sources[1] = " "
+    for lang, lines in (("en", sources), ("de", targets)):
+        (tmp_path / f"gaps.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["test"] = {"gaps": {"kind": "text", "path": str(tmp_path / "gaps")}}
+    (tmp_path / "gaps.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    out = CliRunner().invoke(app, ["train", str(tmp_path / "gaps.yaml"), "--set", "train.max_steps=2",
+                                   "--set", "train.valid_bleu=false"])
+    assert out.exit_code == 0, out.output
+    out = CliRunner().invoke(app, ["analyze", "-c", f"m={tmp_path / 'run' / 'best.pt'}", "--report",
+                                   str(tmp_path / "report"), "--beam", "1", "--sentences", "2,1,3"])
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "report" / "analysis.md").read_text(encoding="utf-8")
+    assert f"Sentence 2: *{sources[2]}*" in text and f"Sentence 3: *{sources[3]}*" in text
+    assert "Sentence 1 has an empty side, so it is not scored, no heatmap." in text
+    names = sorted(p.name for p in (tmp_path / "report" / "analysis").glob("attention_*"))
+    assert names == ["attention_m_2.png", "attention_m_3.png"]
+
+
 def test_report_scores_plots_and_heatmaps_every_model(small_corpus, tmp_path):
     runner = CliRunner()
     ckpts = {}

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from nmt.config import EvalConfig, load_config
-from nmt.data.eval_sets import eval_sets
+from nmt.data.eval_sets import EvalSet, eval_sets
 from nmt.data.text import read_lines
 from nmt.errors import DataError, UserError
 from nmt.evaluate import score_files
@@ -96,18 +96,32 @@ def two_test_sets(small_corpus, tmp_path):
 def test_eval_sets_choose_by_split(two_test_sets, small_corpus):
     cfg = two_test_sets
     assert list(eval_sets(cfg)) == ["first", "second"]  # default: every test set
-    sources, refs = eval_sets(cfg, split="second")["second"]
-    assert sources == read_lines(small_corpus / "valid.en") and refs == read_lines(small_corpus / "valid.de")
-    assert len(eval_sets(cfg, split="valid")["valid"][0]) == 30
+    second = eval_sets(cfg, split="second")["second"]
+    assert second.sources == read_lines(small_corpus / "valid.en")
+    assert second.references == read_lines(small_corpus / "valid.de")
+    assert len(eval_sets(cfg, split="valid")["valid"].sources) == 30
     with pytest.raises(UserError, match=r"--split 'third'.*choose from valid, test, first, second"):
         eval_sets(cfg, split="third")
 
 
 def test_eval_sets_from_files_instead(two_test_sets, small_corpus):
     src, ref = small_corpus / "test.en", small_corpus / "test.de"
-    assert eval_sets(two_test_sets, src=src, ref=ref) == {str(src): (read_lines(src), read_lines(ref))}
+    assert eval_sets(two_test_sets, src=src, ref=ref) == {str(src): EvalSet(read_lines(src), read_lines(ref),
+                                                                            list(range(30)), 30)}
     with pytest.raises(UserError, match="--src and --ref go together"):
         eval_sets(two_test_sets, src=src)
+
+
+def test_eval_of_empty_source_and_reference_files_names_them_before_the_model_loads(tmp_path):
+    """It loaded the model, translated nothing and then failed with a message that named no file."""
+    from nmt.evaluate import evaluate_checkpoint
+
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_bytes(b"\xef\xbb\xbf")  # a byte-order mark alone: no line
+    ref.write_bytes(b"")
+    with pytest.raises(DataError) as err:
+        evaluate_checkpoint(tmp_path / "absent.pt", src=src, ref=ref)  # a missing checkpoint is never reached
+    assert str(err.value) == f"{src} and {ref}: both empty, nothing to score"
 
 
 def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
@@ -142,6 +156,39 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
     result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "nope",
                                  "--save-translations", str(tmp_path / "never")])
     assert isinstance(result.exception, UserError) and not (tmp_path / "never").exists()
+
+
+def test_saved_translations_keep_a_line_for_each_pair_left_unscored(small_corpus, tmp_path, caplog):
+    """A test-set pair with an empty side is not scored, and its line in DIR/<set>.hyp is empty: the file has
+    one line per line of the set's files, so it pairs line by line with them (it had one line fewer per such
+    pair, each later translation beside the wrong source)."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+    from nmt.train.loop import train
+    from nmt.translate import Translator
+
+    src = read_lines(small_corpus / "test.en")[:6]
+    ref = read_lines(small_corpus / "test.de")[:6]
+    src[1], ref[3] = "", " \t "  # an empty source, a reference of whitespace alone
+    for lang, lines in (("en", src), ("de", ref)):
+        (tmp_path / f"gaps.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["train"].update({"max_steps": 2, "valid_bleu": False})
+    raw["data"]["test"] = {"gaps": {"kind": "text", "path": str(tmp_path / "gaps")}}
+    train(load_config(_write(tmp_path, raw)))
+    out = tmp_path / "hyps"
+    result = CliRunner().invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--json",
+                                      "--save-translations", str(out)])
+    assert result.exit_code == 0, result.output
+    assert __import__("json").loads(result.stdout)["gaps"]["sentences"] == 4
+    hyps = (out / "gaps.hyp").read_text(encoding="utf-8").split("\n")
+    kept = [0, 2, 4, 5]
+    expected = Translator.from_checkpoint(tmp_path / "run" / "best.pt").translate([src[i] for i in kept])
+    assert len(hyps) == 7 and hyps[-1] == ""  # six lines, each ended by '\n'
+    assert [hyps[i] for i in kept] == expected and hyps[1] == hyps[3] == ""
+    assert "data.test.gaps" in caplog.text and "2 of its 6 pairs have an empty side" in caplog.text
+    assert "(pairs 2, 4, counting from 1); its saved translations hold an empty line for each" in caplog.text
 
 
 def _write(tmp_path, raw) -> str:

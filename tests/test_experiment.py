@@ -190,6 +190,28 @@ def test_experiment_scores_with_the_config_it_was_given_not_the_checkpoint_s(exp
     assert expected != translator.translate(sources)  # the checkpoint's own settings give other translations
 
 
+def test_a_test_set_pair_left_unscored_keeps_its_empty_line_in_the_hyp_file(experiment_result, tiny_config_file,
+                                                                           small_corpus, tmp_path):
+    """run_dir/NAME.hyp pairs line by line with the test set's files: a pair with an empty side, which is not
+    scored, has an empty line there (the file had one line fewer, the translations after it shifted up)."""
+    gaps = tmp_path / "gaps"
+    src = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:5]
+    ref = (small_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:5]
+    src[2] = "\u2028"  # a line break to other programs, whitespace here: an empty source
+    gaps.with_suffix(".en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    gaps.with_suffix(".de").write_text("\n".join(ref) + "\n", encoding="utf-8")
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "gaps", "--results",
+                              str(tmp_path / "gaps_results"), "--set", "train.max_steps=4", "--set", "decode.beam=1",
+                              "--set", f"data.test={{gaps: {{kind: text, path: {gaps}}}}}"])
+    assert out.exit_code == 0, out.output
+    r = json.loads((tmp_path / "gaps_results" / "gaps.json").read_text(encoding="utf-8"))
+    assert r["test"]["gaps"]["sentences"] == 4
+    kept = [0, 1, 3, 4]
+    expected = Translator.from_checkpoint(tmp_path / "run" / "best.pt").translate([src[i] for i in kept], beam=1)
+    hyps = (tmp_path / "run" / "gaps.hyp").read_text(encoding="utf-8").split("\n")
+    assert hyps == [*expected[:2], "", *expected[2:], ""]
+
+
 def test_a_test_set_that_cannot_be_read_stops_the_experiment_before_it_trains(tiny_config_file, tmp_path):
     results = tmp_path / "results"
     out = runner.invoke(app, ["experiment", str(tiny_config_file), "--results", str(results),

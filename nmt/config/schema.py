@@ -207,7 +207,7 @@ class DataConfig:
     valid: CorpusConfig | None = None
     """Validation split (required): loss, perplexity and BLEU during training."""
     test: dict[str, CorpusConfig] = field(default_factory=dict)
-    """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them). `nmt experiment` writes each one's translations to `run_dir/NAME.hyp`, a `/` in the name as `_` (`wmt14/full`: `wmt14_full.hyp`)."""
+    """Named test sets for `nmt eval --split NAME` (`--split test` scores all of them). `nmt experiment` writes each one's translations to `run_dir/NAME.hyp`, a `/` in the name as `_` (`wmt14/full`: `wmt14_full.hyp`), one line per pair of the set, an empty one for a pair with an empty side, which is not scored."""
     max_len: int = num(100, lo=1)
     """Training pairs longer than this on either side are dropped, counted as the model reads them: a side's subwords plus one (the source's EOS; the target's BOS, or EOS), so at most `max_len - 1` subwords a side are kept."""
     max_ratio: float = num(3.0, lo=1, or_zero=True)

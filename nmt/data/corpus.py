@@ -160,8 +160,7 @@ def _load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_
         with _quiet("datasets"):  # its log line of the failure would come before ours
             ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
     except Exception as err:  # pyarrow and datasets raise many kinds
-        cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ is not None else err
-        raise DataError(f"{where}: cannot read as parquet: {_short(cause)}") from None
+        raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
     return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
 
 
@@ -294,6 +293,9 @@ def _read_tsv(path: str, columns: tuple[int, int], header: bool, stamp: object) 
     for lineno, line in enumerate(lines if header else itertools.chain([first], lines), 2 if header else 1):
         row = line.split("\t")
         if len(row) != width:
+            if not line.strip():  # most often a blank line at the end of the file
+                raise DataError(f"{path}:{lineno}: a blank line, where {which} {width} tab-separated fields; remove "
+                                "it, or give each pair its line")
             raise DataError(f"{path}:{lineno}: {len(row)} tab-separated fields, {which} {width}")
         yield {"src": row[columns[0]], "tgt": row[columns[1]]}
 
@@ -505,6 +507,9 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 def _short(err: BaseException) -> str:
+    """The first line of `err`, or of the error behind it where `datasets` says only that generating failed."""
+    if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+        err = err.__cause__
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(err).__name__}: {first[:200]}"

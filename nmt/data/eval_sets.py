@@ -2,15 +2,49 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.config import ExperimentConfig
-from nmt.data.corpus import clean_pairs, load_pairs
-from nmt.data.text import read_parallel
+from nmt.data.corpus import load_pairs
+from nmt.data.text import normalize_spaces, read_parallel
 from nmt.errors import DataError, UserError
 
-EvalSets = dict[str, tuple[list[str], list[str]]]
-"""{name: (sources, references)}."""
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """The pairs of a set that are scored, and where they stand among the set's rows.
+
+    A config's set leaves out each pair with an empty side, as training does (`nmt.data.corpus.clean_pairs`);
+    `kept` keeps the row of each pair scored, so that a file of translations (`hyp_lines`) still has one
+    line per row of the set, and so lines up with its files.
+
+    Attributes:
+        sources, references: the pairs scored, whitespace folded (`normalize_spaces`) for a config's set,
+            as read for files given by name.
+        kept: the row (from 0) of each pair among the set's `rows`.
+        rows: the rows of the set, those left out included.
+    """
+
+    sources: list[str]
+    references: list[str]
+    kept: list[int]
+    rows: int
+
+    def hyp_lines(self, hyps: Sequence[str]) -> list[str]:
+        """The translations `hyps` of the pairs scored, one line per row of the set: empty at a row left out."""
+        lines = [""] * self.rows
+        for row, hyp in zip(self.kept, hyps, strict=True):
+            lines[row] = hyp
+        return lines
+
+
+EvalSets = dict[str, EvalSet]
+"""{name: the set}."""
 
 
 def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Path | None = None,
@@ -45,25 +79,49 @@ def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Pat
         raise UserError("the checkpoint's config has no data.test sets; use --src and --ref")
     sets = {}
     for name, spec in specs.items():
+        key = "data.valid" if spec is data.valid else f"data.test.{name}"
         try:
             raw = load_pairs(spec, src_lang=data.src_lang, tgt_lang=data.tgt_lang)
-            pairs, _ = clean_pairs(raw)
-            if not len(pairs):  # found now, not once a run has trained and comes to score it
-                why = f"each of its {len(raw)} pairs has an empty side" if len(raw) else "its files are empty"
-                raise DataError(f"{spec.path}: nothing to score: {why}")
+            sets[name] = _scored_pairs(raw["src"], raw["tgt"], where=spec.path, key=key)
         except DataError as err:
-            key = "data.valid" if spec is data.valid else f"data.test.{name}"
             if not of_checkpoint:
                 raise DataError(f"{key}: {err}") from None
             raise DataError(f"the checkpoint's {key}: {err}; or score other files with --src and --ref") from None
-        sets[name] = (list(pairs["src"]), list(pairs["tgt"]))
     return sets
 
 
+def _scored_pairs(sources: Sequence[str | None], targets: Sequence[str | None], *, where: object,
+                  key: str) -> EvalSet:
+    """The pairs with text on both sides, whitespace folded as `clean_pairs` folds it (nulls are empty);
+    a warning names those left out.
+
+    Raises:
+        DataError: no pair left to score; the message names `where` (the set's path).
+    """
+    src = [normalize_spaces(s or "") for s in sources]
+    tgt = [normalize_spaces(t or "") for t in targets]
+    kept = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
+    if not kept:  # found now, not once a run has trained and comes to score it
+        why = f"each of its {len(src)} pairs has an empty side" if src else "its files are empty"
+        raise DataError(f"{where}: nothing to score: {why}")
+    if len(kept) < len(src):
+        left_out = sorted(set(range(len(src))) - set(kept))
+        shown = ", ".join(str(i + 1) for i in left_out[:5]) + (", ..." if len(left_out) > 5 else "")
+        one = len(left_out) == 1
+        log.warning("%s (%s): %d of its %d pairs %s an empty side and %s not scored (%s %s, counting from 1); its "
+                    "saved translations hold an empty line for %s", key, where, len(left_out), len(src),
+                    "has" if one else "have", "is" if one else "are", "pair" if one else "pairs", shown,
+                    "it" if one else "each")
+    return EvalSet([src[i] for i in kept], [tgt[i] for i in kept], kept, len(src))
+
+
 def file_set(src: str | Path | None, ref: str | Path | None) -> EvalSets | None:
-    """{src: (sources, references)} from `--src` and `--ref`, or None when neither is given."""
+    """{src: the set} of `--src` and `--ref`, every line scored as read, or None when neither is given."""
     if src is None and ref is None:
         return None
     if src is None or ref is None:
         raise UserError("--src and --ref go together: give both, or neither to use --split")
-    return {str(src): read_parallel(src, ref)}
+    sources, references = read_parallel(src, ref)
+    if not sources:  # found before a model loads, naming the files
+        raise DataError(f"{src} and {ref}: both empty, nothing to score")
+    return {str(src): EvalSet(sources, references, list(range(len(sources))), len(sources))}

@@ -160,6 +160,16 @@ def test_tsv_row_with_wrong_field_count_names_the_line(tmp_path: Path) -> None:
         load(tmp_path, "tsv", tmp_path / "c.tsv")
 
 
+def test_a_blank_tsv_line_is_named_as_one(tmp_path: Path) -> None:
+    """A blank line (a file ending in two newlines, say) was "1 tab-separated fields", which left the reader to
+    find that the line was empty."""
+    (tmp_path / "c.tsv").write_bytes(b"de\ten\r\na\tb\r\n \r\n")
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "tsv", tmp_path / "c.tsv")
+    assert str(info.value) == (f"{tmp_path / 'c.tsv'}:3: a blank line, where the header has 2 tab-separated fields; "
+                               "remove it, or give each pair its line")
+
+
 def test_tsv_lone_carriage_return_is_text_and_shifts_no_pair(tmp_path: Path) -> None:
     (tmp_path / "c.tsv").write_bytes(b"de\ten\nein\rHund\ta\rdog\nKatze\tcat\r\n")
     assert pairs(load(tmp_path, "tsv", tmp_path / "c.tsv")) == [("ein\rHund", "a\rdog"), ("Katze", "cat")]
@@ -299,6 +309,22 @@ def test_hf_csv_files_follow_the_line_rules(tmp_path: Path, name: str, data: byt
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / name).write_bytes(data)
     assert pairs(load(tmp_path, "hf", tmp_path / "folder")) == [("ein\rhund", "a dog"), ("eine katze", "the cat")]
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"de,en\nein hund,a dog\ndie katze,the,cat\n", "ParserError: Error tokenizing data. C error: Expected 2 fields "
+                                                    "in line 3, saw 3"),
+    (b"de,en\nein hund,a dog\ndie k\xe4tze,the cat\n", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe4"),
+])
+def test_a_bad_csv_file_in_a_folder_is_named_by_what_is_wrong(tmp_path: Path, data: bytes, why: str) -> None:
+    """The error of the parser behind datasets is shown: the message said only "An error occurred while
+    generating the dataset", nothing of the row with a field too many or the byte that is not UTF-8."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.csv").write_bytes(data)
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "hf", tmp_path / "folder")
+    assert str(info.value).startswith(f"{tmp_path / 'folder'}, split 'train': the folder could not be loaded as a "
+                                      f"dataset: {why}")
 
 
 def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
