@@ -55,6 +55,9 @@ SHUTDOWN_POLL_SECONDS = 0.1
 """How often the accepting loop looks for `shutdown` (`serve`): the most a stop waits for it."""
 MAX_BEAM = 64
 """Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
+MAX_NUMBER_DIGITS = 100
+"""Longest integer a request body may hold: far more than "beam" needs, and under the interpreter's own limit
+(`sys.get_int_max_str_digits()`, 4300), past which `json` raised a ValueError that was answered as a model failure."""
 _METHODS = {"/translate": "POST", "/health": "GET"}
 """The one method each path answers; another one gets 405."""
 
@@ -319,7 +322,7 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     """
     bad = HTTPStatus.BAD_REQUEST
     try:
-        request = json.loads(body.decode("utf-8"))
+        request = json.loads(body.decode("utf-8"), parse_int=_parse_int)
     except UnicodeDecodeError as err:
         raise _BadRequest(bad, f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
@@ -347,3 +350,11 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     if beam is not None and (isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM):
         raise _BadRequest(bad, f'"beam" ({beam!r}) must be an integer in [1, {MAX_BEAM}]')
     return lines, beam
+
+
+def _parse_int(digits: str) -> int:
+    """`int` of a JSON integer, or `_BadRequest` for one longer than `MAX_NUMBER_DIGITS`."""
+    if len(digits) > MAX_NUMBER_DIGITS + digits.startswith("-"):
+        raise _BadRequest(HTTPStatus.BAD_REQUEST, f"body holds a number of {len(digits.lstrip('-'))} digits, over "
+                                                  f"the {MAX_NUMBER_DIGITS} read; \"beam\" is an integer in [1, {MAX_BEAM}]")
+    return int(digits)

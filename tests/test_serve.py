@@ -174,6 +174,8 @@ def test_concurrent_requests_each_get_their_own_answer(server, translator, small
     (b'{"text": ["a"], "beams": 2}', 400, "unknown field 'beams'"),
     (b'{"text": ["ok", "F\\u00e9lix \\ud800 eats"]}', 400,
      "\"text\"[1] holds a lone surrogate ('\\ud800' at character 6), not text"),
+    # `json` refuses integers of more than `sys.get_int_max_str_digits()` digits with a ValueError of its own
+    (b'{"text": ["a"], "beam": ' + b"9" * 5000 + b"}", 400, "body holds a number of 5000 digits"),
 ])
 def test_bad_requests_get_400_and_one_line(server, body, status, needle):
     got, reply = request(f"{server.url}/translate", body)
