@@ -255,16 +255,23 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _routed
 
     def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None:
+        lengths = self.headers.get_all("Content-Length", [])
+        coded = self.headers.get("Transfer-Encoding")
+        if not lengths:
             self.close_connection = True  # the body's end is unknown
-            chunked = "; a chunked body is not read: send it with its length" if self.headers.get(
-                "Transfer-Encoding") else ""
+            chunked = "; a chunked body is not read: send it with its length" if coded else ""
             raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, f"Content-Length header required{chunked}")
-        digits = length.strip()
+        # Two lengths, where a proxy may go by the other one (HTTP's rule: Transfer-Encoding first): read by
+        # Content-Length, the rest of the body was taken for the next request on this connection.
+        if coded or len({length.strip() for length in lengths}) > 1:
+            self.close_connection = True
+            given = f"Transfer-Encoding {coded!r} and Content-Length" if coded else f"Content-Length {lengths}"
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"{given} both give the body's length; send Content-Length "
+                                                      "alone, once")
+        digits = lengths[0].strip()
         if not (digits.isascii() and digits.isdigit()):  # not int(): it takes "+1_0", and "-1" (read to EOF: a hang)
             self.close_connection = True
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {length!r} is not a number of bytes")
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {lengths[0]!r} is not a number of bytes")
         size = int(digits)
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # not read: the connection cannot be reused

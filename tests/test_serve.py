@@ -268,6 +268,26 @@ def test_a_body_cut_short_or_chunked_is_named_so(server):
                                          "its length")
 
 
+@pytest.mark.parametrize(("lengths", "error"), [
+    (b"Transfer-Encoding: chunked\r\nContent-Length: 5", "Transfer-Encoding 'chunked' and Content-Length both"),
+    (b"Content-Length: 5\r\nContent-Length: 22", "Content-Length ['5', '22'] both"),
+], ids=["chunked-and-length", "two-lengths"])
+def test_a_body_with_two_lengths_is_refused_not_read_as_two_requests(server, lengths, error):
+    """Read by its (first) Content-Length, the rest of such a body was taken for the next request on the
+    connection, which got an answer of its own: behind a proxy that goes by the other length (Transfer-Encoding
+    first, as HTTP asks), a request could be slipped inside the body of another."""
+    body = b'{"text": ["the dog"]}'
+    if b"chunked" in lengths:
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    status, headers, reply = raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n%s" % (lengths, body))
+    assert b"HTTP/1.1" not in reply  # one answer
+    assert status == 400 and headers["Connection"] == "close"
+    assert json.loads(reply)["error"] == f"{error} give the body's length; send Content-Length alone, once"
+    status, headers, reply = raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                                         b"Content-Length: 5\r\nConnection: close\r\n\r\n[1,2]")
+    assert status == 400 and json.loads(reply)["error"].startswith("body must be a JSON object")  # read once
+
+
 def test_a_client_that_goes_away_before_its_answer_is_one_log_line(server, small_corpus, caplog, capsys):
     body = json.dumps({"text": (small_corpus / "test.en").read_text(encoding="utf-8").splitlines() * 10}).encode()
     with caplog.at_level(logging.INFO, logger="nmt"):
