@@ -14,7 +14,9 @@ Bad requests get status 400 (404 for an unknown path, 405 and an `Allow` header
 for another method on a known one, 413 for a body over `MAX_BODY_BYTES`) and a
 JSON body {"error": "<one line>"}, as do the errors `http.server` itself sends
 (a request line it cannot parse, a method it does not know: 501); a failure
-inside the model gets 500, with the traceback in the server's log only.
+inside the model gets 500, with the traceback in the server's log only. A body
+refused unread is read and dropped after the answer, so that a client still
+sending it gets to read the answer.
 
 It serves until Ctrl-C or SIGTERM (how systemd and docker stop a service), then
 stops listening, closes the connections that wait for a next request (a client's
@@ -53,6 +55,10 @@ IDLE_POLL_SECONDS = 0.25
 """How often a connection waiting for its next request (a client's keep-alive) looks whether the server stops."""
 SHUTDOWN_POLL_SECONDS = 0.1
 """How often the accepting loop looks for `shutdown` (`serve`): the most a stop waits for it."""
+LINGER_SECONDS = 10.0
+"""Longest a connection closed with its request body unread goes on reading (and dropping) that body."""
+LINGER_IDLE_SECONDS = 2.0
+"""How long that reading waits for more before it gives up on a client that sends nothing and does not close."""
 MAX_BEAM = 64
 """Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
 MAX_NUMBER_DIGITS = 100
@@ -204,6 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
     # TCP_NODELAY: an answer is two writes, headers then body, and with Nagle's algorithm the body waited for the
     # client's delayed acknowledgement of the headers (40 ms on Linux) on every request of a kept-alive connection
     disable_nagle_algorithm = True
+    body_unread = False
+    """Whether the connection closes with the request's body, or part of it, not read (`_discard_unread`)."""
 
     def handle_one_request(self) -> None:
         """The next request on this connection, waited for in steps of `IDLE_POLL_SECONDS`: when the server
@@ -214,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
         super().handle_one_request()
+        if self.body_unread:
+            self._discard_unread()
 
     def do_GET(self) -> None:
         if self._routed():
@@ -258,23 +268,23 @@ class _Handler(BaseHTTPRequestHandler):
         lengths = self.headers.get_all("Content-Length", [])
         coded = self.headers.get("Transfer-Encoding")
         if not lengths:
-            self.close_connection = True  # the body's end is unknown
+            self._leave_body()  # its end is unknown
             chunked = "; a chunked body is not read: send it with its length" if coded else ""
             raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, f"Content-Length header required{chunked}")
         # Two lengths, where a proxy may go by the other one (HTTP's rule: Transfer-Encoding first): read by
         # Content-Length, the rest of the body was taken for the next request on this connection.
         if coded or len({length.strip() for length in lengths}) > 1:
-            self.close_connection = True
+            self._leave_body()
             given = f"Transfer-Encoding {coded!r} and Content-Length" if coded else f"Content-Length {lengths}"
             raise _BadRequest(HTTPStatus.BAD_REQUEST, f"{given} both give the body's length; send Content-Length "
                                                       "alone, once")
         digits = lengths[0].strip()
         if not (digits.isascii() and digits.isdigit()):  # not int(): it takes "+1_0", and "-1" (read to EOF: a hang)
-            self.close_connection = True
+            self._leave_body()
             raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {lengths[0]!r} is not a number of bytes")
         size = int(digits)
         if size > MAX_BODY_BYTES:
-            self.close_connection = True  # not read: the connection cannot be reused
+            self._leave_body()
             raise _BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                               f"request body of {size} bytes is over the limit of {MAX_BODY_BYTES}; send fewer lines")
         body = self.rfile.read(size)
@@ -283,6 +293,34 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadRequest(HTTPStatus.BAD_REQUEST, f"request body cut short: {len(body)} of the {size} bytes "
                                                       "its Content-Length gives arrived")
         return body
+
+    def _leave_body(self) -> None:
+        """Leave the body unread: the connection closes after the answer, as it cannot serve a next request."""
+        self.close_connection = self.body_unread = True
+
+    def _discard_unread(self) -> None:
+        """Read and drop what comes after the answer until the client closes, for up to `LINGER_SECONDS`.
+
+        A socket closed with bytes unread resets the connection, and a client still sending the body
+        (http.client, so urllib and requests, reads no answer before it has sent the whole request) got
+        a broken pipe instead of the answer.
+        """
+        sock = self.connection
+        try:
+            self.wfile.flush()
+            sock.shutdown(socket.SHUT_WR)  # the answer is whole: a client reading to the end has it all
+            sock.settimeout(IDLE_POLL_SECONDS)
+            now = time.monotonic()
+            deadline, quiet_until = now + LINGER_SECONDS, now + LINGER_IDLE_SECONDS
+            while not self.server.stopping and time.monotonic() < min(deadline, quiet_until):
+                try:
+                    if not sock.recv(2**16):
+                        return  # the client has closed
+                except TimeoutError:
+                    continue
+                quiet_until = time.monotonic() + LINGER_IDLE_SECONDS
+        except OSError:  # the client reset the connection: nothing left to read
+            pass
 
     def _drain(self) -> None:
         """Read and drop a body nobody wants, so the connection stays usable."""

@@ -196,6 +196,31 @@ def test_unknown_paths_and_oversized_bodies(server):
     assert post(server, {"text": ["a"]})[0] == 200
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["too-long", "chunked"])
+def test_a_body_refused_unread_still_lets_its_client_read_the_answer(server, chunked):
+    """http.client (and so urllib and requests) sends the whole body before it reads an answer. The server
+    answered a body it does not read (over `MAX_BODY_BYTES`, or chunked) and closed the connection with the
+    body still arriving, and the socket, closed with bytes unread, reset it: the client got a broken pipe
+    (ConnectionResetError) instead of the 413 or 411."""
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    piece = b" " * 2**16
+    pieces = MAX_BODY_BYTES // len(piece) + 1
+    try:
+        if chunked:  # 5 MiB: more than the sockets' buffers hold
+            conn.request("POST", "/translate", body=iter([piece] * (pieces // 2)), encode_chunked=True)
+        else:
+            conn.request("POST", "/translate", body=piece * pieces)
+        resp = conn.getresponse()
+        status, reply = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    if chunked:
+        assert status == 411 and "a chunked body is not read" in reply["error"]
+    else:
+        assert status == 413 and reply["error"].startswith(f"request body of {len(piece) * pieces} bytes is over")
+    assert post(server, {"text": ["a"]})[0] == 200
+
+
 def test_deeply_nested_json_is_a_bad_request_not_a_model_failure(server, caplog):
     """`json.loads` raises RecursionError, not JSONDecodeError, on a body nested deeper than the recursion limit."""
     body = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
