@@ -134,9 +134,10 @@ class TranslationServer(ThreadingHTTPServer):
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def translate(self, lines: list[str], beam: int | None) -> list[str]:
-        """Translate `lines`, one request at a time."""
+        """Translate `lines`, one request at a time, a chunk of lines at a time as `nmt translate` reads a
+        file: only the answers are held, not every line's `Translation` until the last is done."""
         with self.lock:
-            return self.translator.translate(lines, beam=beam or self.beam)
+            return list(self.translator.translate_stream(lines, beam=beam or self.beam))
 
 
 def make_server(

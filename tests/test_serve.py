@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +107,21 @@ def test_translations_are_the_translators(server, translator, small_corpus):
     status, body = post(server, {"text": lines[:3], "beam": 1})
     assert status == 200 and body["translations"] == translator.translate(lines[:3], beam=1)
     assert post(server, {"text": []}) == (200, {"translations": []})
+
+
+def test_a_request_of_many_lines_is_translated_a_chunk_at_a_time(server):
+    """The lines of a request were translated in one call, which holds every line's `Translation` (tokens,
+    scores) until the last is done: a 10 MB body of 2.6 million empty strings took the server from 281 MB to
+    1.5 GB. Translated a chunk at a time, as `nmt translate` reads a file, only the answers are held."""
+    lines = [""] * 100_000
+    tracemalloc.start()
+    try:
+        status, body = post(server, {"text": lines})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert status == 200 and body == {"translations": lines}
+    assert peak < 10e6, f"{peak / 1e6:.0f} MB"  # the body (0.4 MB), its list and the answer: a few MB
 
 
 def test_health(server, checkpoint):
