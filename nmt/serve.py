@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import socket
 import sys
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import UserError
-from nmt.interrupts import sigterm_interrupts
+from nmt.interrupts import Terminated, sigterm_interrupts
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class TranslationServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], translator, *, beam: int | None = None, name: str = "") -> None:
         self._handlers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # before binding, which may close
         self.stopping = False  # set by `server_close`: connections close once their requests are answered
+        self.abandoned = 0  # set by `server_close`: handler threads still running after its wait
         if ":" in address[0]:  # an IPv6 address (`--host ::1`, `--host ::` for every interface)
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -123,7 +125,8 @@ class TranslationServer(ThreadingHTTPServer):
         deadline = time.monotonic() + self.drain_seconds
         for thread in list(self._handlers):
             thread.join(max(0.0, deadline - time.monotonic()))
-        if left := sum(thread.is_alive() for thread in self._handlers):
+        self.abandoned = left = sum(thread.is_alive() for thread in self._handlers)
+        if left:
             log.warning("%d connection(s) still open after the %g s wait for the requests in flight: stopping "
                         "without them (a request still being read or translated gets no answer)", left,
                         self.drain_seconds)
@@ -178,9 +181,34 @@ def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
             log.info("stopped")
         finally:
             server.shutdown()  # returns once the loop has ended
-            server.server_close()
+            try:
+                server.server_close()
+            except Terminated:
+                raise  # a second SIGTERM: `sigterm_interrupts` ends the process by SIGTERM, which leaves no thread
+            except KeyboardInterrupt:  # a second Ctrl-C, during the wait for the requests in flight
+                log.warning("stopped at once: the requests in flight get no answer")
+                _exit_leaving_threads(130)
     if failed:
         raise failed[0]
+    if server.abandoned:
+        _exit_leaving_threads(0)
+
+
+def _exit_leaving_threads(status: int) -> None:
+    """End the process now, leaving the handler threads still running (a translation longer than the wait).
+
+    The interpreter's exit stops such a thread where it runs, and inside torch's C++ code that aborts the
+    process ("terminate called without an active exception", SIGABRT and a core dump), so the process ends
+    without it (`os._exit`), its output flushed: `status` 0 as after a stop, 130 as after Ctrl-C.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def _serve_until_shutdown(server: TranslationServer, failed: list[BaseException]) -> None:

@@ -479,3 +479,46 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
     assert status == 200 and len(reply["translations"]) == 1, f"{status}; the server said: {''.join(said)[-3000:]}"
     assert closing == "close"  # answered during the stop: the client is told to send no next request on it
     assert rc == 0 and "[nmt] stopped\n" in said, "".join(said)[-3000:]
+
+
+@pytest.mark.parametrize(("signals", "drain", "status", "said_last"), [
+    ([signal.SIGTERM], 0.2, 0, "1 connection(s) still open after the 0.2 s wait for the requests in flight"),
+    ([signal.SIGINT, signal.SIGINT], 30, 130, "stopped at once: the requests in flight get no answer"),
+], ids=["after-the-wait", "second-ctrl-c"])
+def test_cli_stopped_during_a_long_translation_exits_without_aborting(checkpoint, small_corpus, signals, drain,
+                                                                        status, said_last):
+    """The process exited with a handler thread still translating (after `drain_seconds`, or at a second Ctrl-C
+    during that wait), and the interpreter's exit stopped that thread inside torch's C++ code: "terminate called
+    without an active exception", killed by SIGABRT (a core dump where they are kept). It now ends without
+    finalizing, after its warning."""
+    script = (f"import sys; from nmt.serve import TranslationServer; TranslationServer.drain_seconds = {drain}; "
+              "from nmt.cli import main; sys.argv[0] = 'nmt'; main()")
+    proc = subprocess.Popen([sys.executable, "-c", script, "serve", "-c", str(checkpoint), "--port", "0",
+                             "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+    said = []
+    try:
+        for line in proc.stderr:
+            said.append(line)
+            if found := re.search(r" on http://([\d.]+):(\d+)", line):
+                break
+        assert found, "".join(said)
+        # a nonsense model at beam 64 runs to the longest output: seconds of translation
+        body = json.dumps({"text": (small_corpus / "test.en").read_text(encoding="utf-8").splitlines() * 32,
+                           "beam": 64}).encode()
+        sock = socket.create_connection((found.group(1), int(found.group(2))), timeout=30)
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(1)  # the translation runs
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.5)
+        rc = proc.wait(timeout=30)
+        sock.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        said.append(proc.stderr.read())
+        proc.stderr.close()
+    said = "".join(said)
+    assert rc == status and "terminate called" not in said, f"{rc}: {said[-3000:]}"
+    assert said.splitlines()[-1].startswith(f"[nmt] {said_last}"), said[-3000:]
