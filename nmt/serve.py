@@ -245,14 +245,27 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         """The next request on this connection, waited for in steps of `IDLE_POLL_SECONDS`: when the server
         stops, a connection with no request coming closes by itself, where a blocking read held the stop
-        for `drain_seconds`; a request whose first bytes have come is answered."""
-        while not _readable(self.connection, wait=IDLE_POLL_SECONDS):
-            if self.server.stopping:
-                self.close_connection = True
-                return
+        for `drain_seconds`; a request whose first bytes have come is answered. Those bytes may already be
+        read into `rfile`'s buffer, with the end of the previous request (a client that sends its requests
+        without waiting for each answer: HTTP/1.1 pipelining), where the socket has nothing to show."""
+        if not self._buffered():
+            while not _readable(self.connection, wait=IDLE_POLL_SECONDS):
+                if self.server.stopping:
+                    self.close_connection = True
+                    return
         super().handle_one_request()
         if self.body_unread:
             self._discard_unread()
+
+    def _buffered(self) -> bool:
+        """Whether bytes of the connection wait in `rfile`'s buffer; reads the socket only without waiting."""
+        self.connection.setblocking(False)  # a read finding nothing returns at once, leaving `peek` nothing
+        try:
+            return bool(self.rfile.peek(1))
+        except OSError:
+            return True  # reading it ends the connection
+        finally:
+            self.connection.settimeout(self.timeout)
 
     def do_GET(self) -> None:
         if self._routed():

@@ -157,6 +157,18 @@ def _ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_requests_sent_without_waiting_for_each_answer_are_all_answered(server):
+    """HTTP/1.1 pipelining: the next request came in the same read as the one before, into `rfile`'s buffer,
+    and the wait for a next request, which watched the socket alone, never saw it: the client waited forever."""
+    body = json.dumps({"text": ["the dog"]}).encode()
+    post_ = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    get = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    close = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    status, headers, reply = raw(server, get + post_ + get + close)
+    assert status == 200 and reply.count(b"HTTP/1.1 200 OK\r\n") == 3  # the first one's is in `status`
+    assert b'{"translations": [' in reply
+
+
 def test_an_ipv6_address_is_served(checkpoint, translator):
     """`--host ::1` was refused: "Address family for hostname not supported"."""
     srv = make_server(checkpoint, host="::1", port=0, device="cpu")
