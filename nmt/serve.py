@@ -259,13 +259,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _buffered(self) -> bool:
         """Whether bytes of the connection wait in `rfile`'s buffer; reads the socket only without waiting."""
-        self.connection.setblocking(False)  # a read finding nothing returns at once, leaving `peek` nothing
         try:
-            return bool(self.rfile.peek(1))
+            self.connection.setblocking(False)  # a read finding nothing returns at once, leaving `peek` nothing
+            try:
+                return bool(self.rfile.peek(1))
+            finally:
+                self.connection.settimeout(self.timeout)
         except OSError:
             return True  # reading it ends the connection
-        finally:
-            self.connection.settimeout(self.timeout)
 
     def do_GET(self) -> None:
         if self._routed():
