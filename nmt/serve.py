@@ -410,7 +410,7 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     """
     bad = HTTPStatus.BAD_REQUEST
     try:
-        request = json.loads(body.decode("utf-8"), parse_int=_parse_int)
+        request = json.loads(body.decode("utf-8").removeprefix("\ufeff"), parse_int=_parse_int)  # RFC 8259 §8.1: a BOM may be ignored
     except UnicodeDecodeError as err:
         raise _BadRequest(bad, f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:

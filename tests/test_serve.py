@@ -109,6 +109,15 @@ def test_translations_are_the_translators(server, translator, small_corpus):
     assert post(server, {"text": []}) == (200, {"translations": []})
 
 
+def test_a_body_that_starts_with_a_byte_order_mark_is_read(server, translator):
+    """A JSON file saved with a UTF-8 byte order mark (Windows editors) and sent as is (`curl --data-binary
+    @file`) was refused as "not JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))", advice for the server's
+    code; JSON's RFC 8259 lets a reader ignore the mark."""
+    body = "\ufeff" + json.dumps({"text": ["the dog runs ."]})
+    status, reply = request(f"{server.url}/translate", body.encode("utf-8"))
+    assert (status, reply) == (200, {"translations": translator.translate(["the dog runs ."])})
+
+
 def test_a_request_of_many_lines_is_translated_a_chunk_at_a_time(server):
     """The lines of a request were translated in one call, which holds every line's `Translation` (tokens,
     scores) until the last is done: a 10 MB body of 2.6 million empty strings took the server from 281 MB to
