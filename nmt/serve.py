@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import UserError
-from nmt.interrupts import Terminated, sigterm_interrupts
+from nmt.interrupts import Terminated, flush_std_streams, sigterm_interrupts
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -202,12 +202,7 @@ def _exit_leaving_threads(status: int) -> None:
     without it (`os._exit`), its output flushed: `status` 0 as after a stop, 130 as after Ctrl-C.
     """
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
+    flush_std_streams()
     os._exit(status)
 
 
@@ -410,7 +405,8 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     """
     bad = HTTPStatus.BAD_REQUEST
     try:
-        request = json.loads(body.decode("utf-8").removeprefix("\ufeff"), parse_int=_parse_int)  # RFC 8259 §8.1: a BOM may be ignored
+        # RFC 8259 §8.1: a byte order mark may be ignored (a JSON file saved by a Windows editor, sent as is)
+        request = json.loads(body.decode("utf-8").removeprefix("\ufeff"), parse_int=_parse_int)
     except UnicodeDecodeError as err:
         raise _BadRequest(bad, f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
