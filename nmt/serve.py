@@ -56,6 +56,9 @@ IDLE_POLL_SECONDS = 0.25
 """How often a connection waiting for its next request (a client's keep-alive) looks whether the server stops."""
 SHUTDOWN_POLL_SECONDS = 0.1
 """How often the accepting loop looks for `shutdown` (`serve`): the most a stop waits for it."""
+REQUEST_TIMEOUT_SECONDS = 60.0
+"""Longest a connection waits for its client (a byte of the request, the next request; the whole answer written)
+before it closes: a client gone without closing (its machine or network down) held a thread and a file for good."""
 LINGER_SECONDS = 10.0
 """Longest a connection closed with its request body unread goes on reading (and dropping) that body."""
 LINGER_IDLE_SECONDS = 2.0
@@ -234,6 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
     # TCP_NODELAY: an answer is two writes, headers then body, and with Nagle's algorithm the body waited for the
     # client's delayed acknowledgement of the headers (40 ms on Linux) on every request of a kept-alive connection
     disable_nagle_algorithm = True
+    timeout = REQUEST_TIMEOUT_SECONDS  # every read and write of the socket; a timeout ends the connection
     body_unread = False
     """Whether the connection closes with the request's body, or part of it, not read (`_discard_unread`)."""
 
@@ -244,8 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
         read into `rfile`'s buffer, with the end of the previous request (a client that sends its requests
         without waiting for each answer: HTTP/1.1 pipelining), where the socket has nothing to show."""
         if not self._buffered():
+            idle_until = time.monotonic() + self.timeout
             while not _readable(self.connection, wait=IDLE_POLL_SECONDS):
-                if self.server.stopping:
+                if self.server.stopping or time.monotonic() > idle_until:
                     self.close_connection = True
                     return
         super().handle_one_request()
@@ -325,7 +330,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._leave_body()
             raise _BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                               f"request body of {size} bytes is over the limit of {MAX_BODY_BYTES}; send fewer lines")
-        body = self.rfile.read(size)
+        try:
+            body = self.rfile.read(size)
+        except TimeoutError:  # the socket reads no more once timed out
+            self.close_connection = True
+            raise _BadRequest(HTTPStatus.REQUEST_TIMEOUT, f"request body not sent: nothing came for {self.timeout:g} "
+                                                          "s; send it whole at once") from None
         if len(body) < size:  # the client stopped sending: what came is no whole request
             self.close_connection = True
             raise _BadRequest(HTTPStatus.BAD_REQUEST, f"request body cut short: {len(body)} of the {size} bytes "

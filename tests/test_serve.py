@@ -27,7 +27,7 @@ from nmt.config import config_from_dict, config_to_dict
 from nmt.data.tokenizer import PAD_ID, train_tokenizer
 from nmt.errors import UserError
 from nmt.models import build_model
-from nmt.serve import MAX_BODY_BYTES, make_server
+from nmt.serve import MAX_BODY_BYTES, _Handler, make_server
 from nmt.translate import Translator
 from tests.conftest import tiny_config_dict
 
@@ -328,6 +328,23 @@ def test_a_body_cut_short_or_chunked_is_named_so(server):
     assert status == 411
     assert json.loads(body)["error"] == ("Content-Length header required; a chunked body is not read: send it with "
                                          "its length")
+
+
+def test_a_client_that_stops_sending_is_not_waited_for_forever(server, monkeypatch):
+    """A client that stopped sending without closing (its machine or network gone: no FIN comes) held its
+    connection and thread for good, in the middle of a request or between requests; enough of them use up the
+    process's files and it accepts no more. Each wait for the client now ends after `_Handler.timeout`."""
+    monkeypatch.setattr(_Handler, "timeout", 0.5)  # REQUEST_TIMEOUT_SECONDS for the connections opened here
+    start = time.monotonic()
+    status, headers, body = raw(server, b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"te')
+    assert status == 408 and headers["Connection"] == "close"
+    assert json.loads(body)["error"] == "request body not sent: nothing came for 0.5 s; send it whole at once"
+    for sent in (b"POST /translate HTTP/1.1\r\nHost", b""):  # a request line or headers cut short, or nothing
+        with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+            sock.sendall(sent)
+            assert sock.recv(4096) == b""  # closed, without an answer: there is no request to answer
+    assert time.monotonic() - start < 8
+    assert post(server, {"text": ["a"]})[0] == 200
 
 
 @pytest.mark.parametrize(("lengths", "error"), [
