@@ -50,16 +50,21 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     except Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:  # None: closed when the process started (`>&-`)
-                    stream.flush()
-            except (OSError, ValueError):
-                pass
+        flush_std_streams()
         os.kill(os.getpid(), signal.SIGTERM)
         raise  # reached only where the signal's default action is ignored (PID 1 of a container): exit 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def flush_std_streams() -> None:
+    """Flush standard output and error before the process ends without the interpreter's exit, which would."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: closed when the process started (`>&-`)
+                stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def stops_cleanly_on_sigterm(command: F) -> F:

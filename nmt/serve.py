@@ -14,7 +14,9 @@ Bad requests get status 400 (404 for an unknown path, 405 and an `Allow` header
 for another method on a known one, 413 for a body over `MAX_BODY_BYTES`) and a
 JSON body {"error": "<one line>"}, as do the errors `http.server` itself sends
 (a request line it cannot parse, a method it does not know: 501); a failure
-inside the model gets 500, with the traceback in the server's log only.
+inside the model gets 500, with the traceback in the server's log only. A body
+refused unread is read and dropped after the answer, so that a client still
+sending it gets to read the answer.
 
 It serves until Ctrl-C or SIGTERM (how systemd and docker stop a service), then
 stops listening, closes the connections that wait for a next request (a client's
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import socket
 import sys
@@ -42,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import UserError
-from nmt.interrupts import sigterm_interrupts
+from nmt.interrupts import Terminated, flush_std_streams, sigterm_interrupts
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -53,8 +56,18 @@ IDLE_POLL_SECONDS = 0.25
 """How often a connection waiting for its next request (a client's keep-alive) looks whether the server stops."""
 SHUTDOWN_POLL_SECONDS = 0.1
 """How often the accepting loop looks for `shutdown` (`serve`): the most a stop waits for it."""
+REQUEST_TIMEOUT_SECONDS = 60.0
+"""Longest a connection waits for its client (a byte of the request, the next request; the whole answer written)
+before it closes: a client gone without closing (its machine or network down) held a thread and a file for good."""
+LINGER_SECONDS = 10.0
+"""Longest a connection closed with its request body unread goes on reading (and dropping) that body."""
+LINGER_IDLE_SECONDS = 2.0
+"""How long that reading waits for more before it gives up on a client that sends nothing and does not close."""
 MAX_BEAM = 64
 """Largest `beam` a request may ask for: a bigger one would hold the lock (and memory) for long."""
+MAX_NUMBER_DIGITS = 100
+"""Longest integer a request body may hold: far more than "beam" needs, and under the interpreter's own limit
+(`sys.get_int_max_str_digits()`, 4300), past which `json` raised a ValueError that was answered as a model failure."""
 _METHODS = {"/translate": "POST", "/health": "GET"}
 """The one method each path answers; another one gets 405."""
 
@@ -76,6 +89,7 @@ class TranslationServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], translator, *, beam: int | None = None, name: str = "") -> None:
         self._handlers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # before binding, which may close
         self.stopping = False  # set by `server_close`: connections close once their requests are answered
+        self.abandoned = 0  # set by `server_close`: handler threads still running after its wait
         if ":" in address[0]:  # an IPv6 address (`--host ::1`, `--host ::` for every interface)
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -114,7 +128,8 @@ class TranslationServer(ThreadingHTTPServer):
         deadline = time.monotonic() + self.drain_seconds
         for thread in list(self._handlers):
             thread.join(max(0.0, deadline - time.monotonic()))
-        if left := sum(thread.is_alive() for thread in self._handlers):
+        self.abandoned = left = sum(thread.is_alive() for thread in self._handlers)
+        if left:
             log.warning("%d connection(s) still open after the %g s wait for the requests in flight: stopping "
                         "without them (a request still being read or translated gets no answer)", left,
                         self.drain_seconds)
@@ -125,9 +140,10 @@ class TranslationServer(ThreadingHTTPServer):
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def translate(self, lines: list[str], beam: int | None) -> list[str]:
-        """Translate `lines`, one request at a time."""
+        """Translate `lines`, one request at a time, a chunk of lines at a time as `nmt translate` reads a
+        file: only the answers are held, not every line's `Translation` until the last is done."""
         with self.lock:
-            return self.translator.translate(lines, beam=beam or self.beam)
+            return list(self.translator.translate_stream(lines, beam=beam or self.beam))
 
 
 def make_server(
@@ -168,9 +184,29 @@ def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
             log.info("stopped")
         finally:
             server.shutdown()  # returns once the loop has ended
-            server.server_close()
+            try:
+                server.server_close()
+            except Terminated:
+                raise  # a second SIGTERM: `sigterm_interrupts` ends the process by SIGTERM, which leaves no thread
+            except KeyboardInterrupt:  # a second Ctrl-C, during the wait for the requests in flight
+                log.warning("stopped at once: the requests in flight get no answer")
+                _exit_leaving_threads(130)
     if failed:
         raise failed[0]
+    if server.abandoned:
+        _exit_leaving_threads(0)
+
+
+def _exit_leaving_threads(status: int) -> None:
+    """End the process now, leaving the handler threads still running (a translation longer than the wait).
+
+    The interpreter's exit stops such a thread where it runs, and inside torch's C++ code that aborts the
+    process ("terminate called without an active exception", SIGABRT and a core dump), so the process ends
+    without it (`os._exit`), its output flushed: `status` 0 as after a stop, 130 as after Ctrl-C.
+    """
+    logging.shutdown()
+    flush_std_streams()
+    os._exit(status)
 
 
 def _serve_until_shutdown(server: TranslationServer, failed: list[BaseException]) -> None:
@@ -201,16 +237,36 @@ class _Handler(BaseHTTPRequestHandler):
     # TCP_NODELAY: an answer is two writes, headers then body, and with Nagle's algorithm the body waited for the
     # client's delayed acknowledgement of the headers (40 ms on Linux) on every request of a kept-alive connection
     disable_nagle_algorithm = True
+    timeout = REQUEST_TIMEOUT_SECONDS  # every read and write of the socket; a timeout ends the connection
+    body_unread = False
+    """Whether the connection closes with the request's body, or part of it, not read (`_discard_unread`)."""
 
     def handle_one_request(self) -> None:
         """The next request on this connection, waited for in steps of `IDLE_POLL_SECONDS`: when the server
         stops, a connection with no request coming closes by itself, where a blocking read held the stop
-        for `drain_seconds`; a request whose first bytes have come is answered."""
-        while not _readable(self.connection, wait=IDLE_POLL_SECONDS):
-            if self.server.stopping:
-                self.close_connection = True
-                return
+        for `drain_seconds`; a request whose first bytes have come is answered. Those bytes may already be
+        read into `rfile`'s buffer, with the end of the previous request (a client that sends its requests
+        without waiting for each answer: HTTP/1.1 pipelining), where the socket has nothing to show."""
+        if not self._buffered():
+            idle_until = time.monotonic() + self.timeout
+            while not _readable(self.connection, wait=IDLE_POLL_SECONDS):
+                if self.server.stopping or time.monotonic() > idle_until:
+                    self.close_connection = True
+                    return
         super().handle_one_request()
+        if self.body_unread:
+            self._discard_unread()
+
+    def _buffered(self) -> bool:
+        """Whether bytes of the connection wait in `rfile`'s buffer; reads the socket only without waiting."""
+        try:
+            self.connection.setblocking(False)  # a read finding nothing returns at once, leaving `peek` nothing
+            try:
+                return bool(self.rfile.peek(1))
+            finally:
+                self.connection.settimeout(self.timeout)
+        except OSError:
+            return True  # reading it ends the connection
 
     def do_GET(self) -> None:
         if self._routed():
@@ -252,27 +308,67 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _routed
 
     def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self.close_connection = True  # the body's end is unknown
-            chunked = "; a chunked body is not read: send it with its length" if self.headers.get(
-                "Transfer-Encoding") else ""
+        lengths = self.headers.get_all("Content-Length", [])
+        coded = self.headers.get("Transfer-Encoding")
+        if not lengths:
+            self._leave_body()  # its end is unknown
+            chunked = "; a chunked body is not read: send it with its length" if coded else ""
             raise _BadRequest(HTTPStatus.LENGTH_REQUIRED, f"Content-Length header required{chunked}")
-        digits = length.strip()
+        # Two lengths, where a proxy may go by the other one (HTTP's rule: Transfer-Encoding first): read by
+        # Content-Length, the rest of the body was taken for the next request on this connection.
+        if coded or len({length.strip() for length in lengths}) > 1:
+            self._leave_body()
+            given = f"Transfer-Encoding {coded!r} and Content-Length" if coded else f"Content-Length {lengths}"
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"{given} both give the body's length; send Content-Length "
+                                                      "alone, once")
+        digits = lengths[0].strip()
         if not (digits.isascii() and digits.isdigit()):  # not int(): it takes "+1_0", and "-1" (read to EOF: a hang)
-            self.close_connection = True
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {length!r} is not a number of bytes")
+            self._leave_body()
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"Content-Length {lengths[0]!r} is not a number of bytes")
         size = int(digits)
         if size > MAX_BODY_BYTES:
-            self.close_connection = True  # not read: the connection cannot be reused
+            self._leave_body()
             raise _BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                               f"request body of {size} bytes is over the limit of {MAX_BODY_BYTES}; send fewer lines")
-        body = self.rfile.read(size)
+        try:
+            body = self.rfile.read(size)
+        except TimeoutError:  # the socket reads no more once timed out
+            self.close_connection = True
+            raise _BadRequest(HTTPStatus.REQUEST_TIMEOUT, f"request body not sent: nothing came for {self.timeout:g} "
+                                                          "s; send it whole at once") from None
         if len(body) < size:  # the client stopped sending: what came is no whole request
             self.close_connection = True
             raise _BadRequest(HTTPStatus.BAD_REQUEST, f"request body cut short: {len(body)} of the {size} bytes "
                                                       "its Content-Length gives arrived")
         return body
+
+    def _leave_body(self) -> None:
+        """Leave the body unread: the connection closes after the answer, as it cannot serve a next request."""
+        self.close_connection = self.body_unread = True
+
+    def _discard_unread(self) -> None:
+        """Read and drop what comes after the answer until the client closes, for up to `LINGER_SECONDS`.
+
+        A socket closed with bytes unread resets the connection, and a client still sending the body
+        (http.client, so urllib and requests, reads no answer before it has sent the whole request) got
+        a broken pipe instead of the answer.
+        """
+        sock = self.connection
+        try:
+            self.wfile.flush()
+            sock.shutdown(socket.SHUT_WR)  # the answer is whole: a client reading to the end has it all
+            sock.settimeout(IDLE_POLL_SECONDS)
+            now = time.monotonic()
+            deadline, quiet_until = now + LINGER_SECONDS, now + LINGER_IDLE_SECONDS
+            while not self.server.stopping and time.monotonic() < min(deadline, quiet_until):
+                try:
+                    if not sock.recv(2**16):
+                        return  # the client has closed
+                except TimeoutError:
+                    continue
+                quiet_until = time.monotonic() + LINGER_IDLE_SECONDS
+        except OSError:  # the client reset the connection: nothing left to read
+            pass
 
     def _drain(self) -> None:
         """Read and drop a body nobody wants, so the connection stays usable."""
@@ -319,7 +415,8 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     """
     bad = HTTPStatus.BAD_REQUEST
     try:
-        request = json.loads(body.decode("utf-8"))
+        # RFC 8259 §8.1: a byte order mark may be ignored (a JSON file saved by a Windows editor, sent as is)
+        request = json.loads(body.decode("utf-8").removeprefix("\ufeff"), parse_int=_parse_int)
     except UnicodeDecodeError as err:
         raise _BadRequest(bad, f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
@@ -347,3 +444,11 @@ def _parse(body: bytes) -> tuple[list[str], int | None]:
     if beam is not None and (isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM):
         raise _BadRequest(bad, f'"beam" ({beam!r}) must be an integer in [1, {MAX_BEAM}]')
     return lines, beam
+
+
+def _parse_int(digits: str) -> int:
+    """`int` of a JSON integer, or `_BadRequest` for one longer than `MAX_NUMBER_DIGITS`."""
+    if len(digits) > MAX_NUMBER_DIGITS + digits.startswith("-"):
+        raise _BadRequest(HTTPStatus.BAD_REQUEST, f"body holds a number of {len(digits.lstrip('-'))} digits, over "
+                                                  f"the {MAX_NUMBER_DIGITS} read; \"beam\" is an integer in [1, {MAX_BEAM}]")
+    return int(digits)

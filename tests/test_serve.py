@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ from nmt.config import config_from_dict, config_to_dict
 from nmt.data.tokenizer import PAD_ID, train_tokenizer
 from nmt.errors import UserError
 from nmt.models import build_model
-from nmt.serve import MAX_BODY_BYTES, make_server
+from nmt.serve import MAX_BODY_BYTES, _Handler, make_server
 from nmt.translate import Translator
 from tests.conftest import tiny_config_dict
 
@@ -108,6 +109,30 @@ def test_translations_are_the_translators(server, translator, small_corpus):
     assert post(server, {"text": []}) == (200, {"translations": []})
 
 
+def test_a_body_that_starts_with_a_byte_order_mark_is_read(server, translator):
+    """A JSON file saved with a UTF-8 byte order mark (Windows editors) and sent as is (`curl --data-binary
+    @file`) was refused as "not JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))", advice for the server's
+    code; JSON's RFC 8259 lets a reader ignore the mark."""
+    body = "\ufeff" + json.dumps({"text": ["the dog runs ."]})
+    status, reply = request(f"{server.url}/translate", body.encode("utf-8"))
+    assert (status, reply) == (200, {"translations": translator.translate(["the dog runs ."])})
+
+
+def test_a_request_of_many_lines_is_translated_a_chunk_at_a_time(server):
+    """The lines of a request were translated in one call, which holds every line's `Translation` (tokens,
+    scores) until the last is done: a 10 MB body of 2.6 million empty strings took the server from 281 MB to
+    1.5 GB. Translated a chunk at a time, as `nmt translate` reads a file, only the answers are held."""
+    lines = [""] * 100_000
+    tracemalloc.start()
+    try:
+        status, body = post(server, {"text": lines})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert status == 200 and body == {"translations": lines}
+    assert peak < 10e6, f"{peak / 1e6:.0f} MB"  # the body (0.4 MB), its list and the answer: a few MB
+
+
 def test_health(server, checkpoint):
     assert request(f"{server.url}/health") == (200, {"status": "ok", "checkpoint": str(checkpoint)})
 
@@ -141,6 +166,18 @@ def _ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_requests_sent_without_waiting_for_each_answer_are_all_answered(server):
+    """HTTP/1.1 pipelining: the next request came in the same read as the one before, into `rfile`'s buffer,
+    and the wait for a next request, which watched the socket alone, never saw it: the client waited forever."""
+    body = json.dumps({"text": ["the dog"]}).encode()
+    post_ = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    get = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    close = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    status, headers, reply = raw(server, get + post_ + get + close)
+    assert status == 200 and reply.count(b"HTTP/1.1 200 OK\r\n") == 3  # the first one's is in `status`
+    assert b'{"translations": [' in reply
+
+
 def test_an_ipv6_address_is_served(checkpoint, translator):
     """`--host ::1` was refused: "Address family for hostname not supported"."""
     srv = make_server(checkpoint, host="::1", port=0, device="cpu")
@@ -174,6 +211,8 @@ def test_concurrent_requests_each_get_their_own_answer(server, translator, small
     (b'{"text": ["a"], "beams": 2}', 400, "unknown field 'beams'"),
     (b'{"text": ["ok", "F\\u00e9lix \\ud800 eats"]}', 400,
      "\"text\"[1] holds a lone surrogate ('\\ud800' at character 6), not text"),
+    # `json` refuses integers of more than `sys.get_int_max_str_digits()` digits with a ValueError of its own
+    (b'{"text": ["a"], "beam": ' + b"9" * 5000 + b"}", 400, "body holds a number of 5000 digits"),
 ])
 def test_bad_requests_get_400_and_one_line(server, body, status, needle):
     got, reply = request(f"{server.url}/translate", body)
@@ -191,6 +230,31 @@ def test_unknown_paths_and_oversized_bodies(server):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 413") and b"over the limit" in reply
     # the server still answers afterwards
+    assert post(server, {"text": ["a"]})[0] == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["too-long", "chunked"])
+def test_a_body_refused_unread_still_lets_its_client_read_the_answer(server, chunked):
+    """http.client (and so urllib and requests) sends the whole body before it reads an answer. The server
+    answered a body it does not read (over `MAX_BODY_BYTES`, or chunked) and closed the connection with the
+    body still arriving, and the socket, closed with bytes unread, reset it: the client got a broken pipe
+    (ConnectionResetError) instead of the 413 or 411."""
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    piece = b" " * 2**16
+    pieces = MAX_BODY_BYTES // len(piece) + 1
+    try:
+        if chunked:  # 5 MiB: more than the sockets' buffers hold
+            conn.request("POST", "/translate", body=iter([piece] * (pieces // 2)), encode_chunked=True)
+        else:
+            conn.request("POST", "/translate", body=piece * pieces)
+        resp = conn.getresponse()
+        status, reply = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    if chunked:
+        assert status == 411 and "a chunked body is not read" in reply["error"]
+    else:
+        assert status == 413 and reply["error"].startswith(f"request body of {len(piece) * pieces} bytes is over")
     assert post(server, {"text": ["a"]})[0] == 200
 
 
@@ -264,6 +328,43 @@ def test_a_body_cut_short_or_chunked_is_named_so(server):
     assert status == 411
     assert json.loads(body)["error"] == ("Content-Length header required; a chunked body is not read: send it with "
                                          "its length")
+
+
+def test_a_client_that_stops_sending_is_not_waited_for_forever(server, monkeypatch):
+    """A client that stopped sending without closing (its machine or network gone: no FIN comes) held its
+    connection and thread for good, in the middle of a request or between requests; enough of them use up the
+    process's files and it accepts no more. Each wait for the client now ends after `_Handler.timeout`."""
+    monkeypatch.setattr(_Handler, "timeout", 0.5)  # REQUEST_TIMEOUT_SECONDS for the connections opened here
+    start = time.monotonic()
+    status, headers, body = raw(server, b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"te')
+    assert status == 408 and headers["Connection"] == "close"
+    assert json.loads(body)["error"] == "request body not sent: nothing came for 0.5 s; send it whole at once"
+    for sent in (b"POST /translate HTTP/1.1\r\nHost", b""):  # a request line or headers cut short, or nothing
+        with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+            sock.sendall(sent)
+            assert sock.recv(4096) == b""  # closed, without an answer: there is no request to answer
+    assert time.monotonic() - start < 8
+    assert post(server, {"text": ["a"]})[0] == 200
+
+
+@pytest.mark.parametrize(("lengths", "error"), [
+    (b"Transfer-Encoding: chunked\r\nContent-Length: 5", "Transfer-Encoding 'chunked' and Content-Length both"),
+    (b"Content-Length: 5\r\nContent-Length: 22", "Content-Length ['5', '22'] both"),
+], ids=["chunked-and-length", "two-lengths"])
+def test_a_body_with_two_lengths_is_refused_not_read_as_two_requests(server, lengths, error):
+    """Read by its (first) Content-Length, the rest of such a body was taken for the next request on the
+    connection, which got an answer of its own: behind a proxy that goes by the other length (Transfer-Encoding
+    first, as HTTP asks), a request could be slipped inside the body of another."""
+    body = b'{"text": ["the dog"]}'
+    if b"chunked" in lengths:
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    status, headers, reply = raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n%s" % (lengths, body))
+    assert b"HTTP/1.1" not in reply  # one answer
+    assert status == 400 and headers["Connection"] == "close"
+    assert json.loads(reply)["error"] == f"{error} give the body's length; send Content-Length alone, once"
+    status, headers, reply = raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                                         b"Content-Length: 5\r\nConnection: close\r\n\r\n[1,2]")
+    assert status == 400 and json.loads(reply)["error"].startswith("body must be a JSON object")  # read once
 
 
 def test_a_client_that_goes_away_before_its_answer_is_one_log_line(server, small_corpus, caplog, capsys):
@@ -416,3 +517,46 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
     assert status == 200 and len(reply["translations"]) == 1, f"{status}; the server said: {''.join(said)[-3000:]}"
     assert closing == "close"  # answered during the stop: the client is told to send no next request on it
     assert rc == 0 and "[nmt] stopped\n" in said, "".join(said)[-3000:]
+
+
+@pytest.mark.parametrize(("signals", "drain", "status", "said_last"), [
+    ([signal.SIGTERM], 0.2, 0, "1 connection(s) still open after the 0.2 s wait for the requests in flight"),
+    ([signal.SIGINT, signal.SIGINT], 30, 130, "stopped at once: the requests in flight get no answer"),
+], ids=["after-the-wait", "second-ctrl-c"])
+def test_cli_stopped_during_a_long_translation_exits_without_aborting(checkpoint, small_corpus, signals, drain,
+                                                                        status, said_last):
+    """The process exited with a handler thread still translating (after `drain_seconds`, or at a second Ctrl-C
+    during that wait), and the interpreter's exit stopped that thread inside torch's C++ code: "terminate called
+    without an active exception", killed by SIGABRT (a core dump where they are kept). It now ends without
+    finalizing, after its warning."""
+    script = (f"import sys; from nmt.serve import TranslationServer; TranslationServer.drain_seconds = {drain}; "
+              "from nmt.cli import main; sys.argv[0] = 'nmt'; main()")
+    proc = subprocess.Popen([sys.executable, "-c", script, "serve", "-c", str(checkpoint), "--port", "0",
+                             "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+    said = []
+    try:
+        for line in proc.stderr:
+            said.append(line)
+            if found := re.search(r" on http://([\d.]+):(\d+)", line):
+                break
+        assert found, "".join(said)
+        # a nonsense model at beam 64 runs to the longest output: seconds of translation
+        body = json.dumps({"text": (small_corpus / "test.en").read_text(encoding="utf-8").splitlines() * 32,
+                           "beam": 64}).encode()
+        sock = socket.create_connection((found.group(1), int(found.group(2))), timeout=30)
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(1)  # the translation runs
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.5)
+        rc = proc.wait(timeout=30)
+        sock.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        said.append(proc.stderr.read())
+        proc.stderr.close()
+    said = "".join(said)
+    assert rc == status and "terminate called" not in said, f"{rc}: {said[-3000:]}"
+    assert said.splitlines()[-1].startswith(f"[nmt] {said_last}"), said[-3000:]
