@@ -121,6 +121,13 @@ def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfi
         json.dump({"result": result, "threads": _threads()}, f)
 
 
+def _rank_in_own_directory(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """A training rank working in `out/node<rank>`, as on a node of its own: the config's relative corpus
+    paths name the same files there (`node<rank>/corpus` links to them), under other absolute paths."""
+    os.chdir(f"{out}/node{rank}")
+    _train_rank(rank, world_size, port, cfg, out)
+
+
 def _failing_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
     """One rank of a run that should fail: what it raised, as text, and its threads after."""
     _as_rank(rank, world_size, port)
@@ -261,6 +268,23 @@ def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(smal
     assert ", 2 processes x 1 thread (" in written["hardware"]  # the CPU's, on a machine with GPUs too
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
+
+
+def test_ranks_take_rank_0s_tokenizer_and_leave_its_files_alone(small_corpus, tmp_path):
+    """Nodes may start in different working directories: the other ranks use the tokenizer rank 0 trained,
+    and do not judge its files themselves (the record of the corpus's absolute path would differ) and train
+    their own over them."""
+    for rank in range(2):
+        (tmp_path / f"node{rank}").mkdir()
+        (tmp_path / f"node{rank}" / "corpus").symlink_to(small_corpus)
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=1, device="cpu")
+    cfg.data.train.path, cfg.data.valid.path = "corpus/train", "corpus/valid"
+    start_ranks(_rank_in_own_directory, 2, cfg, tmp_path)
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert same_weights(ranks[0]["model"], ranks[1]["model"])
+    record = json.loads((tmp_path / "run" / "spm.json").read_text(encoding="utf-8"))
+    assert record["train"][0]["path"] == [str(tmp_path / "node0" / "corpus" / "train")]  # rank 0's, kept
 
 
 def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path):

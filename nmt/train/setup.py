@@ -29,6 +29,7 @@ from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     HALF_DTYPES,
     Dist,
+    all_gather,
     compile_model,
     enable_fast_math,
     grad_scaler,
@@ -238,8 +239,10 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         # rank 0 first, the others waiting: no races on the run directory, the tokenizer or the
         # caches; a bad corpus or setting stops every rank with rank 0's error
         data = on_main(lambda: _prepare_first(given, run_dir, restart, start.tokenizer), ctx)
-        if not ctx.is_main:
-            data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
+        if ctx.enabled:  # rank 0's tokenizer, sent to the others: they neither judge nor write the run's files
+            tokenizer = Tokenizer.from_state(all_gather(data.tokenizer.to_state() if ctx.is_main else None, ctx)[0])
+            if not ctx.is_main:
+                data = prepare_run(cfg, run_dir, tokenizer=tokenizer, prepared=True)
 
         seed_everything(tc.seed)
         t = build_trainable(cfg, data.tokenizer, device)
