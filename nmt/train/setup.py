@@ -24,7 +24,7 @@ from torch import nn
 from nmt.config import ExperimentConfig, TrainConfig, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID, Tokenizer
-from nmt.errors import ConfigError, UserError
+from nmt.errors import ConfigError, NodeError
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     HALF_DTYPES,
@@ -112,7 +112,7 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
     `train.cuda_graphs`, each batch shape's whole update is then recorded (`t.update_graphs`).
 
     Raises:
-        UserError: `train.compile_dynamic` false where batch shapes are not static;
+        NodeError: `train.compile_dynamic` false where batch shapes are not static;
             `train.cuda_graphs` where updates cannot be recorded.
     """
     objective = t.objective
@@ -125,7 +125,7 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
     if tc.compile:
         static = bool(batch_padding(tc, device).fill_tokens)
         if tc.compile_dynamic is False and not static:
-            raise UserError(f"train.compile_dynamic: false compiles a graph per batch shape, which needs static "
+            raise NodeError(f"train.compile_dynamic: false compiles a graph per batch shape, which needs static "
                             f"batch shapes, and train.batch_shapes {tc.batch_shapes} gives free ones on {device.type}"
                             f" (auto is static only with compile_mode reduce-overhead on CUDA): set "
                             f"train.batch_shapes: static, or train.compile_dynamic: true")
