@@ -282,8 +282,12 @@ def batch_loader(ds, batch_lists: Sequence[list[int]], *, num_workers: int = 0, 
 
 
 def _ignore_interrupts(worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal's group: workers leave it to the training
-    process, which saves a checkpoint and then shuts them down."""
+    """Ctrl-C reaches every process of the terminal's group, and SIGTERM every process of a torchrun worker's
+    group (torchrun stops a worker with `killpg`; Slurm's scancel signals every process of the job): workers
+    leave both to the training process, which saves a checkpoint and then shuts them down. A worker killed
+    by the signal would instead fail the training process's next batch, with no checkpoint. (A worker whose
+    training process is gone stops by itself: the DataLoader's workers watch their parent.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
