@@ -171,13 +171,14 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
         seed_everything(cfg.train.seed + ctx.rank + progress.step)
         # The writers took the epoch's first `batch_in_epoch` x writers batches between them (rank r every
         # writers-th): the processes now share the rest. Cut for another count, the epoch's list may split a
-        # batch more or less, and a few batches at the seam are taken again.
+        # batch more or less, so a few pairs at the seam are taken again, or left for the next epoch.
         taken = progress.batch_in_epoch * len(states)
         progress.batch_in_epoch = taken // ctx.world_size
         if ctx.is_main:
             log.warning("%s was written by %d process(es), now %d: they go on after the %d batches of this epoch "
-                        "taken so far (a few at the seam again), with new random streams; resume with %d for the "
-                        "run's own order", path, len(states), ctx.world_size, taken, len(states))
+                        "taken so far (a few pairs at the seam again, or not until the next epoch), with new random "
+                        "streams; resume with %d for the run's own order", path, len(states), ctx.world_size, taken,
+                        len(states))
     saved_train = payload.get("config", {}).get("train", {})
     changed = [(key, saved_train.get(key, "longer" if key == "batch_order" else None), getattr(cfg.train, key))
                for key in EPOCH_CUT]  # a checkpoint from before batch_order was cut in the longer order
