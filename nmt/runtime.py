@@ -497,6 +497,28 @@ def on_main(fn: Callable[[], T], ctx: Dist) -> T | None:
     return result
 
 
+def on_every_rank(fn: Callable[[], T], ctx: Dist) -> T:
+    """`fn()` on every rank; a UserError that any of them meets stops them all, its line printed once.
+
+    The lowest rank that met one raises its own; the others raise it as a `RelayedError`, which the CLI
+    does not print again. For what every rank does alike and can fail alike (load a checkpoint and check
+    it against the config), where N processes would otherwise print N copies of one line, or a rank
+    that met an error alone would leave the others waiting for it.
+    """
+    result, problem = None, None
+    try:
+        result = fn()
+    except UserError as err:
+        problem = err
+    messages = all_gather(None if problem is None else str(problem), ctx)
+    first = next((rank for rank, message in enumerate(messages) if message is not None), None)
+    if first is None:
+        return result  # type: ignore[return-value]
+    if first == ctx.rank and problem is not None:
+        raise problem
+    raise RelayedError(messages[first])
+
+
 @contextlib.contextmanager
 def inference(model: torch.nn.Module) -> Iterator[None]:
     """Evaluation mode, no autograd and `attention_kernels`, restoring the previous mode afterwards."""

@@ -142,6 +142,18 @@ def _failing_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, 
         json.dump({"outcome": outcome, "threads": _threads()}, f)
 
 
+def _refused_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One rank of a run that should fail: its error's type and text."""
+    _as_rank(rank, world_size, port)
+    try:
+        train(cfg)
+        outcome = ["trained", ""]
+    except UserError as err:
+        outcome = [type(err).__name__, str(err)]
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(outcome, f)
+
+
 def start_ranks(target, world_size: int, cfg: ExperimentConfig, out) -> None:
     """Run `target(rank, world_size, port, cfg, out)` in `world_size` gloo processes (spawned)."""
     with socket.socket() as s:
@@ -299,6 +311,20 @@ def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path
     assert str(tmp_path / "missing" / "train.en") in outcomes[0]
     assert outcomes[1] == outcomes[0]
     assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]  # torn down on the way out too
+
+
+def test_a_checkpoint_the_config_cannot_resume_stops_every_rank_with_one_error(small_corpus, tmp_path):
+    """Every rank would meet the refusal alike: rank 0 raises it, the others relay it, so that the CLI prints
+    it once (`RelayedError`), not once a process."""
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=1, save_every=1))
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, device="cpu")
+    cfg.model.transformer.ff_dim *= 2  # other weights than the checkpoint's
+    start_ranks(_refused_rank, 2, cfg, tmp_path)
+
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    message = f"{tmp_path / 'run' / 'ckpt_1.pt'}: the run directory holds a run with a different model section"
+    assert outcomes[0][0] == "UserError" and outcomes[0][1].startswith(message)
+    assert outcomes[1] == ["RelayedError", outcomes[0][1]]
 
 
 @pytest.mark.slow
