@@ -375,11 +375,12 @@ main()
 @pytest.mark.parametrize("setting, message", [
     ("train.lr=-1", "nmt: error: "),  # a config error: every process meets it, local rank 0 prints it
     ("data.train.path=missing/train", "nmt: error: data.train: text corpus not found"),  # rank 0's, relayed
+    ("train.init_from=missing.pt", "nmt: error: missing.pt: checkpoint not found"),  # every rank's, relayed
     # what the node cannot run, which every process meets too: before the process group, and once it is up
     ("train.device=cuda:1", "nmt: error: train.device: cuda:1 names one GPU"),
     ("train.cuda_graphs=true", "nmt: error: train.cuda_graphs: true records updates as CUDA graphs, which needs a "
                                "CUDA device (training runs on cpu)"),
-], ids=["config", "corpus", "device", "cuda-graphs"])
+], ids=["config", "corpus", "init-from", "device", "cuda-graphs"])
 def test_torchrun_prints_an_error_every_process_meets_once(setting, message, late, small_corpus, tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=2, device="cpu")

@@ -34,6 +34,7 @@ from nmt.runtime import (
     enable_fast_math,
     grad_scaler,
     init_distributed,
+    on_every_rank,
     on_main,
     pick_device,
     seed_everything,
@@ -218,21 +219,27 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     """
     if (problem := cfg.training_problem()) is not None:  # before the run directory is made: nothing written
         raise ConfigError(problem)
-    start = starting_point(cfg)  # a bad init_from or tokenizer.model fails before anything is written
-    cfg = start.cfg
-    run_dir = Path(cfg.run_dir)
     owns_group = not (dist.is_available() and dist.is_initialized())
     ctx = init_distributed(cfg.train.device)
-    device = pick_device(cfg.train.device)
-    # the run's settings: train.cuda_graphs auto decided for this device and process count (config.yaml keeps
-    # the given config, auto included, so the run directory resumes anywhere as it was asked)
-    graphs, why_not = resolve_update_graphs(cfg.train, device, ctx, cfg.model.type)
-    given, cfg = cfg, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=graphs))
-    tc = cfg.train
-    if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
-        check_update_graphs(tc, device, ctx)
-    enable_fast_math(device)
-    lock = lock_run_dir(run_dir, ctx)  # a second training in this run directory stops here, on every rank
+    try:
+        # a bad init_from or tokenizer.model fails before anything is written, its line printed once
+        start = on_every_rank(lambda: starting_point(cfg), ctx)
+        cfg = start.cfg
+        run_dir = Path(cfg.run_dir)
+        device = pick_device(cfg.train.device)
+        # the run's settings: train.cuda_graphs auto decided for this device and process count (config.yaml
+        # keeps the given config, auto included, so the run directory resumes anywhere as it was asked)
+        graphs, why_not = resolve_update_graphs(cfg.train, device, ctx, cfg.model.type)
+        given, cfg = cfg, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=graphs))
+        tc = cfg.train
+        if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
+            check_update_graphs(tc, device, ctx)
+        enable_fast_math(device)
+        lock = lock_run_dir(run_dir, ctx)  # a second training in this run directory stops here, on every rank
+    except BaseException:
+        if owns_group:
+            shutdown_distributed()
+        raise
     try:
         if not ctx.is_main:
             logging.getLogger("nmt").setLevel(logging.WARNING)
