@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from nmt.errors import ConfigError, OutputClosed, RelayedError, UserError, shorten
+from nmt.errors import ConfigError, NodeError, OutputClosed, RelayedError, UserError, shorten
 from nmt.interrupts import stops_cleanly_on_sigterm
 
 app = typer.Typer(
@@ -412,8 +412,12 @@ def hoist_global_flags(args: list[str]) -> list[str]:
 
 def _printed_by_another_process(err: UserError) -> bool:
     """Under torchrun, whether another process prints `err`, so that N processes do not print one line N times:
-    rank 0's error relayed to the ranks that waited for it, and a config error, which a node's local rank 0 prints."""
-    return isinstance(err, RelayedError) or (isinstance(err, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0")
+    rank 0's error relayed to the ranks that waited for it, and a config error or one of the node's devices
+    (`NodeError`), which every process of a node meets and its local rank 0 prints."""
+    if isinstance(err, RelayedError):
+        return True
+    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return isinstance(err, ConfigError | NodeError) and torchrun and os.environ.get("LOCAL_RANK", "0") != "0"
 
 
 # How long a process that leaves its error to another one waits for torchrun to stop it (`_wait_to_be_stopped`).

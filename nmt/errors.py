@@ -26,6 +26,14 @@ class ConfigError(UserError):
     of a node meets it alike, and the node's local rank 0 alone prints it."""
 
 
+class NodeError(UserError):
+    """A setting this machine cannot run as asked: a device it lacks, more processes than GPUs, CUDA graphs
+    on a CPU or under torchrun.
+
+    It follows from the config, the command line and the node, so under torchrun every process of a
+    node meets it alike, and the node's local rank 0 alone prints it, as a `ConfigError`."""
+
+
 class DataError(UserError):
     """A missing, malformed or unusable corpus; the message names the file (and line)."""
 

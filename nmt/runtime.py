@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.config.schema import CUDA_INDEX, device_problem
-from nmt.errors import RelayedError, UserError, shorten
+from nmt.errors import NodeError, RelayedError, UserError, shorten
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ def pick_device(name: str = "auto") -> torch.device:
     """`auto`: CUDA, then MPS, then CPU; `cuda:N` names one GPU. An unknown or absent device is a user error."""
     problem = device_problem(name)
     if problem:
-        raise UserError(f"device {shorten(repr(name), 60)} (train.device or --device): {problem}")
+        raise NodeError(f"device {shorten(repr(name), 60)} (train.device or --device): {problem}")
     if numbered := CUDA_INDEX.fullmatch(name):
         index, count = int(numbered[1]), torch.cuda.device_count() if torch.cuda.is_available() else 0
         if index >= count:
             have = f"{count} CUDA device{'s' if count != 1 else ''}" + (f" (cuda:0 to cuda:{count - 1})" if count else "")
-            raise UserError(f"device {name!r} (train.device or --device): this machine has {have}; use 'auto' or 'cpu'")
+            raise NodeError(f"device {name!r} (train.device or --device): this machine has {have}; use 'auto' or 'cpu'")
         torch.cuda.set_device(index)  # what CUDA calls without a device (streams, recorded graphs) then use
         return torch.device("cuda", index)
     if name == "auto":
@@ -52,9 +52,9 @@ def pick_device(name: str = "auto") -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("device 'cuda' (train.device or --device): no CUDA device is available; use 'auto' or 'cpu'")
+        raise NodeError("device 'cuda' (train.device or --device): no CUDA device is available; use 'auto' or 'cpu'")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserError("device 'mps' (train.device or --device): MPS is not available; use 'auto' or 'cpu'")
+        raise NodeError("device 'mps' (train.device or --device): MPS is not available; use 'auto' or 'cpu'")
     if name == "cuda":
         return _local_gpu()
     return torch.device(name)
@@ -213,12 +213,12 @@ def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """A gradient scaler, active only for fp16 (bf16 and fp32 need none).
 
     Raises:
-        UserError: fp16 on a device this torch cannot scale gradients on.
+        NodeError: fp16 on a device this torch cannot scale gradients on.
     """
     try:
         return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     except (AttributeError, RuntimeError, TypeError, ValueError) as err:
-        raise UserError(f"train.precision fp16 is not supported on {device.type} by torch {torch.__version__} "
+        raise NodeError(f"train.precision fp16 is not supported on {device.type} by torch {torch.__version__} "
                         f"({err}); use bf16 or fp32") from None
 
 
@@ -349,13 +349,13 @@ def check_gpus_per_node(local_rank: int, local_world_size: int, device_count: in
     the same line instead of one dying on `invalid device ordinal` and the others hanging.
 
     Raises:
-        UserError: more processes on this node than CUDA devices, naming both counts.
+        NodeError: more processes on this node than CUDA devices, naming both counts.
     """
     processes = max(local_world_size, local_rank + 1)
     if processes <= device_count:
         return
     gpus = f"{device_count} CUDA device{'s' if device_count != 1 else ''}"
-    raise UserError(f"torchrun --nproc_per_node: {processes} processes on this node (LOCAL_WORLD_SIZE) but {gpus}, "
+    raise NodeError(f"torchrun --nproc_per_node: {processes} processes on this node (LOCAL_WORLD_SIZE) but {gpus}, "
                     f"and NCCL needs a GPU per process; use --nproc_per_node {device_count} or fewer, "
                     f"or --set train.device=cpu to train on the CPU with gloo")
 
@@ -369,14 +369,14 @@ def init_distributed(device_name: str = "auto") -> Dist:
     """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU.
 
     Raises:
-        UserError: NCCL with more processes on this node than GPUs (see `check_gpus_per_node`); a GPU by
+        NodeError: NCCL with more processes on this node than GPUs (see `check_gpus_per_node`); a GPU by
             number (`cuda:N`), where each process takes the GPU of its LOCAL_RANK.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return Dist()
     if CUDA_INDEX.fullmatch(device_name):
-        raise UserError(f"train.device: {device_name} names one GPU, but torchrun gives each of its {world_size} "
+        raise NodeError(f"train.device: {device_name} names one GPU, but torchrun gives each of its {world_size} "
                         f"processes the GPU of its LOCAL_RANK; set train.device: cuda (or auto)")
     if not dist.is_initialized():
         use_nccl = device_name in ("auto", "cuda") and torch.cuda.is_available()
@@ -495,6 +495,28 @@ def on_main(fn: Callable[[], T], ctx: Dist) -> T | None:
     if message is not None:
         raise RelayedError(message)
     return result
+
+
+def on_every_rank(fn: Callable[[], T], ctx: Dist) -> T:
+    """`fn()` on every rank; a UserError that any of them meets stops them all, its line printed once.
+
+    The lowest rank that met one raises its own; the others raise it as a `RelayedError`, which the CLI
+    does not print again. For what every rank does alike and can fail alike (load a checkpoint and check
+    it against the config), where N processes would otherwise print N copies of one line, or a rank
+    that met an error alone would leave the others waiting for it.
+    """
+    result, problem = None, None
+    try:
+        result = fn()
+    except UserError as err:
+        problem = err
+    messages = all_gather(None if problem is None else str(problem), ctx)
+    first = next((rank for rank, message in enumerate(messages) if message is not None), None)
+    if first is None:
+        return result  # type: ignore[return-value]
+    if first == ctx.rank and problem is not None:
+        raise problem
+    raise RelayedError(messages[first])
 
 
 @contextlib.contextmanager

@@ -121,6 +121,13 @@ def _experiment_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfi
         json.dump({"result": result, "threads": _threads()}, f)
 
 
+def _rank_in_own_directory(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """A training rank working in `out/node<rank>`, as on a node of its own: the config's relative corpus
+    paths name the same files there (`node<rank>/corpus` links to them), under other absolute paths."""
+    os.chdir(f"{out}/node{rank}")
+    _train_rank(rank, world_size, port, cfg, out)
+
+
 def _failing_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
     """One rank of a run that should fail: what it raised, as text, and its threads after."""
     _as_rank(rank, world_size, port)
@@ -133,6 +140,18 @@ def _failing_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, 
         outcome = f"{type(err).__name__}: {err}"
     with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
         json.dump({"outcome": outcome, "threads": _threads()}, f)
+
+
+def _refused_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One rank of a run that should fail: its error's type and text."""
+    _as_rank(rank, world_size, port)
+    try:
+        train(cfg)
+        outcome = ["trained", ""]
+    except UserError as err:
+        outcome = [type(err).__name__, str(err)]
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(outcome, f)
 
 
 def start_ranks(target, world_size: int, cfg: ExperimentConfig, out) -> None:
@@ -263,6 +282,23 @@ def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(smal
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
 
 
+def test_ranks_take_rank_0s_tokenizer_and_leave_its_files_alone(small_corpus, tmp_path):
+    """Nodes may start in different working directories: the other ranks use the tokenizer rank 0 trained,
+    and do not judge its files themselves (the record of the corpus's absolute path would differ) and train
+    their own over them."""
+    for rank in range(2):
+        (tmp_path / f"node{rank}").mkdir()
+        (tmp_path / f"node{rank}" / "corpus").symlink_to(small_corpus)
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=1, device="cpu")
+    cfg.data.train.path, cfg.data.valid.path = "corpus/train", "corpus/valid"
+    start_ranks(_rank_in_own_directory, 2, cfg, tmp_path)
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert same_weights(ranks[0]["model"], ranks[1]["model"])
+    record = json.loads((tmp_path / "run" / "spm.json").read_text(encoding="utf-8"))
+    assert record["train"][0]["path"] == [str(tmp_path / "node0" / "corpus" / "train")]  # rank 0's, kept
+
+
 def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path):
     """Rank 0 prepares the data alone; its error reaches the waiting rank instead of a lost connection."""
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, device="cpu")
@@ -275,6 +311,20 @@ def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path
     assert str(tmp_path / "missing" / "train.en") in outcomes[0]
     assert outcomes[1] == outcomes[0]
     assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]  # torn down on the way out too
+
+
+def test_a_checkpoint_the_config_cannot_resume_stops_every_rank_with_one_error(small_corpus, tmp_path):
+    """Every rank would meet the refusal alike: rank 0 raises it, the others relay it, so that the CLI prints
+    it once (`RelayedError`), not once a process."""
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=1, save_every=1))
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, device="cpu")
+    cfg.model.transformer.ff_dim *= 2  # other weights than the checkpoint's
+    start_ranks(_refused_rank, 2, cfg, tmp_path)
+
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    message = f"{tmp_path / 'run' / 'ckpt_1.pt'}: the run directory holds a run with a different model section"
+    assert outcomes[0][0] == "UserError" and outcomes[0][1].startswith(message)
+    assert outcomes[1] == ["RelayedError", outcomes[0][1]]
 
 
 @pytest.mark.slow
@@ -325,7 +375,12 @@ main()
 @pytest.mark.parametrize("setting, message", [
     ("train.lr=-1", "nmt: error: "),  # a config error: every process meets it, local rank 0 prints it
     ("data.train.path=missing/train", "nmt: error: data.train: text corpus not found"),  # rank 0's, relayed
-], ids=["config", "corpus"])
+    ("train.init_from=missing.pt", "nmt: error: missing.pt: checkpoint not found"),  # every rank's, relayed
+    # what the node cannot run, which every process meets too: before the process group, and once it is up
+    ("train.device=cuda:1", "nmt: error: train.device: cuda:1 names one GPU"),
+    ("train.cuda_graphs=true", "nmt: error: train.cuda_graphs: true records updates as CUDA graphs, which needs a "
+                               "CUDA device (training runs on cpu)"),
+], ids=["config", "corpus", "init-from", "device", "cuda-graphs"])
 def test_torchrun_prints_an_error_every_process_meets_once(setting, message, late, small_corpus, tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=2, device="cpu")

@@ -132,15 +132,22 @@ def test_pick_device_takes_the_gpu_of_its_local_rank_and_refuses_one_that_is_mis
             pick_device(device)
 
 
-def test_the_cli_prints_one_line_and_exits_2(monkeypatch, capsys, group, tiny_config_file):
-    as_torchrun_rank(monkeypatch, 1, 2)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_cli_prints_one_line_on_local_rank_0_and_every_rank_exits_2(rank, monkeypatch, capsys, group,
+                                                                         tiny_config_file):
+    """Every process of the node meets the error; its local rank 0 alone prints it, not one line per process."""
+    as_torchrun_rank(monkeypatch, rank, 2)
     fake_gpus(monkeypatch, 1)
+    monkeypatch.setattr(cli, "SILENT_EXIT_WAIT_S", 0.0)  # the wait for torchrun to stop a silent process
     monkeypatch.setattr(sys, "argv", ["nmt", "train", str(tiny_config_file)])
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("nmt: error: torchrun --nproc_per_node: 2 processes on this node") and err.count("\n") == 1
+    if rank == 0:
+        assert err.startswith("nmt: error: torchrun --nproc_per_node: 2 processes on this node") and err.count("\n") == 1
+    else:
+        assert err == ""
 
 
 SDPA_FLAGS = {

@@ -84,11 +84,17 @@ def _say_pairs_past_positions(valid: Any, positions: int) -> None:
                     "to fit; raise max_positions to score them whole", int(over.sum()), len(over), positions)
 
 
-def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None) -> RunData:
+def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | None = None,
+                prepared: bool = False) -> RunData:
     """Load and clean the corpus, train (or reuse) the tokenizer, tokenize and filter the splits.
 
     `tokenizer`, when given, is used instead of training one (`nmt.train.start`). `cfg` is a config that
     trains (`ExperimentConfig.training_problem`, which `build_run` and `load_config(training=True)` check).
+    `prepared`: another process (rank 0 of a torchrun job) has prepared the run directory, and `tokenizer`
+    is the one it chose. It is used as it is, and the run directory's sentencepiece files are left alone:
+    on another node they may not show yet, and a process that judged them itself (`_run_tokenizer`) could
+    find them made otherwise (its working directory makes other absolute corpus paths) and train its own
+    over them.
 
     Raises:
         UserError: bad data, or a run directory whose tokenizer is not `tokenizer`.
@@ -98,7 +104,35 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     num_proc = data.num_proc or available_cores()
     # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
     load_split(data.valid, data, cache_dir=cache)
-    given, tokenizer = tokenizer, _run_tokenizer(cfg, run_dir, given=tokenizer is not None)
+    corpora = data.train_corpora
+    if prepared:
+        if tokenizer is None:
+            raise ValueError("prepare_run: prepared=True needs the tokenizer the run directory was prepared with")
+    else:
+        tokenizer = _prepare_tokenizer(cfg, run_dir, tokenizer, cache=cache, num_proc=num_proc)
+    parts = [prepare_split(spec, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc) for spec in corpora]
+    train = _one_after_another([split for split, _ in parts])
+    reports = {"train": {key: sum(report[key] for _, report in parts) for key in parts[0][1]}}
+    if len(parts) > 1:
+        reports.update({f"train[{i}]": report for i, (_, report) in enumerate(parts)})
+    valid, reports["valid"] = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False,
+                                            num_proc=num_proc)
+    if cfg.model.type == "transformer":
+        _say_pairs_past_positions(valid, cfg.model.transformer.max_positions)
+    weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
+    return RunData(tokenizer, train, valid, reports, train_parts=weighted)
+
+
+def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | None, *, cache: Path,
+                       num_proc: int) -> Tokenizer:
+    """The run's tokenizer, saved in `run_dir`: the one there if this start keeps it (`_run_tokenizer`), else
+    `given`, else one trained on the training corpora.
+
+    Raises:
+        UserError: bad data, or a run directory whose tokenizer is not `given`.
+    """
+    data, corpora = cfg.data, cfg.data.train_corpora
+    tokenizer = _run_tokenizer(cfg, run_dir, given=given is not None)
     if given is not None and tokenizer is not None and given.to_state() != tokenizer.to_state():
         raise UserError(f"run_dir {run_dir}: holds other sentencepiece models than train.init_from or "
                         "tokenizer.model gives; choose a new run_dir")
@@ -106,7 +140,6 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
         tokenizer = given
         tokenizer.save(run_dir)
         _write_tokenizer_record(cfg, run_dir, given=True)
-    corpora = data.train_corpora
     if tokenizer is None:
         # the tokenizer learns from every training corpus as it is, unweighted
         raw = _one_after_another([clean_pairs(_read_train(spec, data, cache), num_proc=num_proc)[0]
@@ -120,17 +153,7 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
         tokenizer.save(run_dir)
         _write_tokenizer_record(cfg, run_dir, given=False)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    parts = [prepare_split(spec, data, tokenizer, cache_dir=cache, train=True, num_proc=num_proc) for spec in corpora]
-    train = _one_after_another([split for split, _ in parts])
-    reports = {"train": {key: sum(report[key] for _, report in parts) for key in parts[0][1]}}
-    if len(parts) > 1:
-        reports.update({f"train[{i}]": report for i, (_, report) in enumerate(parts)})
-    valid, reports["valid"] = prepare_split(data.valid, data, tokenizer, cache_dir=cache, train=False,
-                                            num_proc=num_proc)
-    if cfg.model.type == "transformer":
-        _say_pairs_past_positions(valid, cfg.model.transformer.max_positions)
-    weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
-    return RunData(tokenizer, train, valid, reports, train_parts=weighted)
+    return tokenizer
 
 
 TOKENIZER_RECORD = "spm.json"
@@ -259,8 +282,12 @@ def batch_loader(ds, batch_lists: Sequence[list[int]], *, num_workers: int = 0, 
 
 
 def _ignore_interrupts(worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal's group: workers leave it to the training
-    process, which saves a checkpoint and then shuts them down."""
+    """Ctrl-C reaches every process of the terminal's group, and SIGTERM every process of a torchrun worker's
+    group (torchrun stops a worker with `killpg`; Slurm's scancel signals every process of the job): workers
+    leave both to the training process, which saves a checkpoint and then shuts them down. A worker killed
+    by the signal would instead fail the training process's next batch, with no checkpoint. (A worker whose
+    training process is gone stops by itself: the DataLoader's workers watch their parent.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 

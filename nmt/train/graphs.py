@@ -61,7 +61,7 @@ from torch import Tensor
 
 from nmt.config import TrainConfig
 from nmt.data.batching import Batch
-from nmt.errors import UserError
+from nmt.errors import NodeError, UserError
 from nmt.runtime import Dist
 from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update
 
@@ -338,15 +338,15 @@ def check_update_graphs(tc: TrainConfig, device: torch.device, ctx: Dist, model:
     checked when it loads); `model` is checked where one is given.
 
     Raises:
-        UserError: not on CUDA, several processes, or a model whose training step waits for the GPU.
+        NodeError: not on CUDA, several processes, or a model whose training step waits for the GPU.
     """
     if device.type != "cuda":
-        raise UserError(f"train.cuda_graphs: true records updates as CUDA graphs, which needs a CUDA device "
+        raise NodeError(f"train.cuda_graphs: true records updates as CUDA graphs, which needs a CUDA device "
                         f"(training runs on {device.type}); set train.cuda_graphs: false")
     if ctx.enabled:
-        raise UserError(f"train.cuda_graphs: true records the updates of one process, and this run has "
+        raise NodeError(f"train.cuda_graphs: true records the updates of one process, and this run has "
                         f"{ctx.world_size}; set train.cuda_graphs: false under torchrun")
     if model is not None and not getattr(model, "graph_safe", False):
-        raise UserError(f"train.cuda_graphs: true needs a model whose training step never waits for the GPU, and "
+        raise NodeError(f"train.cuda_graphs: true needs a model whose training step never waits for the GPU, and "
                         f"the {getattr(model, 'name', type(model).__name__)} model's does; set "
                         f"train.cuda_graphs: false")

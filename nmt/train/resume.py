@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_checkpoints, stored_config
+from nmt.checkpoint import load_checkpoint, periodic_checkpoints, stored_config
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.metrics import METRICS
-from nmt.runtime import Dist, barrier, seed_everything, set_rng_states
+from nmt.runtime import Dist, all_gather, on_every_rank, on_main, seed_everything, set_rng_states
 from nmt.train.data import TOKENIZER_RECORD
 from nmt.train.optim import Schedule, load_optimizer_state
 from nmt.train.validate import early_stop_metric, stop_metric
@@ -50,31 +50,40 @@ def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model: nn.Module
                scheduler: Schedule, scaler: torch.amp.GradScaler) -> Progress:
     """Resume from the newest readable checkpoint of `run_dir`; a fresh `Progress` when it has none.
 
-    Rank 0 first sets unreadable newer checkpoints aside and makes `best.pt` agree with the
-    progress it resumes from (`restore_best`); the other ranks wait, then read the same file.
+    Rank 0 first chooses it, setting unreadable newer checkpoints aside, checks that this config can resume
+    it, and makes `best.pt` agree with the progress it records (`restore_best`); the other ranks wait, then
+    read the file it chose. An error any rank meets stops every rank, printed once (`on_main`, `on_every_rank`).
 
     Raises:
-        CheckpointError: `run_dir` has periodic checkpoints but none of them is readable.
+        CheckpointError: `run_dir` has periodic checkpoints but none of them is readable, or the newest
+            cannot be resumed.
+        UserError: the checkpoint's model or tokenizer section is not this config's.
     """
-    path, payload, failed = None, None, None
-    if ctx.is_main:
-        try:
-            path, payload = newest_readable_checkpoint(run_dir)
-            if payload is not None:
-                check_resumable(path, payload)
-        except CheckpointError as err:
-            failed = err  # raised after the barrier, where the other ranks fail on the same file
-        if failed is None and payload is not None:
-            restore_best(run_dir, payload["progress"])
-    barrier(ctx)
-    if failed is not None:
-        raise failed
-    if not ctx.is_main:
-        path = latest_checkpoint(run_dir)
-        payload = load_checkpoint(path) if path is not None else None
+    chosen = on_main(lambda: _choose_checkpoint(run_dir, cfg), ctx)
+    path, payload = chosen if chosen is not None else (None, None)
+    named = all_gather(None if path is None else str(path), ctx)[0]  # rank 0's choice, on every rank
+
+    def load_and_resume() -> Progress:
+        nonlocal payload
+        if named is None:
+            return Progress()
+        if payload is None:  # another rank than 0
+            payload = load_checkpoint(Path(named))
+        return resume(Path(named), payload, cfg, ctx, model, optimizer, scheduler, scaler)
+
+    return on_every_rank(load_and_resume, ctx)
+
+
+def _choose_checkpoint(run_dir: Path, cfg: ExperimentConfig) -> tuple[Path | None, dict[str, Any] | None]:
+    """Rank 0's part of `resume_run`: the newest readable checkpoint and its payload, checked, with `best.pt`
+    repaired; (None, None) when there is none."""
+    path, payload = newest_readable_checkpoint(run_dir)
     if path is None or payload is None:
-        return Progress()
-    return resume(path, payload, cfg, ctx, model, optimizer, scheduler, scaler)
+        return None, None
+    check_resumable(path, payload)
+    check_same_model(payload, cfg, path)
+    restore_best(run_dir, payload["progress"])
+    return path, payload
 
 
 def check_resumable(path: Path, payload: dict[str, Any]) -> None:
@@ -171,13 +180,14 @@ def resume(path: Path, payload: dict[str, Any], cfg: ExperimentConfig, ctx: Dist
         seed_everything(cfg.train.seed + ctx.rank + progress.step)
         # The writers took the epoch's first `batch_in_epoch` x writers batches between them (rank r every
         # writers-th): the processes now share the rest. Cut for another count, the epoch's list may split a
-        # batch more or less, and a few batches at the seam are taken again.
+        # batch more or less, so a few pairs at the seam are taken again, or left for the next epoch.
         taken = progress.batch_in_epoch * len(states)
         progress.batch_in_epoch = taken // ctx.world_size
         if ctx.is_main:
             log.warning("%s was written by %d process(es), now %d: they go on after the %d batches of this epoch "
-                        "taken so far (a few at the seam again), with new random streams; resume with %d for the "
-                        "run's own order", path, len(states), ctx.world_size, taken, len(states))
+                        "taken so far (a few pairs at the seam again, or not until the next epoch), with new random "
+                        "streams; resume with %d for the run's own order", path, len(states), ctx.world_size, taken,
+                        len(states))
     saved_train = payload.get("config", {}).get("train", {})
     changed = [(key, saved_train.get(key, "longer" if key == "batch_order" else None), getattr(cfg.train, key))
                for key in EPOCH_CUT]  # a checkpoint from before batch_order was cut in the longer order

@@ -24,15 +24,17 @@ from torch import nn
 from nmt.config import ExperimentConfig, TrainConfig, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID, Tokenizer
-from nmt.errors import ConfigError, UserError
+from nmt.errors import ConfigError, NodeError
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     HALF_DTYPES,
     Dist,
+    all_gather,
     compile_model,
     enable_fast_math,
     grad_scaler,
     init_distributed,
+    on_every_rank,
     on_main,
     pick_device,
     seed_everything,
@@ -111,7 +113,7 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
     `train.cuda_graphs`, each batch shape's whole update is then recorded (`t.update_graphs`).
 
     Raises:
-        UserError: `train.compile_dynamic` false where batch shapes are not static;
+        NodeError: `train.compile_dynamic` false where batch shapes are not static;
             `train.cuda_graphs` where updates cannot be recorded.
     """
     objective = t.objective
@@ -124,7 +126,7 @@ def prepare_step(t: Trainable, tc: TrainConfig, device: torch.device, ctx: Dist,
     if tc.compile:
         static = bool(batch_padding(tc, device).fill_tokens)
         if tc.compile_dynamic is False and not static:
-            raise UserError(f"train.compile_dynamic: false compiles a graph per batch shape, which needs static "
+            raise NodeError(f"train.compile_dynamic: false compiles a graph per batch shape, which needs static "
                             f"batch shapes, and train.batch_shapes {tc.batch_shapes} gives free ones on {device.type}"
                             f" (auto is static only with compile_mode reduce-overhead on CUDA): set "
                             f"train.batch_shapes: static, or train.compile_dynamic: true")
@@ -217,29 +219,37 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
     """
     if (problem := cfg.training_problem()) is not None:  # before the run directory is made: nothing written
         raise ConfigError(problem)
-    start = starting_point(cfg)  # a bad init_from or tokenizer.model fails before anything is written
-    cfg = start.cfg
-    run_dir = Path(cfg.run_dir)
     owns_group = not (dist.is_available() and dist.is_initialized())
     ctx = init_distributed(cfg.train.device)
-    device = pick_device(cfg.train.device)
-    # the run's settings: train.cuda_graphs auto decided for this device and process count (config.yaml keeps
-    # the given config, auto included, so the run directory resumes anywhere as it was asked)
-    graphs, why_not = resolve_update_graphs(cfg.train, device, ctx, cfg.model.type)
-    given, cfg = cfg, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=graphs))
-    tc = cfg.train
-    if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
-        check_update_graphs(tc, device, ctx)
-    enable_fast_math(device)
-    lock = lock_run_dir(run_dir, ctx)  # a second training in this run directory stops here, on every rank
+    try:
+        # a bad init_from or tokenizer.model fails before anything is written, its line printed once
+        start = on_every_rank(lambda: starting_point(cfg), ctx)
+        cfg = start.cfg
+        run_dir = Path(cfg.run_dir)
+        device = pick_device(cfg.train.device)
+        # the run's settings: train.cuda_graphs auto decided for this device and process count (config.yaml
+        # keeps the given config, auto included, so the run directory resumes anywhere as it was asked)
+        graphs, why_not = resolve_update_graphs(cfg.train, device, ctx, cfg.model.type)
+        given, cfg = cfg, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=graphs))
+        tc = cfg.train
+        if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
+            check_update_graphs(tc, device, ctx)
+        enable_fast_math(device)
+        lock = lock_run_dir(run_dir, ctx)  # a second training in this run directory stops here, on every rank
+    except BaseException:
+        if owns_group:
+            shutdown_distributed()
+        raise
     try:
         if not ctx.is_main:
             logging.getLogger("nmt").setLevel(logging.WARNING)
         # rank 0 first, the others waiting: no races on the run directory, the tokenizer or the
         # caches; a bad corpus or setting stops every rank with rank 0's error
         data = on_main(lambda: _prepare_first(given, run_dir, restart, start.tokenizer), ctx)
-        if not ctx.is_main:
-            data = prepare_run(cfg, run_dir, tokenizer=start.tokenizer)
+        if ctx.enabled:  # rank 0's tokenizer, sent to the others: they neither judge nor write the run's files
+            tokenizer = Tokenizer.from_state(all_gather(data.tokenizer.to_state() if ctx.is_main else None, ctx)[0])
+            if not ctx.is_main:
+                data = prepare_run(cfg, run_dir, tokenizer=tokenizer, prepared=True)
 
         seed_everything(tc.seed)
         t = build_trainable(cfg, data.tokenizer, device)

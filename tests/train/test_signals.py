@@ -97,6 +97,22 @@ def test_signals_to_a_training_process_exit_with_130_and_143(small_corpus, tmp_p
         assert load_checkpoint(run / f"ckpt_{saved}.pt")["progress"]["step"] == saved
 
 
+def test_sigterm_to_the_process_group_leaves_the_dataloader_workers_running_until_the_checkpoint(small_corpus,
+                                                                                                 tmp_path):
+    """torchrun stops a worker by sending SIGTERM to its process group (and Slurm's scancel to every process of
+    the job): the DataLoader workers get it too, and must leave it to the training process, which saves a
+    checkpoint; killed by it, they failed its next batch instead ("DataLoader worker is killed")."""
+    run = tmp_path / "run"
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=100_000, save_every=2, num_workers=1)
+    proc = nmt_process("train", str(config))
+    wait_for(lambda: (run / "ckpt_2.pt").exists(), proc, timeout=120)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    saved = int(err.split(" at step ")[1].split(";")[0])
+    assert load_checkpoint(run / f"ckpt_{saved}.pt")["progress"]["step"] == saved
+
+
 SIGNAL_IN_FINAL_VALIDATION = """
 import os, signal, sys
 import nmt.train.loop as loop
