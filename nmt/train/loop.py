@@ -110,6 +110,15 @@ def train_run(run: Run) -> dict[str, Any]:
             loop.metrics.close()
 
 
+def skipped_update_message(step: int, r: StepResult, fp16_scale: float | None = None) -> str:
+    """The log line of an update skipped as non-finite: its loss a target token, as the log lines give it,
+    where the summed loss of the batches (thousands for a healthy one) read as a divergence."""
+    loss = float(r.loss) / max(r.tokens, 1)
+    lowered = f", fp16 loss scale lowered to {fp16_scale:g}" if fp16_scale is not None else ""
+    return (f"step {step}: non-finite loss or gradient (loss {loss:.4g} a target token, gradient norm "
+            f"{float(r.grad_norm):.4g}); update skipped{lowered}")
+
+
 class _Loop:
     """The loop over a `Run`: updates, logs, validation, checkpoints and stop conditions.
 
@@ -305,10 +314,8 @@ class _Loop:
         self.bad_steps += 1
         fp16 = self.scaler.is_enabled()
         if self.ctx.is_main:  # fp16 overflows now and then by design: the scaler then lowers its scale
-            log.log(logging.INFO if fp16 else logging.WARNING,
-                    "step %d: non-finite loss or gradient (loss %.4g, gradient norm %.4g); update skipped%s",
-                    self.p.step + 1, float(r.loss), float(r.grad_norm),
-                    f", fp16 loss scale lowered to {self.scaler.get_scale():g}" if fp16 else "")
+            log.log(logging.INFO if fp16 else logging.WARNING, "%s",
+                    skipped_update_message(self.p.step + 1, r, self.scaler.get_scale() if fp16 else None))
         if self.tc.max_bad_steps and self.bad_steps >= self.tc.max_bad_steps:
             last = latest_checkpoint(self.run_dir)
             raise TrainingDiverged(

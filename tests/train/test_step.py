@@ -20,6 +20,7 @@ from nmt.decode import greedy_search
 from nmt.errors import UserError
 from nmt.runtime import Dist, compile_model
 from nmt.train.data import batch_padding
+from nmt.train.loop import skipped_update_message
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
 from nmt.train.setup import prepare_step
@@ -318,6 +319,23 @@ def test_a_non_finite_update_leaves_weights_and_adam_state_alone(fused):
     for k, s in state_before.items():
         for name, v in s.items():
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(state_after[k][name])), (k, name)
+
+
+def test_a_skipped_update_is_logged_with_its_loss_a_target_token():
+    """The loss of a skipped update reads as the log lines' loss, not as the sum over its tokens (4186 for a
+    loss of 3.2 a token), which looked like a divergence where only the gradient was not finite."""
+    model = _model()
+    tc = TrainConfig(lr=1e-3, warmup_steps=0, clip_norm=1.0)
+    t = _trainable(model, tc)
+    model.output.weight.register_hook(lambda g: torch.full_like(g, math.inf))  # the loss stays finite
+    bad = train_step(t, [_batch(3, n=40)], tc, torch.device("cpu"))
+    assert bool(bad.skipped) and bad.tokens > 100
+    per_token = float(bad.loss) / bad.tokens
+    assert 1 < per_token < 2 * math.log(23)  # an untrained model: about ln(vocabulary)
+    message = skipped_update_message(7, bad)
+    assert f"step 7: non-finite loss or gradient (loss {per_token:.4g} a target token" in message
+    assert message.endswith("update skipped")
+    assert skipped_update_message(7, bad, fp16_scale=32768.0).endswith("fp16 loss scale lowered to 32768")
 
 
 class _HostReads(TorchDispatchMode):
