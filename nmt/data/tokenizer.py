@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -168,6 +169,25 @@ def _warn_if_normalized(processor: spm.SentencePieceProcessor, tgt_file: Path, r
     log.warning("%s: sentencepiece's %s normalization changes %d of %d target sentences (%s): the model learns and "
                 "writes the normalized text, which the references do not hold; set tokenizer.normalization: identity "
                 "to keep the text as it is", where, rule, len(changed), len(lines), example)
+
+
+def warn_if_unknown(tokenizer: Tokenizer, src_lines: Sequence[str], tgt_lines: Sequence[str], *, given: str,
+                    where: str, advice: str) -> None:
+    """Warn when a tokenizer made from other text (`given`: "tokenizer.model: FILE") maps characters of training
+    sentences (of `where`) to <unk>: the model cannot tell those of the source apart, and translations leave out
+    those of the target (`Tokenizer.decode_tgt` drops <unk>), silently, in every sentence that holds them.
+    `advice` ends the warning: what to do."""
+    sides = (("source", tokenizer.src, src_lines, "the model reads them all as one unknown symbol"),
+             ("target", tokenizer.tgt, tgt_lines, "translations leave them out"))
+    for side, processor, lines, effect in sides:
+        unknown = [line for line, ids in zip(lines, processor.encode(list(lines))) if UNK_ID in ids]
+        if not unknown:
+            continue
+        counts = Counter(c for line in unknown[:1000] for c in set(line))
+        chars = [c for c, _ in counts.most_common() if UNK_ID in processor.encode(c)]  # the commonest first
+        shown = " ".join(f"{c!r} U+{ord(c):04X}" for c in chars[:5]) + (" ..." if len(chars) > 5 else "")
+        log.warning("%s: maps characters of %d of %d %s sentences of %s to <unk> (%s): %s; %s", given, len(unknown),
+                    len(lines), side, where, shown, effect, advice)
 
 
 def _sample(lines: Iterable[str], k: int, seed: int) -> list[str]:

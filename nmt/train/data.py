@@ -41,7 +41,7 @@ from nmt.data.dataset import (
     prepare_split,
     write_tokenizer_sample,
 )
-from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files
+from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files, warn_if_unknown
 from nmt.errors import DataError, UserError
 from nmt.fileio import write_atomic
 
@@ -138,6 +138,7 @@ def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | 
                         "tokenizer.model gives; choose a new run_dir")
     if tokenizer is None and given is not None:
         tokenizer = given
+        _check_given_tokenizer(cfg, given, cache=cache)
         tokenizer.save(run_dir)
         _write_tokenizer_record(cfg, run_dir, given=True)
     if tokenizer is None:
@@ -154,6 +155,25 @@ def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | 
         _write_tokenizer_record(cfg, run_dir, given=False)
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     return tokenizer
+
+
+GIVEN_TOKENIZER_SAMPLE = 10_000
+"""Pairs of each training corpus (its first) that a tokenizer brought from elsewhere is checked against."""
+
+
+def _check_given_tokenizer(cfg: ExperimentConfig, tokenizer: Tokenizer, *, cache: Path) -> None:
+    """Warn when the tokenizer of `tokenizer.model` or `train.init_from`, made from other text, maps characters of
+    the training corpora to <unk> (`warn_if_unknown`)."""
+    if cfg.train.init_from:
+        given, advice = f"train.init_from: {cfg.train.init_from}", "fine-tuning keeps the parent's vocabulary"
+    else:
+        given, advice = (f"tokenizer.model: {cfg.tokenizer.model}", "use a sentencepiece model trained on text of both "
+                         "languages, or leave tokenizer.model empty to train one")
+    for spec in cfg.data.train_corpora:
+        pairs = _read_train(spec, cfg.data, cache)
+        sample, _ = clean_pairs(pairs.select(range(min(len(pairs), GIVEN_TOKENIZER_SAMPLE))))
+        warn_if_unknown(tokenizer, sample["src"], sample["tgt"], given=given, where=f"data.train ({spec.path})",
+                        advice=advice)
 
 
 TOKENIZER_RECORD = "spm.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -164,6 +165,42 @@ def test_a_sentencepiece_model_with_other_special_ids_is_refused(small_corpus, t
     raw["tokenizer"].update({"model": f"{prefix}.model", "joint": False})
     with pytest.raises(ConfigError, match="set joint: true"):
         config_from_dict(raw)
+
+
+def test_a_sentencepiece_model_that_leaves_target_characters_unknown_is_warned_of(small_corpus, tmp_path, parent,
+                                                                                    caplog):
+    """A model brought from text of the source language alone maps the target's own letters to <unk>, which
+    translations leave out: training says so, naming the side, how many sentences and the characters."""
+    import logging
+
+    from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+    prefix = tmp_path / "english"
+    spm.SentencePieceTrainer.train(input=str(small_corpus / "train.en"), model_prefix=str(prefix), vocab_size=100,
+                                   pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, minloglevel=2)
+    english = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
+    german = (small_corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    unknown = sum(UNK_ID in ids for ids in english.encode(german))
+    assert 0 < unknown < len(german)  # the premise: the German side holds letters the English text lacks
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["tokenizer"]["model"] = f"{prefix}.model"
+    raw["train"].update({"max_steps": 1, "valid_bleu": False})
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        train(config_from_dict(raw))
+    warnings = [r.getMessage() for r in caplog.records if "target sentences" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"tokenizer.model: {prefix}.model: maps characters of {unknown} of {len(german)} target sentences of "
+        f"data.train ({small_corpus / 'train'}) to <unk> (")
+    shown = re.findall(r"'(.)' U\+[0-9A-F]{4}", warnings[0])
+    assert shown and all(UNK_ID in english.encode(c) for c in shown)
+    assert "translations leave them out" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt"):  # the parent's joint model covers both sides
+        raw = tiny_config_dict(small_corpus, tmp_path / "joint")
+        raw["tokenizer"]["model"] = str(parent.parent / "spm.model")
+        raw["train"].update({"max_steps": 1, "valid_bleu": False})
+        train(config_from_dict(raw))
+    assert "<unk>" not in caplog.text
 
 
 def test_settings_of_its_own_that_fine_tuning_leaves_unused_are_named(small_corpus, tmp_path, parent, caplog):
