@@ -153,7 +153,7 @@ class Translator:
 
         Raises:
             CheckpointError: a checkpoint is missing or unreadable, or ensemble
-                members have different tokenizers.
+                members have different tokenizers or language pairs.
         """
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
@@ -162,10 +162,17 @@ class Translator:
         loaded = [model_from_checkpoint(load_checkpoint(p, map_location="cpu"), dev, source=p) for p in paths]
         model, tokenizer, cfg = loaded[0]
         if len(loaded) > 1:
-            for p, (_, other, _) in zip(paths[1:], loaded[1:]):
+            pair = (cfg.data.src_lang, cfg.data.tgt_lang)
+            for p, (_, other, other_cfg) in zip(paths[1:], loaded[1:]):
                 if other.to_state() != tokenizer.to_state():
                     raise CheckpointError(f"{p}: its sentencepiece models differ from those of {paths[0]}; "
                                           "ensemble members must share one vocabulary")
+                # a joint vocabulary is the same for both directions: only the configs tell them apart
+                if (other_cfg.data.src_lang, other_cfg.data.tgt_lang) != pair:
+                    raise CheckpointError(
+                        f"{p}: translates {other_cfg.data.src_lang}->{other_cfg.data.tgt_lang}, and {paths[0]} "
+                        f"{pair[0]}->{pair[1]} (their data.src_lang and data.tgt_lang); ensemble members must "
+                        "translate one language pair in one direction")
             model = Ensemble(members=[m for m, _, _ in loaded])
         translator = cls(model, tokenizer, cfg, dev, precision=precision)
         translator.checkpoints = [Path(p) for p in paths]

@@ -435,6 +435,21 @@ def test_ensemble_with_another_vocabulary_is_refused(checkpoints, small_corpus, 
         Translator.from_checkpoint([checkpoints["transformer"], tmp_path / "other.pt"], device="cpu")
 
 
+def test_ensemble_of_the_other_direction_is_refused(checkpoints, tmp_path):
+    """A joint vocabulary is the same for en->de and de->en: only the configs tell the directions apart, and
+    an ensemble of both averaged two models that write different languages into nonsense."""
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(checkpoints["transformer"])
+    data = payload["config"]["data"]
+    reverse = {**payload["config"], "data": {**data, "src_lang": data["tgt_lang"], "tgt_lang": data["src_lang"]}}
+    save_checkpoint({**payload, "config": reverse}, tmp_path / "reverse.pt")
+    with pytest.raises(CheckpointError, match=rf"reverse.pt: translates {data['tgt_lang']}->{data['src_lang']}, "
+                                              rf"and .* {data['src_lang']}->{data['tgt_lang']} .*one direction"):
+        Translator.from_checkpoint([checkpoints["transformer"], tmp_path / "reverse.pt"], device="cpu")
+    Translator.from_checkpoint([checkpoints["transformer"], checkpoints["rnn"]], device="cpu")  # one direction
+
+
 # --------------------------------------------------------------------------- drivers and plots
 
 
