@@ -270,7 +270,7 @@ class TokenizerConfig:
     character_coverage: float = num(1.0, lo=0, hi=1, lo_open=True)
     """Share of characters covered by the vocabulary; rarer ones map to <unk>."""
     max_sentences: int = num(1_000_000, lo=1)
-    """At most this many sentences (per side) are sampled to train the tokenizer."""
+    """At most this many sentence pairs train the tokenizer: all of them when there are no more, else as many drawn at random, the same for the same `train.seed`."""
     normalization: Literal["nmt_nfkc", "nfkc", "identity"] = "nmt_nfkc"
     """sentencepiece's text normalization, applied to what the model reads, so the model writes normalized text too. `nmt_nfkc` (sentencepiece's default) is Unicode NFKC: full-width forms become ASCII (Chinese `，！（１` become `,!(1`), compatibility characters plain ones (`①` `1`, Arabic presentation forms letters, half-width katakana full-width); it also makes zero-width characters (ZWNJ, as Persian and Hindi write it) spaces. `nfkc` is NFKC alone; `identity` keeps the text as it is, so that the model writes the characters its references hold (a toy en-zh model, 400 updates, whose references hold `，`: test BLEU 50.0 against 44.0 with `nmt_nfkc`, chrF 43.9 against 37.2). Training warns when the normalization changes target sentences."""
     model: str = ""
