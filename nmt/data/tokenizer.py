@@ -141,7 +141,10 @@ def train_tokenizer_on_files(cfg: TokenizerConfig, src_file: Path, tgt_file: Pat
     else:
         tokenizer = Tokenizer(src_model=_train_one(cfg, [src_file], "source", where),
                               tgt_model=_train_one(cfg, [tgt_file], "target", where))
-    _warn_if_normalized(tokenizer.tgt, tgt_file, cfg.normalization, where)
+    with open(tgt_file, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line, _ in zip(f, range(NORMALIZATION_SAMPLE))]
+    warn_if_normalized(tokenizer.tgt, lines, f"{where}: sentencepiece's {cfg.normalization} normalization",
+                       "set tokenizer.normalization: identity to keep the text as it is")
     return tokenizer
 
 
@@ -155,20 +158,18 @@ def normalized(processor: spm.SentencePieceProcessor, text: str) -> str:
     return processor.normalize(text).replace("\u2581", " ").strip(" ")
 
 
-def _warn_if_normalized(processor: spm.SentencePieceProcessor, tgt_file: Path, rule: str, where: str) -> None:
-    """Warn when the normalization changes target sentences: the model can only write their normalized forms,
-    which the references (the text as it is) do not hold."""
-    with open(tgt_file, encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line, _ in zip(f, range(NORMALIZATION_SAMPLE))]
+def warn_if_normalized(processor: spm.SentencePieceProcessor, lines: Sequence[str], what: str, advice: str) -> None:
+    """Warn when the normalization (`what` names it, and where the `lines` are from) changes target sentences:
+    the model can only write their normalized forms, which the references (the text as it is) do not hold.
+    `advice` ends the warning: what to do."""
     changed = [line for line in lines if normalized(processor, line) != line]
     if not changed:
         return
     example = next((f"{c!r} U+{ord(c):04X} becomes {normalized(processor, c)!r}" for c in changed[0]
                     if normalized(processor, c) != c and not c.isspace()), f"{changed[0]!r} becomes "
                    f"{normalized(processor, changed[0])!r}")
-    log.warning("%s: sentencepiece's %s normalization changes %d of %d target sentences (%s): the model learns and "
-                "writes the normalized text, which the references do not hold; set tokenizer.normalization: identity "
-                "to keep the text as it is", where, rule, len(changed), len(lines), example)
+    log.warning("%s changes %d of %d target sentences (%s): the model learns and writes the normalized text, which "
+                "the references do not hold; %s", what, len(changed), len(lines), example, advice)
 
 
 def warn_if_unknown(tokenizer: Tokenizer, src_lines: Sequence[str], tgt_lines: Sequence[str], *, given: str,

@@ -41,7 +41,13 @@ from nmt.data.dataset import (
     prepare_split,
     write_tokenizer_sample,
 )
-from nmt.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer_on_files, warn_if_unknown
+from nmt.data.tokenizer import (
+    PAD_ID,
+    Tokenizer,
+    train_tokenizer_on_files,
+    warn_if_normalized,
+    warn_if_unknown,
+)
 from nmt.errors import DataError, UserError
 from nmt.fileio import write_atomic
 
@@ -163,17 +169,24 @@ GIVEN_TOKENIZER_SAMPLE = 10_000
 
 def _check_given_tokenizer(cfg: ExperimentConfig, tokenizer: Tokenizer, *, cache: Path) -> None:
     """Warn when the tokenizer of `tokenizer.model` or `train.init_from`, made from other text, maps characters of
-    the training corpora to <unk> (`warn_if_unknown`)."""
+    the training corpora to <unk> (`warn_if_unknown`) or normalizes their target sentences (`warn_if_normalized`),
+    as training one here warns of its own normalization."""
     if cfg.train.init_from:
-        given, advice = f"train.init_from: {cfg.train.init_from}", "fine-tuning keeps the parent's vocabulary"
+        given = f"train.init_from: {cfg.train.init_from}"
+        unknown_advice = normalized_advice = "fine-tuning keeps the parent's sentencepiece models"
     else:
-        given, advice = (f"tokenizer.model: {cfg.tokenizer.model}", "use a sentencepiece model trained on text of both "
-                         "languages, or leave tokenizer.model empty to train one")
+        given = f"tokenizer.model: {cfg.tokenizer.model}"
+        unknown_advice = ("use a sentencepiece model trained on text of both languages, or leave tokenizer.model "
+                          "empty to train one")
+        normalized_advice = ("use a sentencepiece model trained with --normalization_rule_name=identity to keep the "
+                             "text as it is")
     for spec in cfg.data.train_corpora:
+        where = f"data.train ({spec.path})"
         pairs = _read_train(spec, cfg.data, cache)
         sample, _ = clean_pairs(pairs.select(range(min(len(pairs), GIVEN_TOKENIZER_SAMPLE))))
-        warn_if_unknown(tokenizer, sample["src"], sample["tgt"], given=given, where=f"data.train ({spec.path})",
-                        advice=advice)
+        warn_if_unknown(tokenizer, sample["src"], sample["tgt"], given=given, where=where, advice=unknown_advice)
+        warn_if_normalized(tokenizer.tgt, sample["tgt"], f"{given}: its normalization, on {where},",
+                           normalized_advice)
 
 
 TOKENIZER_RECORD = "spm.json"

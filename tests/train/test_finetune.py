@@ -203,6 +203,40 @@ def test_a_sentencepiece_model_that_leaves_target_characters_unknown_is_warned_o
     assert "<unk>" not in caplog.text
 
 
+def test_a_sentencepiece_model_whose_normalization_changes_the_target_text_is_warned_of(small_corpus, tmp_path,
+                                                                                         caplog):
+    """sentencepiece's default NFKC makes a full-width stop '．' an ASCII '.': a model brought with it writes text
+    the references do not hold, as one trained here with `tokenizer.normalization: nmt_nfkc` would, and training
+    says so for both."""
+    import logging
+    import shutil
+
+    from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train.en", "valid.en", "valid.de", "test.en", "test.de"):
+        shutil.copy(small_corpus / name, corpus / name)
+    german = (small_corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    german = [line.replace(".", "\uff0e") if i % 3 == 0 else line for i, line in enumerate(german)]
+    (corpus / "train.de").write_text("\n".join(german) + "\n", encoding="utf-8")
+    changed = sum("\uff0e" in line for line in german)
+    prefix = tmp_path / "nfkc"
+    spm.SentencePieceTrainer.train(input=f"{corpus / 'train.en'},{corpus / 'train.de'}", model_prefix=str(prefix),
+                                   vocab_size=200, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID,
+                                   bos_id=BOS_ID, eos_id=EOS_ID, minloglevel=2)  # normalization: nmt_nfkc
+    raw = tiny_config_dict(corpus, tmp_path / "run")
+    raw["tokenizer"]["model"] = f"{prefix}.model"
+    raw["train"].update({"max_steps": 1, "valid_bleu": False})
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        train(config_from_dict(raw))
+    assert [r.getMessage() for r in caplog.records if "normaliz" in r.getMessage()] == [
+        f"tokenizer.model: {prefix}.model: its normalization, on data.train ({corpus / 'train'}), changes {changed} "
+        f"of {len(german)} target sentences ('\uff0e' U+FF0E becomes '.'): the model learns and writes the "
+        "normalized text, which the references do not hold; use a sentencepiece model trained with "
+        "--normalization_rule_name=identity to keep the text as it is"]
+
+
 def test_settings_of_its_own_that_fine_tuning_leaves_unused_are_named(small_corpus, tmp_path, parent, caplog):
     import logging
 
