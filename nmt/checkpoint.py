@@ -213,6 +213,12 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
                               "only checkpoints of one model can be averaged")
     if first.get("tokenizer") != other.get("tokenizer"):
         raise CheckpointError(f"{where}: different sentencepiece models; only checkpoints of one run can be averaged")
+    # a joint vocabulary is the same for both directions of a language pair: only the configs tell them apart
+    pairs = [tuple(c.get("config", {}).get("data", {}).get(k) for k in ("src_lang", "tgt_lang")) for c in (first, other)]
+    if pairs[0] != pairs[1]:
+        (a, b), (c, d) = pairs
+        raise CheckpointError(f"{where}: translate {a}->{b} vs {c}->{d} (data.src_lang and data.tgt_lang); only "
+                              "checkpoints of one direction can be averaged")
     mine, theirs = first["model"], other["model"]
     if mine.keys() != theirs.keys():
         extra = sorted(theirs.keys() - mine.keys()) or sorted(mine.keys() - theirs.keys())

@@ -117,6 +117,14 @@ def test_average_refuses_other_models_other_tokenizers_and_duplicates(checkpoint
     invoke_refused("average", str(a), str(other), "-o", str(out),
                    match=f"{a} and {other}: different sentencepiece models")
 
+    backwards = tmp_path / "backwards.pt"  # the other direction over one joint vocabulary: the same model config
+    data = payload["config"]["data"]
+    flipped = {**data, "src_lang": data["tgt_lang"], "tgt_lang": data["src_lang"]}
+    save_checkpoint({**payload, "config": {**payload["config"], "data": flipped}}, backwards)
+    invoke_refused("average", str(a), str(backwards), "-o", str(out),
+                   match=f"{a} and {backwards}: translate {data['src_lang']}->{data['tgt_lang']} vs "
+                         f"{data['tgt_lang']}->{data['src_lang']}")
+
     os.link(b, tmp_path / "b_again.pt")
     for twice in (b, tmp_path / ".." / tmp_path.name / "b.pt", tmp_path / "b_again.pt"):
         invoke_refused("average", str(a), str(b), str(twice), "-o", str(out), match=f"{twice}: given twice")
