@@ -107,13 +107,15 @@ def _not_a_torch_file(path: Path) -> str | None:
     return "not a torch file (it starts with neither a zip archive's nor a pickle's bytes)"
 
 
+def periodic_step(path: str | Path) -> int | None:
+    """The step of a periodic checkpoint's name (`ckpt_<step>.pt`), or None for another name."""
+    m = _PERIODIC.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def periodic_checkpoints(run_dir: str | Path) -> list[Path]:
     """`ckpt_<step>.pt` files in `run_dir`, oldest first."""
-    found = []
-    for p in Path(run_dir).glob("ckpt_*.pt"):
-        m = _PERIODIC.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
+    found = [(step, p) for p in Path(run_dir).glob("ckpt_*.pt") if (step := periodic_step(p)) is not None]
     return [p for _, p in sorted(found)]
 
 
