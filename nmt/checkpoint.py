@@ -209,7 +209,7 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
         CheckpointError: naming both files and the first thing that differs.
     """
     where = f"{first_path} and {path}"  # in the order of each difference's "A vs B"
-    difference = _first_difference(first.get("config", {}).get("model"), other.get("config", {}).get("model"), "model")
+    difference = first_difference(first.get("config", {}).get("model"), other.get("config", {}).get("model"), "model")
     if difference:
         raise CheckpointError(f"{where}: different model configs ({difference}); "
                               "only checkpoints of one model can be averaged")
@@ -224,12 +224,12 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
             raise CheckpointError(f"{where}: {k} has shape {tuple(mine[k].shape)} vs {tuple(v.shape)}; cannot average")
 
 
-def _first_difference(a: Any, b: Any, key: str) -> str | None:
+def first_difference(a: Any, b: Any, key: str) -> str | None:
     """`"key.path: A vs B"` for the first place where the plain data `a` and `b` differ, else None; a `type`
     key first, as the sections of the other types differ only because the types do."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(a.keys() | b.keys(), key=lambda k: (k != "type", str(k))):
-            found = _first_difference(a.get(k), b.get(k), f"{key}.{k}")
+            found = first_difference(a.get(k), b.get(k), f"{key}.{k}")
             if found:
                 return found
         return None
