@@ -107,13 +107,15 @@ def _not_a_torch_file(path: Path) -> str | None:
     return "not a torch file (it starts with neither a zip archive's nor a pickle's bytes)"
 
 
+def periodic_step(path: str | Path) -> int | None:
+    """The step of a periodic checkpoint's name (`ckpt_<step>.pt`), or None for another name."""
+    m = _PERIODIC.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def periodic_checkpoints(run_dir: str | Path) -> list[Path]:
     """`ckpt_<step>.pt` files in `run_dir`, oldest first."""
-    found = []
-    for p in Path(run_dir).glob("ckpt_*.pt"):
-        m = _PERIODIC.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
+    found = [(step, p) for p in Path(run_dir).glob("ckpt_*.pt") if (step := periodic_step(p)) is not None]
     return [p for _, p in sorted(found)]
 
 
@@ -207,7 +209,7 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
         CheckpointError: naming both files and the first thing that differs.
     """
     where = f"{first_path} and {path}"  # in the order of each difference's "A vs B"
-    difference = _first_difference(first.get("config", {}).get("model"), other.get("config", {}).get("model"), "model")
+    difference = first_difference(first.get("config", {}).get("model"), other.get("config", {}).get("model"), "model")
     if difference:
         raise CheckpointError(f"{where}: different model configs ({difference}); "
                               "only checkpoints of one model can be averaged")
@@ -228,12 +230,12 @@ def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_pat
             raise CheckpointError(f"{where}: {k} has shape {tuple(mine[k].shape)} vs {tuple(v.shape)}; cannot average")
 
 
-def _first_difference(a: Any, b: Any, key: str) -> str | None:
+def first_difference(a: Any, b: Any, key: str) -> str | None:
     """`"key.path: A vs B"` for the first place where the plain data `a` and `b` differ, else None; a `type`
     key first, as the sections of the other types differ only because the types do."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(a.keys() | b.keys(), key=lambda k: (k != "type", str(k))):
-            found = _first_difference(a.get(k), b.get(k), f"{key}.{k}")
+            found = first_difference(a.get(k), b.get(k), f"{key}.{k}")
             if found:
                 return found
         return None

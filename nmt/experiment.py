@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from nmt.analysis import bleu_by_length
+from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_step
 from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
@@ -87,12 +88,16 @@ def pick_checkpoint(
     and scoring; BLEU first, then chrF, scored whatever `eval.metrics` says), on `device` (None: the
     config's `train.device`, where the run trained).
 
+    An `averaged.pt` of an earlier end of the run (one continued since with `train.average_last: 0`, which
+    leaves the file as it was) is left out, with a warning: its weights are not those of the run reported.
+
     Averaging pays off near convergence; over a short run the average reaches back to weak
     early checkpoints and can lose to the best single one, so the validation set decides.
     Returns the checkpoint, its `Translator`, and the validation BLEU and chrF of each
     candidate ({} when there is only best.pt).
     """
-    candidates = [p for p in (run_dir / "averaged.pt", run_dir / "best.pt") if p.is_file()]
+    averaged = run_dir / "averaged.pt"
+    candidates = [p for p in (averaged, run_dir / "best.pt") if p.is_file() and not (p == averaged and _stale(p, run_dir))]
     if not candidates:
         raise CheckpointError(f"{run_dir}: no best.pt to score; train first")
     translators = [Translator.from_checkpoint(p, device=device or cfg.train.device) for p in candidates]
@@ -111,6 +116,24 @@ def pick_checkpoint(
 
     best = max(range(len(candidates)), key=rank)
     return candidates[best], translators[best], scores
+
+
+def _stale(averaged: Path, run_dir: Path) -> bool:
+    """Whether the run in `run_dir` trained on past the newest checkpoint that `averaged` is the mean of (said
+    in a warning). Training writes averaged.pt at its end (`train.average_last`), and `nmt average --last`
+    after it, so the newest checkpoint averaged is the run's newest; a checkpoint that does not name those it
+    averages counts as current."""
+    latest = latest_checkpoint(run_dir)
+    steps = [periodic_step(p) for p in load_checkpoint(averaged).get("averaged", [])]
+    if latest is None or not steps or None in steps:
+        return False
+    newest, end = max(steps), periodic_step(latest)
+    if end is None or newest >= end:
+        return False
+    log.warning("%s: the mean of checkpoints up to step %d, but the run has trained on to step %d since: it is "
+                "left out, and best.pt is scored; set train.average_last to write the average of the run's end, "
+                "or run nmt average --last N %s", averaged, newest, end, run_dir)
+    return True
 
 
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",

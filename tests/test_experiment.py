@@ -82,6 +82,31 @@ def test_averaged_checkpoint_is_reported_only_when_it_validates_as_well(tiny_con
         assert path == run / winner and scores[winner]["chrf"] == 100.0 > scores[loser]["chrf"]
 
 
+def test_an_averaged_checkpoint_of_an_earlier_end_of_the_run_is_not_a_candidate(tiny_config_file, tmp_path, caplog):
+    """A run continued with train.average_last 0 keeps the averaged.pt of its first end: its weights are not
+    the run's, so the experiment scores best.pt, and says why."""
+    results, run = tmp_path / "results", tmp_path / "run"
+    first = ["--set", "train.max_steps=4", "--set", "train.save_every=1", "--set", "train.keep_last=2",
+             "--set", "train.average_last=2"]
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--results", str(results), "--set",
+                              "decode.beam=1", *first])
+    assert out.exit_code == 0, out.output
+    assert set(json.loads((results / "tiny.json").read_text())["valid_by_checkpoint"]) == {"averaged.pt", "best.pt"}
+    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--results", str(results), "--set",
+                              "decode.beam=1", "--set", "train.max_steps=6"])
+    assert out.exit_code == 0, out.output
+    r = json.loads((results / "tiny.json").read_text())
+    assert r["steps"] == 6 and r["checkpoint"] == str(run / "best.pt") and r["valid_by_checkpoint"] == {}
+    assert (run / "averaged.pt").is_file()  # left as it was: the user's file
+    assert "the mean of checkpoints up to step 4, but the run has trained on to step 6 since" in caplog.text
+    # averaging the run's end again makes it a candidate once more
+    out = runner.invoke(app, ["average", "--last", "2", "-o", str(tmp_path / "end.pt"), str(run)])
+    assert out.exit_code == 0, out.output
+    (tmp_path / "end.pt").replace(run / "averaged.pt")
+    _, _, scores = pick_checkpoint(run, load_config(tiny_config_file, ["decode.beam=1"]))
+    assert set(scores) == {"averaged.pt", "best.pt"}
+
+
 def test_experiment_resumes_instead_of_retraining(experiment_result, tiny_config_file, tmp_path):
     out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "tiny", "--results",
                               str(tmp_path / "again"), "--set", "train.max_steps=4", "--set", "decode.beam=1"])

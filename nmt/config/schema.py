@@ -392,7 +392,7 @@ class TrainConfig:
     """Optimisation, validation, checkpointing and the hardware it runs on."""
 
     init_from: str = ""
-    """A checkpoint whose weights, `model` and `tokenizer` sections and sentencepiece models start this run (fine-tuning, domain adaptation): the optimizer and schedule start afresh, and the run validates at step 0 to show where it starts. Values of this config's own in those two sections (neither the default nor the parent's) are not used, and a warning names them. A resumed run takes its weights from its own checkpoints, but still reads this one for its `model` and `tokenizer` sections, so keep it until the run is done."""
+    """A checkpoint whose weights, `model` and `tokenizer` sections and sentencepiece models start this run (fine-tuning, domain adaptation): the optimizer and schedule start afresh, and the run validates at step 0 to show where it starts. Values of this config's own in those two sections (neither the default nor the parent's) are not used, and a warning names them. A resumed run takes its weights from its own checkpoints, but still reads this one for its `model` and `tokenizer` sections, so keep it, and keep naming it (a resume without it is refused, with its path), until the run is done."""
     seed: int = num(1234, lo=0, hi=2**32 - 1)
     """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
     device: str = field(default="auto", metadata={"range": DeviceNames()})

@@ -148,14 +148,15 @@ class _Loop:
         p, tc = self.p, self.tc
         self.model.train()
         self.session_start = time.perf_counter() - p.train_seconds
-        if self.tc.init_from and p.step == 0 and p.validated_step < 0:
-            self._validate_and_save()  # where fine-tuning starts: the parent's scores on this validation set
-        if self._out_of_time():  # a finished run started again has nothing to do (its time, from the
-            self.stop = (0, True)  # checkpoint, is the same on every rank)
-        reason = self._stop_reason()
-        # the signals are caught up to the last checkpoint: one during the final validation lets it and its
-        # checkpoint finish, then stops as during training (a second one stops at once)
+        # the signals are caught up to the last checkpoint: one during a validation outside training (where
+        # fine-tuning starts, or the final one) lets it and its checkpoint finish, then stops as during training,
+        # after the next update if there is one (a second one stops at once)
         with StopSignals() as signals:
+            if self.tc.init_from and p.step == 0 and p.validated_step < 0:
+                self._validate_and_save()  # where fine-tuning starts: the parent's scores on this validation set
+            if self._out_of_time():  # a finished run started again has nothing to do (its time, from the
+                self.stop = (0, True)  # checkpoint, is the same on every rank)
+            reason = self._stop_reason()
             if reason is None:
                 with contextlib.closing(self._groups()) as groups:
                     reason = self._train(groups, signals)

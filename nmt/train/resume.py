@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nmt.checkpoint import load_checkpoint, periodic_checkpoints, stored_config
+from nmt.checkpoint import first_difference, load_checkpoint, periodic_checkpoints, stored_config
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
@@ -247,6 +247,13 @@ def restart_best(path: Path, saved: dict[str, Any], cfg: ExperimentConfig, progr
     scheduler.best, scheduler.bad = None, 0
 
 
+def _in_use(config: dict[str, Any], section: str) -> dict[str, Any]:
+    """`config[section]`, without the model section's sizes of the type it does not build (a Transformer's
+    `rnn` keys): a difference there is named after one in the sizes the weights have."""
+    unused = {"rnn", "transformer"} - {config["model"]["type"]} if section == "model" else set()
+    return {key: value for key, value in config[section].items() if key not in unused}
+
+
 OPTIMIZER = ("optimizer", "betas", "eps", "weight_decay")
 """The `train` keys that set the optimizer's groups: a resumed run takes them from its config (`load_optimizer_state`)."""
 
@@ -328,8 +335,17 @@ def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path)
     saved = config_to_dict(stored_config(payload.get("config", {}), path))
     now = config_to_dict(cfg)
     for section in ("model", "tokenizer"):
-        if saved[section] != now[section]:
+        if saved[section] == now[section]:
+            continue
+        difference = first_difference(_in_use(saved, section), _in_use(now, section), section) or \
+            first_difference(saved[section], now[section], section)
+        parent = saved["train"]["init_from"]
+        if parent and parent != cfg.train.init_from:  # its model and tokenizer were the parent's, not the config's
             raise UserError(
-                f"{path}: the run directory holds a run with a different {section} section; "
-                f"use --restart to start over or choose another run_dir"
-            )
+                f"{path}: the run directory holds a run fine-tuned from {parent} (train.init_from), whose model "
+                f"and tokenizer it took, and this config names {cfg.train.init_from or 'no parent'}, so its "
+                f"{section} section differs ({difference}, the run's vs this config's); set train.init_from: "
+                f"{parent} to resume the run")
+        raise UserError(
+            f"{path}: the run directory holds a run with a different {section} section ({difference}, the run's vs "
+            f"this config's); use --restart to start over or choose another run_dir")

@@ -14,7 +14,7 @@ import yaml
 from nmt.checkpoint import load_checkpoint
 from nmt.config import config_from_dict
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import CheckpointError, ConfigError
+from nmt.errors import CheckpointError, ConfigError, UserError
 from nmt.train.loop import train
 from tests.conftest import tiny_config_dict
 
@@ -68,6 +68,22 @@ def test_a_fine_tuned_run_resumes_from_its_own_checkpoints(small_corpus, tmp_pat
     assert f"fine-tuning: model and tokenizer (weights resumed) from {parent}" in caplog.text
     assert "fine-tuning: weights" not in caplog.text
     assert [r["step"] for r in valid_records(tmp_path / "child")] == [0, 2, 4]  # no second step-0 validation
+
+
+def test_a_fine_tuned_run_resumed_without_its_parent_is_told_to_name_it(small_corpus, tmp_path, parent):
+    """Its model and tokenizer are the parent's: a config that leaves train.init_from out (a --set forgotten)
+    describes another model, and starting over (--restart) would discard the fine-tuned run."""
+    raw = child_raw(small_corpus, tmp_path / "child", parent)
+    train(config_from_dict(raw))
+    del raw["train"]["init_from"]
+    raw["train"]["max_steps"] = 4
+    with pytest.raises(UserError) as err:
+        train(config_from_dict(raw))
+    message = str(err.value)
+    assert f"ckpt_2.pt: the run directory holds a run fine-tuned from {parent} (train.init_from)" in message
+    assert message.endswith(f"set train.init_from: {parent} to resume the run") and "--restart" not in message
+    assert "its model section differs (model.tie_embeddings: 'all' vs 'decoder', the run's vs this config's)" in message
+    assert sorted(p.name for p in (tmp_path / "child").glob("ckpt_*.pt")) == ["ckpt_0.pt", "ckpt_2.pt"]
 
 
 def test_fine_tuning_through_the_cli(small_corpus, tmp_path, parent):

@@ -145,3 +145,40 @@ def test_a_signal_during_the_final_validation_keeps_it_and_its_checkpoint(small_
     assert events[-2:] == ["valid", "interrupted"]
     summary = train(tiny_cfg(small_corpus, run, max_steps=5, valid_every=100))  # the same run: nothing left to do
     assert summary["step"] == 5 and summary["stop"] == "max_steps=5"
+
+
+SIGNAL_IN_FIRST_VALIDATION = """
+import os, signal, sys
+import nmt.train.loop as loop
+from nmt import cli
+
+validate = loop.validate
+calls = []
+
+def validate_and_be_stopped(*args, **kwargs):  # the validation at step 0, where fine-tuning starts
+    result = validate(*args, **kwargs)
+    if not calls:
+        os.kill(os.getpid(), signal.SIGTERM)
+    calls.append(1)
+    return result
+
+loop.validate = validate_and_be_stopped
+sys.argv = ["nmt", "--quiet", "train", sys.argv[1]]
+cli.main()
+"""
+
+
+def test_a_signal_during_the_validation_where_fine_tuning_starts_keeps_it_and_stops_after_one_update(
+        small_corpus, tmp_path):
+    """The parent's scores at step 0 are a validation like the others: a scheduler's SIGTERM there lets it and
+    its checkpoint finish, and the run stops as during training, with a checkpoint to resume from."""
+    parent = train(tiny_cfg(small_corpus, tmp_path / "parent", max_steps=2))["best_checkpoint"]
+    run = tmp_path / "run"
+    config = write_cfg(tmp_path / "child.yaml", small_corpus, run, max_steps=100, init_from=parent)
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_IN_FIRST_VALIDATION, str(config)], capture_output=True,
+                          text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 143, proc.stderr
+    assert f"stopped by SIGTERM at step 1; saved {run / 'ckpt_1.pt'}" in proc.stderr
+    assert load_checkpoint(run / "best.pt")["progress"]["validated_step"] == 0  # the parent's weights, scored
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["event"], r["step"]) for r in records if r["event"] != "train"] == [("valid", 0), ("interrupted", 1)]

@@ -4,6 +4,7 @@ validation files, and BLEU scored by sacreBLEU itself; and what a resumed run re
 from __future__ import annotations
 
 import math
+import re
 import shutil
 
 import pytest
@@ -87,8 +88,10 @@ def test_resuming_with_another_model_or_tokenizer_section_is_refused(small_corpu
     raw = tiny_raw(small_corpus, run, max_steps=6)
     sub, key, value = change
     (raw[section][sub] if sub else raw[section])[key] = value
+    key = ".".join(k for k in (section, sub, key) if k)
     with pytest.raises(UserError, match=rf"ckpt_4\.pt: the run directory holds a run with a different {section} "
-                                        r"section; use --restart"):
+                                        rf"section \({re.escape(key)}: \d+ vs {value}, the run's vs this config's\); "
+                                        r"use --restart"):
         train(config_from_dict(raw))
     assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
 
