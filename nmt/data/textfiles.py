@@ -24,6 +24,7 @@ import glob
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -85,7 +86,10 @@ def read_text_shards(shards: Sequence[tuple[str, str]], cache_dir: str | None) -
     path = folder / f"text-pairs-{key}.arrow"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        # A name no other writer has, even a process of the same id on another node sharing the folder.
+        fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        tmp = Path(name)
         try:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
                 for src_path, tgt_path in shards:

@@ -145,6 +145,25 @@ def test_shards_by_glob_and_by_list_read_in_order(tmp_path: Path) -> None:
     assert by_list["src"][:] == de[25:] + de[:25]
 
 
+def test_the_cache_is_written_beside_another_nodes_temporary_file_of_the_same_process_id(tmp_path: Path) -> None:
+    """Nodes sharing a cache folder can run processes of the same id: one's half-written cache must not be
+    overwritten or deleted by another's."""
+    de, en = toy_corpus(12, seed=5)
+    write_lines(tmp_path / "c.de", de)
+    write_lines(tmp_path / "c.en", en)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    pairs = textfiles.read_text_shards([(str(tmp_path / "c.de"), str(tmp_path / "c.en"))], str(cache))
+    final = Path(pairs.cache_files[0]["filename"])
+    final.unlink()
+    other = final.with_name(f"{final.name}.{os.getpid()}.tmp")  # the other node's file, being written
+    other.write_bytes(b"half of another writer's cache")
+    again = textfiles.read_text_shards([(str(tmp_path / "c.de"), str(tmp_path / "c.en"))], str(cache))
+    assert again["src"][:] == de and again["tgt"][:] == en
+    assert other.read_bytes() == b"half of another writer's cache"
+    assert sorted(p.name for p in cache.iterdir()) == sorted([final.name, other.name])
+
+
 def test_a_shard_with_different_line_counts_is_named(tmp_path: Path) -> None:
     write_lines(tmp_path / "a.de", ["x", "y"])
     write_lines(tmp_path / "a.en", ["x", "y"])
