@@ -5,6 +5,10 @@
     GET  /health  -> {"status": "ok", "checkpoint": "best.pt"}
 
 `beam` is optional (default: `--beam`, else the checkpoint's `decode.beam`).
+A line longer than the model takes is translated from its beginning, as `nmt
+translate` does; the answer then names such lines by their place in `text`,
+from 0: {"translations": [...], "truncated": [3]} (no `truncated` key when no
+line was cut).
 The model is loaded once. Connections are served by threads
 (`ThreadingHTTPServer`), and translations run one request at a time behind a
 lock: the model and its caches are not shared between concurrent searches,
@@ -139,11 +143,17 @@ class TranslationServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def translate(self, lines: list[str], beam: int | None) -> list[str]:
-        """Translate `lines`, one request at a time, a chunk of lines at a time as `nmt translate` reads a
+    def translate(self, lines: list[str], beam: int | None) -> dict[str, list]:
+        """The answer to `lines`: their translations, and the places of those cut to the model's length
+        (`truncated`, when any). One request at a time, a chunk of lines at a time as `nmt translate` reads a
         file: only the answers are held, not every line's `Translation` until the last is done."""
+        texts, cut = [], []
         with self.lock:
-            return list(self.translator.translate_stream(lines, beam=beam or self.beam))
+            for i, (best, *_) in enumerate(self.translator.translate_stream_nbest(lines, beam=beam or self.beam)):
+                texts.append(best.text)
+                if best.truncated:
+                    cut.append(i)
+        return {"translations": texts, "truncated": cut} if cut else {"translations": texts}
 
 
 def make_server(
@@ -279,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             lines, beam = _parse(self._body())
-            translations = self.server.translate(lines, beam)
+            answer = self.server.translate(lines, beam)
         except _BadRequest as err:
             self._reply(err.status, {"error": str(err)})
         except UserError as err:  # the translator refused the options
@@ -288,7 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("translation failed")
             self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"translation failed: {type(err).__name__}"})
         else:
-            self._reply(HTTPStatus.OK, {"translations": translations})
+            self._reply(HTTPStatus.OK, answer)
 
     def _routed(self) -> bool:
         """Whether this path answers this method; if not, the reply (404 or 405) is sent."""

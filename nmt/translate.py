@@ -76,6 +76,8 @@ class Translation:
         src_tokens: source subwords the model read, with the final "</s>".
         attention: weights of each output step (EOS included) over `src_tokens`,
             (len(tokens) + 1, len(src_tokens)); None unless requested.
+        truncated: the line had more subwords than the model takes (`Translator.max_src_len`): what
+            was translated is its beginning, `src_tokens`.
     """
 
     text: str
@@ -84,6 +86,7 @@ class Translation:
     tokens: list[str]
     src_tokens: list[str]
     attention: torch.Tensor | None = None
+    truncated: bool = False
 
 
 def _placed(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:
@@ -331,7 +334,7 @@ class Translator:
     def _translate(self, lines: list[str], opts: SearchOptions, first_line: int = 1) -> list[list[Translation]]:
         # The phases are labelled for torch.profiler (`bench/decode_speed.py --profile`).
         with record_function("nmt.tokenize"):
-            ids = self._encode(lines, self.max_source_length(opts), first_line)
+            ids, cut = self._encode(lines, self.max_source_length(opts), first_line)
         # An empty line's one translation is the empty one; the rest of an n-best list the search could not fill.
         results = [[_empty(), *_missing(opts.nbest - 1)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if len(seq) > 1]  # only EOS: an empty line
@@ -343,6 +346,8 @@ class Translator:
                 with record_function("nmt.detokenize"):
                     for row, translations in zip(rows, self._finish(hyps, [ids[i] for i in rows])):
                         results[row] = translations + _missing(opts.nbest - len(translations))
+                        if row in cut:
+                            results[row] = [dataclasses.replace(t, truncated=True) for t in results[row]]
                         if not translations:  # its every hypothesis scored -inf or NaN: the line stays empty
                             log.warning("line %d: no translation with a finite score (the model's output was not "
                                         "finite; an fp16 overflow?); its output line is empty", first_line + row)
@@ -385,19 +390,20 @@ class Translator:
             src, mask = _pad(sources, self.device)
             return search(self.model, src, mask, opts)
 
-    def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> list[list[int]]:
-        """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space, as
-        for training (`normalize_spaces`)."""
+    def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> tuple[list[list[int]], set[int]]:
+        """Source ids with EOS, each cut to `limit`, and the positions in `lines` of those cut; whitespace runs
+        (line breaks, tabs, other controls) become one space, as for training (`normalize_spaces`)."""
         cleaned = [normalize_spaces(line) for line in lines]
         encoded = self.tokenizer.encode_src(cleaned)
-        out = []
-        for n, seq in enumerate(encoded, start=first_line):
+        out, cut = [], set()
+        for i, seq in enumerate(encoded):
             if len(seq) + 1 > limit:
                 log.warning("line %d has %d subwords; truncated to the model's limit of %d",
-                            n, len(seq), limit - 1)
+                            first_line + i, len(seq), limit - 1)
                 seq = seq[: limit - 1]
+                cut.add(i)
             out.append(seq + [EOS_ID])
-        return out
+        return out, cut
 
     def _finish(self, hyps: list[list[Hypothesis]], src_ids: list[list[int]]) -> list[list[Translation]]:
         """Each sentence's hypotheses as text: one detokenizer call for the whole batch

@@ -109,6 +109,19 @@ def test_translations_are_the_translators(server, translator, small_corpus):
     assert post(server, {"text": []}) == (200, {"translations": []})
 
 
+def test_lines_cut_to_the_models_length_are_named_in_the_answer(server, translator):
+    """A line longer than the model's positions is translated from its beginning; the client was not told, so
+    a caller could not tell a translation of half its text from a whole one (only the server's log said)."""
+    long_line = " ".join(["the man sees the dog"] * translator.max_src_len)  # 5 words (subwords or more) each
+    lines = ["the dog runs .", long_line, "", long_line + " again"]
+    status, body = post(server, {"text": lines})
+    assert status == 200
+    assert body == {"translations": translator.translate(lines), "truncated": [1, 3]}
+    assert post(server, {"text": lines[:1]}) == (200, {"translations": translator.translate(lines[:1])})
+    nbest = translator.translate_nbest(lines, beam=2, nbest=2)
+    assert [[t.truncated for t in line] for line in nbest] == [[False] * 2, [True] * 2, [False] * 2, [True] * 2]
+
+
 def test_a_body_that_starts_with_a_byte_order_mark_is_read(server, translator):
     """A JSON file saved with a UTF-8 byte order mark (Windows editors) and sent as is (`curl --data-binary
     @file`) was refused as "not JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))", advice for the server's

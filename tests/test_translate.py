@@ -158,7 +158,7 @@ def test_a_batch_out_of_cuda_memory_is_translated_in_halves_and_later_batches_fi
                                                                                   monkeypatch, caplog):
     tr = Translator.from_checkpoint(checkpoints[kind], device="cpu")
     expected = tr.translate_nbest(sources, beam=3, nbest=2)
-    longest = max(len(s) for s in tr._encode(sources, tr.max_src_len))
+    longest = max(len(s) for s in tr._encode(sources, tr.max_src_len)[0])
     whole = len(sources) * longest  # all 8 in one batch, padded
     gpu = SmallGpu(tr.model, tokens=2 * longest)  # room for the 2 longest sentences
     monkeypatch.setattr(tr.model, "encode", gpu)
