@@ -25,9 +25,10 @@ from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic, write_lines
-from nmt.metrics import score, with_metrics
+from nmt.metrics import METRICS, score, with_metrics
 from nmt.runtime import is_main_process, pick_device
 from nmt.train.loop import train
+from nmt.train.validate import early_stop_metric
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -85,16 +86,19 @@ def pick_checkpoint(
 ) -> tuple[Path, Any, dict[str, dict[str, float]]]:
     """A `Translator` of the checkpoint to report: `best.pt`, or `averaged.pt` where training
     wrote one and it translates the validation set at least as well (with `cfg`'s search settings
-    and scoring; BLEU first, then chrF, scored whatever `eval.metrics` says), on `device` (None: the
-    config's `train.device`, where the run trained).
+    and scoring), on `device` (None: the config's `train.device`, where the run trained).
+
+    "As well" is by the metric that picked `best.pt` (`train.early_stop_metric`: BLEU, chrF or TER),
+    then BLEU, then chrF, each scored whatever `eval.metrics` says; a run that picked by the validation
+    loss is judged by BLEU, since the choice is about the translations reported.
 
     An `averaged.pt` of an earlier end of the run (one continued since with `train.average_last: 0`, which
     leaves the file as it was) is left out, with a warning: its weights are not those of the run reported.
 
     Averaging pays off near convergence; over a short run the average reaches back to weak
     early checkpoints and can lose to the best single one, so the validation set decides.
-    Returns the checkpoint, its `Translator`, and the validation BLEU and chrF of each
-    candidate ({} when there is only best.pt).
+    Returns the checkpoint, its `Translator`, and the validation BLEU and chrF (and the early-stopping
+    metric) of each candidate ({} when there is only best.pt).
     """
     averaged = run_dir / "averaged.pt"
     candidates = [p for p in (averaged, run_dir / "best.pt") if p.is_file() and not (p == averaged and _stale(p, run_dir))]
@@ -105,17 +109,28 @@ def pick_checkpoint(
         return candidates[0], translators[0], {}
     valid = eval_sets(cfg, split="valid")["valid"]
     sources, refs = valid.sources, valid.references
+    first = METRICS[early_stop_metric(cfg)]
+    first = first if first.scorer is not None else METRICS["bleu"]
+    order = list(dict.fromkeys([first.name, "bleu", "chrf"]))
     scores = {}
     for path, translator in zip(candidates, translators):
         s = score(translator.translate(sources, search_options(translator, cfg)), refs,
-                  with_metrics(cfg.eval, besides=False))  # the choice reads these two only
-        scores[path.name] = {"bleu": s["bleu"], "chrf": s["chrf"]}
-    def rank(i: int) -> tuple[float, float, int]:  # BLEU decides, chrF breaks a tie, then averaged.pt (listed first)
-        s = scores[candidates[i].name]
-        return s["bleu"], s["chrf"], -i
-
-    best = max(range(len(candidates)), key=rank)
+                  with_metrics(cfg.eval, order, besides=False))  # the choice reads these only
+        scores[path.name] = {name: s[name] for name in order}
+    best = [p.name for p in candidates].index(better_checkpoint(scores, order))
     return candidates[best], translators[best], scores
+
+
+def better_checkpoint(scores: dict[str, dict[str, float]], order: Sequence[str]) -> str:
+    """The name in `scores` whose scores are best by the first metric of `order` (each in its own direction:
+    TER is better lower), a tie broken by the next; a tie on all of them goes to the name listed first."""
+    names = list(scores)
+
+    def rank(name: str) -> tuple[float, ...]:
+        s = scores[name]
+        return *(s[m] if METRICS[m].higher_is_better else -s[m] for m in order), -names.index(name)
+
+    return max(names, key=rank)
 
 
 def _stale(averaged: Path, run_dir: Path) -> bool:

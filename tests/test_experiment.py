@@ -14,7 +14,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
 from nmt.config import load_config
 from nmt.errors import DataError
-from nmt.experiment import hardware, pick_checkpoint
+from nmt.experiment import better_checkpoint, hardware, pick_checkpoint
 from nmt.results import END, START, main, results_table
 from nmt.translate import Translator
 
@@ -76,10 +76,31 @@ def test_averaged_checkpoint_is_reported_only_when_it_validates_as_well(tiny_con
         prefix.parent.mkdir()
         prefix.with_suffix(".en").write_text("\n".join(sources) + "\n", encoding="utf-8")
         prefix.with_suffix(".de").write_text("\n".join(outputs[winner]) + "\n", encoding="utf-8")
-        cfg = load_config(tiny_config_file, [f"data.valid.path={prefix}", "decode.beam=1"])
-        path, _, scores = pick_checkpoint(run, cfg)
         loser = ({*valid} - {winner}).pop()
-        assert path == run / winner and scores[winner]["chrf"] == 100.0 > scores[loser]["chrf"]
+        for metric in ("bleu", "ter"):
+            cfg = load_config(tiny_config_file, [f"data.valid.path={prefix}", "decode.beam=1",
+                                                 f"train.early_stop_metric={metric}"])
+            path, _, scores = pick_checkpoint(run, cfg)
+            assert path == run / winner and scores[winner]["chrf"] == 100.0 > scores[loser]["chrf"]
+            assert set(scores[winner]) == {metric, "bleu", "chrf"}
+            assert metric != "ter" or scores[winner]["ter"] == 0.0 < scores[loser]["ter"]
+
+
+@pytest.mark.parametrize(("order", "chosen"), [
+    (["bleu", "chrf"], "best.pt"),
+    (["chrf", "bleu"], "averaged.pt"),
+    (["ter", "bleu", "chrf"], "averaged.pt"),  # lower is better
+    (["ter", "bleu"], "averaged.pt"),
+])
+def test_the_candidate_is_chosen_by_the_metric_that_picked_the_best_checkpoint(order, chosen):
+    """best.pt is the best by `train.early_stop_metric`; averaged.pt was judged against it by BLEU whatever that
+    metric was, so a run that picked its best by chrF or TER could report the checkpoint BLEU preferred."""
+    scores = {"averaged.pt": {"bleu": 30.0, "chrf": 60.0, "ter": 50.0},
+              "best.pt": {"bleu": 31.0, "chrf": 55.0, "ter": 52.0}}
+    assert better_checkpoint(scores, order) == chosen
+    tied = {"averaged.pt": {"bleu": 30.0, "chrf": 60.0}, "best.pt": {"bleu": 30.0, "chrf": 60.0}}
+    assert better_checkpoint(tied, ["bleu", "chrf"]) == "averaged.pt"  # listed first: a tie goes to it
+    assert better_checkpoint(dict(reversed(tied.items())), ["bleu", "chrf"]) == "best.pt"
 
 
 def test_an_averaged_checkpoint_of_an_earlier_end_of_the_run_is_not_a_candidate(tiny_config_file, tmp_path, caplog):
