@@ -60,7 +60,7 @@ from nmt.models.masks import (
     pad_mask_from_lengths,
     sentences_per_row,
 )
-from nmt.models.transformer import attention, side_by_side
+from nmt.models.multihead import attention, side_by_side
 from nmt.runtime import HALF_DTYPES, sdpa_backends
 
 DTYPES = {"fp32": torch.float32, **HALF_DTYPES}
