@@ -488,7 +488,7 @@ def test_search_steps_of_a_packed_model_match_its_full_decode():
 def test_on_a_gpu_sentences_side_by_side_run_the_memory_efficient_kernel_in_bf16():
     """Each of the 6 attention calls (2 encoder, 2 x 2 decoder) of the packed bf16 model, forward and backward, by
     the fused kernel that takes a bias, none falling back to plain matrix products; logits as a sentence a row."""
-    from nmt import runtime
+    from nmt import kernels
 
     src, src_mask, tgt = (t.cuda() for t in padded_batch([5, 7, 3, 7, 2, 6, 8, 4], vocab=V, seed=4, tgt_len=8,
                                                            low=2, pad_id=PAD))
@@ -497,7 +497,7 @@ def test_on_a_gpu_sentences_side_by_side_run_the_memory_efficient_kernel_in_bf16
     single = make_model(**options).cuda().to(torch.bfloat16)
     packed = make_model(attention_pack=64, **options).cuda().to(torch.bfloat16)
     packed.load_state_dict(single.state_dict())
-    with runtime.attention_kernels(torch.device("cuda", 0)), OpCounter() as ops:
+    with kernels.attention_kernels(torch.device("cuda", 0)), OpCounter() as ops:
         logits = packed(src, src_mask, tgt)
         logits.float().logsumexp(-1).sum().backward()
     assert ops.counts["_scaled_dot_product_efficient_attention"] == 6, ops.counts
