@@ -28,6 +28,8 @@ from nmt.models.layers import Dropout
 from nmt.models.rnn_decoder import BahdanauDecoder, LuongDecoder, RNNState, build_decoder
 from nmt.models.rnn_encoder import RNNEncoder
 
+# --------------------------------------------------------------------------- bridges
+
 
 def bridge_sources(encoder_layers: int, decoder_layers: int) -> list[int]:
     """The encoder layer each decoder layer starts from with a learned bridge (`LearnedBridge`)."""
@@ -88,6 +90,9 @@ class LearnedBridge(nn.Module):
         if self.c_proj is None or final_c is None:
             return h0, None
         return h0, self._project(self.c_proj, final_c, self.cell_sources)
+
+
+# --------------------------------------------------------------------------- model
 
 
 def _decoder_step(

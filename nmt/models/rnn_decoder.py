@@ -14,11 +14,11 @@ Parts, leaves first:
     build_decoder               the decoder `RNNConfig.decoder` names
 
 The decoder is a stack of cells stepped by hand: attention makes every
-step depend on the previous one anyway, and `decode` (teacher forcing) loops over
-the very step function `decode_step` uses, so the two agree exactly. Cells also
-keep the state batch-first (B, Ld, H) and inter-layer dropout explicit, where
-nn.GRU on length-1 inputs would want (Ld, B, H) transposes at every step. The model
-that steps them is `nmt.models.rnn.RNNSeq2Seq`.
+step depend on the previous one anyway, and the model's `decode` (teacher forcing)
+loops over the very step function its `decode_step` uses, so the two agree exactly
+(`nmt.models.rnn.RNNSeq2Seq`). Cells also keep the state batch-first (B, Ld, H) and
+inter-layer dropout explicit, where nn.GRU on length-1 inputs would want (Ld, B, H)
+transposes at every step.
 """
 
 from __future__ import annotations
