@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.kernels import sdpa_backends
 from nmt.models.masks import (
     attention_bias,
     block_bias,
@@ -60,8 +61,8 @@ from nmt.models.masks import (
     pad_mask_from_lengths,
     sentences_per_row,
 )
-from nmt.models.transformer import attention, side_by_side
-from nmt.runtime import HALF_DTYPES, sdpa_backends
+from nmt.models.multihead import attention, side_by_side
+from nmt.runtime import HALF_DTYPES
 
 DTYPES = {"fp32": torch.float32, **HALF_DTYPES}
 KERNELS = ("flash", "efficient", "math", "manual", "varlen", "packed", "rows", "cudnn")  # cuDNN last: a crash there loses no other row

@@ -273,7 +273,7 @@ case $stage in
     run "$py" bench/attention_speed.py --device "$device" --lengths 16,24,32,64,128,256,512 \
       --kernels flash,efficient,varlen,packed,rows --json "$out/attention_varlen.json"
     # the bf16 rows with torch's order, flash before the memory-efficient kernel (training's is the other way
-    # round, nmt.runtime.ATTENTION_KERNELS): what the decoder's causal self-attention gains from it
+    # round, nmt.kernels.ATTENTION_KERNELS): what the decoder's causal self-attention gains from it
     run "$py" bench/train_speed.py configs/multi30k_transformer.yaml --shapes config,base --precisions bf16 \
       --compile off --update-graphs on --attention flash,efficient,math --steps $steps \
       --json "$out/updates_flash_first.json" ${TRAIN_ARGS:-}
@@ -289,7 +289,7 @@ case $stage in
     # bf16 logits read by the softmax kernels themselves (where this torch's do); training's attention order
     run "$py" -c "import torch, nmt.train.loss as l; x = torch.randn(4, 8, device='$device', dtype=torch.bfloat16)
 l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 themselves:', l._READS_HALF.get(torch.bfloat16, x.is_cuda))"
-    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/models/test_transformer.py
+    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/test_kernels.py tests/models/test_multihead.py tests/models/test_transformer.py
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1  # the toy trainings need them
     recorded_and_resumed configs/toy_transformer.yaml /tmp/gpu_updates "$out/updates_metrics.jsonl"
     # two batches an update: each batch shape's part recorded apart, the update's end once
@@ -376,7 +376,7 @@ l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 them
 print(results_table(load_results(sys.argv[1])))' "$out" | tee -a "$out/$stage.log"
     exit $failed ;;
   tests)
-    run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_translate.py \
+    run "$py" -m pytest -q -rs tests/test_distributed.py tests/test_runtime.py tests/test_kernels.py tests/test_translate.py \
       tests/train/test_half.py tests/train/test_step.py tests/train/test_graphs.py tests/train/test_loss.py
     run "$py" -m nmt train configs/toy_transformer.yaml --restart --set run_dir=/tmp/gpu_cuda0 \
       --set train.device=$device:0 --set train.max_steps=100 --set train.valid_every=100

@@ -78,16 +78,9 @@ from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
 from nmt.heap import keep_freed_memory
+from nmt.kernels import ATTENTION_KERNELS, SDPA_KERNELS, enable_fast_math, set_attention_kernels
 from nmt.models import count_parameters
-from nmt.runtime import (
-    ATTENTION_KERNELS,
-    SDPA_KERNELS,
-    Dist,
-    enable_fast_math,
-    pick_device,
-    seed_everything,
-    set_attention_kernels,
-)
+from nmt.runtime import Dist, pick_device, seed_everything
 from nmt.train.data import (
     batch_padding,
     build_sampler,
@@ -347,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attention", default=",".join(ATTENTION_KERNELS),
                     help="On CUDA, the scaled_dot_product_attention kernels allowed, comma-separated, in the order "
                          "torch tries them: flash, efficient, math, cudnn (default: training's, "
-                         "nmt.runtime.ATTENTION_KERNELS). `math` alone leaves attention "
+                         "nmt.kernels.ATTENTION_KERNELS). `math` alone leaves attention "
                          "to plain matrix products and softmax, which a compiled row fuses. `cudnn` (which torch "
                          "prefers where allowed) plans every new shape once, a cost that static batch shapes pay "
                          "only once per length bucket.")

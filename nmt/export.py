@@ -70,7 +70,9 @@ from nmt.fileio import check_folder_to_write, disk_full, disk_full_error
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
 
-    from nmt.models.transformer import MultiHeadAttention, Residual, Transformer
+    from nmt.models.multihead import MultiHeadAttention
+    from nmt.models.transformer import Transformer
+    from nmt.models.transformer_layers import Residual
 
 FORMATS = ("ctranslate2",)
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")

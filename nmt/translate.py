@@ -46,8 +46,9 @@ from nmt.data.text import normalize_spaces, one_line
 from nmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from nmt.decode import CHUNK_LINES, MAX_CHUNK_LINES, Hypothesis, SearchOptions, search
 from nmt.errors import CheckpointError, UserError, headline
+from nmt.kernels import warn_if_slow_precision
 from nmt.models.ensemble import Ensemble
-from nmt.runtime import HALF_DTYPES, inference, pick_device, warn_if_slow_precision
+from nmt.runtime import HALF_DTYPES, inference, pick_device
 
 log = logging.getLogger(__name__)
 

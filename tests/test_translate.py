@@ -28,7 +28,7 @@ from nmt.data.text import LINE_BREAKS, one_line
 from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.decode import Sampling
 from nmt.errors import CheckpointError, DataError, UserError
-from nmt.models.transformer import MultiHeadAttention
+from nmt.models.multihead import MultiHeadAttention
 from nmt.plot import image_size
 from nmt.translate import Translator
 from nmt.translate_io import format_nbest, interactive, translate_io, translate_lines

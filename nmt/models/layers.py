@@ -1,4 +1,5 @@
-"""Small pieces shared by the models: dropout, token embeddings, positional encodings, feed-forward.
+"""Small pieces shared by the models: dropout, token embeddings, positional encodings, feed-forward,
+and one fused recurrent layer (the RNN encoder's and decoder's).
 
 Shapes follow `nmt.models.contract`: B batch, L sequence length, D model width,
 V vocabulary size. Each module initialises its own parameters, so weight tying
@@ -184,3 +185,12 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x (B, L, D) -> (B, L, D)."""
         return self.down(self.dropout(self.act(self.up(x))))
+
+
+def fused_rnn_layer(x: Tensor, weights: list[Tensor], h0: Tensor, c0: Tensor | None, training: bool) -> Tensor:
+    """One layer and direction of a GRU, or of an LSTM (with `c0`), as one fused call from the states h0
+    (and c0), (1, B, H): x (B, T, I) -> outputs (B, T, H). `weights`: w_ih, w_hh, b_ih, b_hh."""
+    # gru/lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    if c0 is not None:
+        return torch.lstm(x, (h0, c0), weights, True, 1, 0.0, training, False, True)[0]
+    return torch.gru(x, h0, weights, True, 1, 0.0, training, False, True)[0]

@@ -25,13 +25,12 @@ from nmt.config import ExperimentConfig, TrainConfig, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID, Tokenizer
 from nmt.errors import ConfigError, NodeError
+from nmt.kernels import compile_model, enable_fast_math, warn_if_slow_precision
 from nmt.models import build_model, count_parameters
 from nmt.runtime import (
     HALF_DTYPES,
     Dist,
     all_gather,
-    compile_model,
-    enable_fast_math,
     grad_scaler,
     init_distributed,
     on_every_rank,
@@ -39,7 +38,6 @@ from nmt.runtime import (
     pick_device,
     seed_everything,
     shutdown_distributed,
-    warn_if_slow_precision,
 )
 from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space

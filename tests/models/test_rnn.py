@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from nmt.models.attention import ATTENTION_KINDS
 from nmt.models.contract import Memory, Seq2Seq, State
 from nmt.models.masks import pad_mask_from_tokens
-from nmt.models.rnn import RNNEncoder, RNNSeq2Seq, RNNState
+from nmt.models.rnn import RNNSeq2Seq
+from nmt.models.rnn_decoder import RNNState
+from nmt.models.rnn_encoder import RNNEncoder
 
 PAD, BOS, EOS = 0, 1, 2
 BASE = dict(

@@ -17,7 +17,7 @@ from nmt.config import TrainConfig, config_from_dict
 from nmt.data.batching import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
-from nmt.models.rnn import RNNEncoder
+from nmt.models.rnn_encoder import RNNEncoder
 from nmt.runtime import Dist, grad_scaler
 from nmt.train.data import batch_padding
 from nmt.train.graphs import (

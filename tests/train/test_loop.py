@@ -13,7 +13,7 @@ import torch
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.config import config_from_dict
 from nmt.errors import UserError
-from nmt.runtime import compile_model
+from nmt.kernels import compile_model
 from nmt.train.faults import TrainingDiverged, check_free_space
 from nmt.train.loop import train
 from tests.train.helpers import same_weights, tiny_cfg, tiny_raw, weights, without_key_biases
