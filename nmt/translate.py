@@ -339,7 +339,8 @@ class Translator:
         with inference(self.model):
             for chunk in inference_batches([len(ids[i]) for i in todo], budget):
                 rows = [todo[j] for j in chunk]
-                hyps = self._search([ids[i] for i in rows], opts)
+                # A line's number in the input, from 0, across chunks: what a sampler's draws are keyed by.
+                hyps = self._search([ids[i] for i in rows], opts, [first_line - 1 + i for i in rows])
                 with record_function("nmt.detokenize"):
                     for row, translations in zip(rows, self._finish(hyps, [ids[i] for i in rows])):
                         results[row] = translations + _missing(opts.nbest - len(translations))
@@ -348,9 +349,9 @@ class Translator:
                                         "finite; an fp16 overflow?); its output line is empty", first_line + row)
         return results
 
-    def _search(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
-        """The hypotheses of `sources` (ids with EOS) as one batch, or, where that runs out of CUDA memory,
-        as two batches of half as many sentences each (in turn halved as needed).
+    def _search(self, sources: list[list[int]], opts: SearchOptions, lines: list[int]) -> list[list[Hypothesis]]:
+        """The hypotheses of `sources` (ids with EOS; input `lines`, from 0) as one batch, or, where that runs out
+        of CUDA memory, as two batches of half as many sentences each (in turn halved as needed).
 
         A batch too large for the device is the default's risk on a small GPU: the 128,000 tokens of
         `AUTO_MAX_TOKENS` were sized on GPUs of 80 GB and more, and a search's memory grows with the
@@ -363,9 +364,9 @@ class Translator:
         longest, beam, half = max(len(s) for s in sources), opts.beam, len(sources) // 2
         cap = self._max_tokens_cap
         if cap is not None and half and len(sources) * longest * beam > cap:  # cut before the budget was lowered
-            return self._search(sources[:half], opts) + self._search(sources[half:], opts)
+            return self._search(sources[:half], opts, lines[:half]) + self._search(sources[half:], opts, lines[half:])
         try:
-            return self._search_batch(sources, opts)
+            return self._search_batch(sources, opts, lines)
         except torch.cuda.OutOfMemoryError as err:
             detail = headline(err)
         # Out of the handler, the failed batch's tensors (held by the traceback's frames) are freed.
@@ -378,12 +379,12 @@ class Translator:
                     "it in halves, and later batches in at most %d tokens; --max-tokens (decode.max_tokens) %d starts "
                     "there", len(sources), len(sources) * longest, beam, self._max_tokens_cap, self._max_tokens_cap)
         torch.cuda.empty_cache()  # give the failed batch's cached blocks back before the smaller ones
-        return self._search(sources[:half], opts) + self._search(sources[half:], opts)
+        return self._search(sources[:half], opts, lines[:half]) + self._search(sources[half:], opts, lines[half:])
 
-    def _search_batch(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
+    def _search_batch(self, sources: list[list[int]], opts: SearchOptions, lines: list[int]) -> list[list[Hypothesis]]:
         with record_function("nmt.search"):
             src, mask = _pad(sources, self.device)
-            return search(self.model, src, mask, opts)
+            return search(self.model, src, mask, opts, lines=lines)
 
     def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> list[list[int]]:
         """Source ids with EOS; whitespace runs (line breaks, tabs, other controls) become one space, as
