@@ -9,7 +9,7 @@
     translator.translate("Ein Mann fährt Fahrrad.")  # one string in, one string out
     best = translator.translate_nbest(["Ein Mann fährt Fahrrad."], beam=5, nbest=3, attention=True)
     best[0][0].log_prob, best[0][0].tokens, best[0][0].attention  # (T_out, S) over best[0][0].src_tokens
-    translator.translate(lines, sampling=Sampling(top_p=0.9, seed=1))  # back-translation
+    translator.translate(lines, sampling=Sampling(top_p=0.9, seed=1))  # back-translation; line i's sample: seed, i, text
 
 Several checkpoints make an ensemble (`nmt.models.ensemble`):
 `Translator.from_checkpoint(["a.pt", "b.pt"])`.
@@ -233,7 +233,8 @@ class Translator:
         """The `nbest` best translations of each line (best first), in input order.
 
         Args:
-            lines: source sentences.
+            lines: source sentences; a seeded sampler's draws for `lines[i]` are keyed by i
+                (`nmt.decode.sampling.sample_step`), whatever batch it falls in.
             options, overrides: search settings (`Translator.options`), e.g. `beam=5, nbest=3,
                 attention=True, sampling=Sampling(top_p=0.9)`.
 
@@ -253,7 +254,8 @@ class Translator:
                                chunk_size: int | None = None, **overrides: Any) -> Iterator[list[Translation]]:
         """`translate_nbest` over a stream: at most `chunk_size` lines (default: `chunk_lines`) are held at a time.
 
-        Line endings ("\\n", "\\r\\n") are stripped; a seeded sampler continues across chunks.
+        Line endings ("\\n", "\\r\\n") are stripped; lines are numbered across chunks, so a seeded sample
+        does not depend on `chunk_size`.
         """
         opts = self.options(options, **overrides)
         size = self.chunk_lines(opts) if chunk_size is None else chunk_size
@@ -281,7 +283,9 @@ class Translator:
 
         For a pipe, chunks can be the lines available so far, so every line is answered
         without waiting for more input (`nmt.data.text.available_lines`). `first_line` is
-        the input line number of the first line, for warnings.
+        the input line number of the first line (from 1), for warnings and for a sampler: the
+        draws of line n are keyed by n - 1 (`search`'s `lines`), so a run that starts after
+        the lines a stopped run wrote samples what an uninterrupted run samples.
         """
         opts = self._resolve(self.options(options, **overrides))
         first = first_line
@@ -319,8 +323,8 @@ class Translator:
         return budget if self._max_tokens_cap is None else min(budget, self._max_tokens_cap)
 
     def _resolve(self, opts: SearchOptions) -> SearchOptions:
-        """`opts` with its strategy made a step function once, so a seeded sampler's draws go on
-        from batch to batch and chunk to chunk instead of starting again."""
+        """`opts` with its strategy made a step function once, so an unseeded sampler draws its seed once
+        for every batch and chunk of the call (`make_sample_step`)."""
         if opts.wants_attention and not self.model.has_attention:
             asked = [f"the coverage penalty ({opts.coverage_penalty:g})"] if opts.coverage_penalty > 0 else []
             asked += ["attention plots"] if opts.attention else []
