@@ -137,7 +137,7 @@ def translate(
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most probable tokens (0: all).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample from the nucleus of probability p (1: all).")] = 1.0,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling (the same input and --max-tokens draw the same samples, but for a pipe whose lines arrive at other moments: its batches are the lines that have arrived).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling: a line's sample depends on the seed, its line number and text, the checkpoint, --device and --precision, not on --max-tokens, the batches, a pipe's timing or a resume.")] = None,
     attention_plot: Annotated[Optional[Path], typer.Option(help="Write an attention heatmap per line to DIR/<line>.png.")] = None,
     attention_layer: Annotated[int, typer.Option(help="Transformer decoder layer whose cross-attention is plotted.")] = -1,
     attention_head: Annotated[Optional[int], typer.Option(help="Transformer head to plot (default: mean over heads).")] = None,

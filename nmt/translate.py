@@ -9,7 +9,7 @@
     translator.translate("Ein Mann fährt Fahrrad.")  # one string in, one string out
     best = translator.translate_nbest(["Ein Mann fährt Fahrrad."], beam=5, nbest=3, attention=True)
     best[0][0].log_prob, best[0][0].tokens, best[0][0].attention  # (T_out, S) over best[0][0].src_tokens
-    translator.translate(lines, sampling=Sampling(top_p=0.9, seed=1))  # back-translation
+    translator.translate(lines, sampling=Sampling(top_p=0.9, seed=1))  # back-translation; line i's sample: seed, i, text
 
 Several checkpoints make an ensemble (`nmt.models.ensemble`):
 `Translator.from_checkpoint(["a.pt", "b.pt"])`.
@@ -237,7 +237,8 @@ class Translator:
         """The `nbest` best translations of each line (best first), in input order.
 
         Args:
-            lines: source sentences.
+            lines: source sentences; a seeded sampler's draws for `lines[i]` are keyed by i
+                (`nmt.decode.sampling.sample_step`), whatever batch it falls in.
             options, overrides: search settings (`Translator.options`), e.g. `beam=5, nbest=3,
                 attention=True, sampling=Sampling(top_p=0.9)`.
 
@@ -257,7 +258,8 @@ class Translator:
                                chunk_size: int | None = None, **overrides: Any) -> Iterator[list[Translation]]:
         """`translate_nbest` over a stream: at most `chunk_size` lines (default: `chunk_lines`) are held at a time.
 
-        Line endings ("\\n", "\\r\\n") are stripped; a seeded sampler continues across chunks.
+        Line endings ("\\n", "\\r\\n") are stripped; lines are numbered across chunks, so a seeded sample
+        does not depend on `chunk_size`.
         """
         opts = self.options(options, **overrides)
         size = self.chunk_lines(opts) if chunk_size is None else chunk_size
@@ -285,7 +287,9 @@ class Translator:
 
         For a pipe, chunks can be the lines available so far, so every line is answered
         without waiting for more input (`nmt.data.text.available_lines`). `first_line` is
-        the input line number of the first line, for warnings.
+        the input line number of the first line (from 1), for warnings and for a sampler: the
+        draws of line n are keyed by n - 1 (`search`'s `lines`), so a run that starts after
+        the lines a stopped run wrote samples what an uninterrupted run samples.
         """
         opts = self._resolve(self.options(options, **overrides))
         first = first_line
@@ -323,8 +327,8 @@ class Translator:
         return budget if self._max_tokens_cap is None else min(budget, self._max_tokens_cap)
 
     def _resolve(self, opts: SearchOptions) -> SearchOptions:
-        """`opts` with its strategy made a step function once, so a seeded sampler's draws go on
-        from batch to batch and chunk to chunk instead of starting again."""
+        """`opts` with its strategy made a step function once, so an unseeded sampler draws its seed once
+        for every batch and chunk of the call (`make_sample_step`)."""
         if opts.wants_attention and not self.model.has_attention:
             asked = [f"the coverage penalty ({opts.coverage_penalty:g})"] if opts.coverage_penalty > 0 else []
             asked += ["attention plots"] if opts.attention else []
@@ -343,7 +347,8 @@ class Translator:
         with inference(self.model):
             for chunk in inference_batches([len(ids[i]) for i in todo], budget):
                 rows = [todo[j] for j in chunk]
-                hyps = self._search([ids[i] for i in rows], opts)
+                # A line's number in the input, from 0, across chunks: what a sampler's draws are keyed by.
+                hyps = self._search([ids[i] for i in rows], opts, [first_line - 1 + i for i in rows])
                 with record_function("nmt.detokenize"):
                     for row, translations in zip(rows, self._finish(hyps, [ids[i] for i in rows])):
                         results[row] = translations + _missing(opts.nbest - len(translations))
@@ -354,9 +359,9 @@ class Translator:
                                         "finite; an fp16 overflow?); its output line is empty", first_line + row)
         return results
 
-    def _search(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
-        """The hypotheses of `sources` (ids with EOS) as one batch, or, where that runs out of CUDA memory,
-        as two batches of half as many sentences each (in turn halved as needed).
+    def _search(self, sources: list[list[int]], opts: SearchOptions, lines: list[int]) -> list[list[Hypothesis]]:
+        """The hypotheses of `sources` (ids with EOS; input `lines`, from 0) as one batch, or, where that runs out
+        of CUDA memory, as two batches of half as many sentences each (in turn halved as needed).
 
         A batch too large for the device is the default's risk on a small GPU: the 128,000 tokens of
         `AUTO_MAX_TOKENS` were sized on GPUs of 80 GB and more, and a search's memory grows with the
@@ -369,9 +374,9 @@ class Translator:
         longest, beam, half = max(len(s) for s in sources), opts.beam, len(sources) // 2
         cap = self._max_tokens_cap
         if cap is not None and half and len(sources) * longest * beam > cap:  # cut before the budget was lowered
-            return self._search(sources[:half], opts) + self._search(sources[half:], opts)
+            return self._search(sources[:half], opts, lines[:half]) + self._search(sources[half:], opts, lines[half:])
         try:
-            return self._search_batch(sources, opts)
+            return self._search_batch(sources, opts, lines)
         except torch.cuda.OutOfMemoryError as err:
             detail = headline(err)
         # Out of the handler, the failed batch's tensors (held by the traceback's frames) are freed.
@@ -384,12 +389,12 @@ class Translator:
                     "it in halves, and later batches in at most %d tokens; --max-tokens (decode.max_tokens) %d starts "
                     "there", len(sources), len(sources) * longest, beam, self._max_tokens_cap, self._max_tokens_cap)
         torch.cuda.empty_cache()  # give the failed batch's cached blocks back before the smaller ones
-        return self._search(sources[:half], opts) + self._search(sources[half:], opts)
+        return self._search(sources[:half], opts, lines[:half]) + self._search(sources[half:], opts, lines[half:])
 
-    def _search_batch(self, sources: list[list[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
+    def _search_batch(self, sources: list[list[int]], opts: SearchOptions, lines: list[int]) -> list[list[Hypothesis]]:
         with record_function("nmt.search"):
             src, mask = _pad(sources, self.device)
-            return search(self.model, src, mask, opts)
+            return search(self.model, src, mask, opts, lines=lines)
 
     def _encode(self, lines: Sequence[str], limit: int, first_line: int = 1) -> tuple[list[list[int]], set[int]]:
         """Source ids with EOS, each cut to `limit`, and the positions in `lines` of those cut; whitespace runs

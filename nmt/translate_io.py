@@ -155,9 +155,9 @@ def translation_job(translator: Translator, options: SearchOptions, *, input: st
     """What the output lines of translating file `input` depend on, to tell whether a partial output is this job's.
 
     The batch budget, the device and the attention settings are left out: they do not
-    change the text (the GPU's fp32 outputs are the CPU's). A seeded sampler starts
-    again from its seed on resuming, so sampled lines after that point differ from an
-    uninterrupted run's.
+    change the text (the GPU's fp32 outputs are the CPU's), a seeded sample's included:
+    its draws are keyed by the line's number, which a resumed run goes on counting
+    (`first_line`), so it writes what an uninterrupted run writes.
     """
     search_settings = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
                        if f.name not in ("max_tokens", "cached", "sync_every", "attention")}

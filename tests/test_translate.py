@@ -526,6 +526,27 @@ def test_cli_attention_plot_progress_and_ensemble(checkpoints, sources, tmp_path
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["1.png", "2.png", "3.png"]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_seeded_sample_of_a_line_follows_its_number_not_its_batch_chunk_or_neighbours(translators, small_corpus,
+                                                                                       kind):
+    """A line's sample depends on the seed, the line's number in the input and its text: not on the batches
+    (--max-tokens), the chunks, the lines beside it or where a call starts (`first_line`, as a resumed run gives
+    it). A line is its number: equal lines draw samples of their own, and a text moved elsewhere draws another."""
+    tr = translators[kind]
+    test = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    lines = [*test[:10], test[3], test[3], "", *test[10:20]]
+    opts = dict(sampling=Sampling(temperature=1.3, top_p=0.95, seed=7), max_len_a=0.5, max_len_b=4)
+    together = tr.translate(lines, max_tokens=100_000, **opts)
+    assert len(set(together)) > len(lines) // 2 and together[10] != together[11]  # samples; copies too
+    assert tr.translate(lines, max_tokens=1, **opts) == together  # one line per batch
+    assert list(tr.translate_stream(lines, chunk_size=3, max_tokens=40, **opts)) == together
+    tail = [nbest[0].text for nbest in tr.translate_chunks([lines[12:15], lines[15:]], first_line=13, **opts)]
+    assert tail == together[12:]
+    swapped = [lines[1], lines[0], *lines[2:]]
+    assert tr.translate(swapped, **opts)[2:] == together[2:]
+    assert tr.translate(lines[1:], **opts) != together[1:]
+
+
 def test_cli_sampling_with_a_seed_is_reproducible(checkpoints, sources):
     ckpt, text = str(checkpoints["transformer"]), "\n".join(sources) + "\n"
     args = ["translate", "-c", ckpt, "--sample", "--temperature", "1.5", "--top-p", "0.95"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import subprocess
@@ -61,20 +62,22 @@ def test_a_pipe_is_answered_line_by_line_without_more_input(checkpoints):
 
 def test_a_seed_draws_the_same_samples_from_a_file_given_by_name_or_as_standard_input(checkpoints, small_corpus,
                                                                                          tmp_path, monkeypatch):
-    """`nmt translate -i FILE --sample --seed 1` and `nmt translate --sample --seed 1 < FILE`: the same input and
-    --max-tokens, so the same samples. Standard input was cut into chunks of at most 2,000 lines (`CHUNK_LINES`),
-    also where a read of 64 KiB ended, where a file by name is cut every `Translator.chunk_lines` (8,000 lines on
-    the CPU at beam 1): other batches, so other draws for nearly every line."""
+    """`nmt translate -i FILE --sample --seed 1` and `nmt translate --sample --seed 1 < FILE`: the same samples,
+    even with another --max-tokens. A file by name is cut every `Translator.chunk_lines` (8,000 lines on the CPU
+    at beam 1), standard input into chunks of at most as many, also where a read of 64 KiB ends, and here of
+    2,000 (`CHUNK_LINES`) by the smaller budget: other batches, which drew other samples for nearly every line
+    while a seed's draws followed the batches."""
     tr = Translator.from_checkpoint(str(checkpoints["transformer"]), device="cpu")
     options = tr.options(sampling=Sampling(seed=1), max_len_a=0.0, max_len_b=3)
-    assert tr.chunk_lines(options) > CHUNK_LINES
+    smaller = dataclasses.replace(options, max_tokens=300)
+    assert tr.chunk_lines(options) > CHUNK_LINES == tr.chunk_lines(smaller)
     lines = (small_corpus / "train.en").read_text(encoding="utf-8").splitlines()
     src = tmp_path / "mono.en"
     src.write_text("\n".join((lines * 7)[:2600]) + "\n", encoding="utf-8")  # 2,600 lines, 120 KiB
     translate_io(tr, options, input=str(src), output=str(tmp_path / "by_name.de"))
     with open(src, encoding="utf-8") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
-        translate_io(tr, options, input="-", output=str(tmp_path / "from_stdin.de"))
+        translate_io(tr, smaller, input="-", output=str(tmp_path / "from_stdin.de"))
     by_name = (tmp_path / "by_name.de").read_text(encoding="utf-8").splitlines()
     assert len(by_name) == 2600 and len(set(by_name)) > 100  # samples, not one repeated translation
     assert (tmp_path / "from_stdin.de").read_text(encoding="utf-8").splitlines() == by_name

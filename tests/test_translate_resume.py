@@ -94,6 +94,31 @@ def test_the_same_command_goes_on_to_the_uninterrupted_output(stopped_after, doc
     assert partial_files(doc.parent) == [] and leftovers(doc.parent) == []
 
 
+@pytest.mark.parametrize("stopped_after", [2, 5])
+def test_a_seeded_sample_goes_on_to_the_uninterrupted_output(stopped_after, doc, checkpoints, monkeypatch):
+    """`--sample --seed`: the lines after a resume are drawn as an uninterrupted run draws them (each line's draws
+    are keyed by its number in the file), even with another --max-tokens after the stop."""
+    ckpt, out = checkpoints["transformer"], doc.parent / "out.txt"
+    sampling = ["--sample", "--seed", "3", "--temperature", "1.5", "--max-len-a", "0.5", "--max-len-b", "4"]
+
+    def run(patch, target: Path, *args: str) -> tuple[int, list[str]]:
+        return nmt(patch, "translate", "-c", str(ckpt), "-i", str(doc), "-o", str(target), *sampling, *args)
+
+    status, errors = run(monkeypatch, doc.parent / "reference.txt")
+    assert status == 0, errors
+    expected = (doc.parent / "reference.txt").read_text()
+    assert len(set(expected.splitlines())) > 4  # samples, not one line again and again
+    with monkeypatch.context() as patch:
+        stop_after(patch, stopped_after)
+        status, _ = run(patch, out, "--max-tokens", "1")
+    assert status == 130 and (doc.parent / "out.txt.partial").read_text().count("\n") == stopped_after
+    translated = count_translations(monkeypatch)
+    status, errors = run(monkeypatch, out)
+    assert status == 0, errors
+    assert translated == [8 - stopped_after]
+    assert out.read_bytes() == expected.encode()
+
+
 def test_a_line_cut_off_by_a_kill_is_translated_again(doc, checkpoints, monkeypatch):
     ckpt, out, partial = checkpoints["transformer"], doc.parent / "out.txt", doc.parent / "out.txt.partial"
     expected = uninterrupted(monkeypatch, ckpt, doc)

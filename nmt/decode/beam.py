@@ -24,7 +24,7 @@ _MIN_COVERAGE = 1e-10
 
 
 def beam_step(log_probs: Tensor, scores: Tensor, *, step: int = 0,
-              prefix: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+              prefix: Tensor | None = None, lines: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Keep the K best one-token extensions of K hypotheses, per sentence.
 
     At the first step every row holds the same prefix; the search starts rows
@@ -41,7 +41,7 @@ def beam_step(log_probs: Tensor, scores: Tensor, *, step: int = 0,
     Args:
         log_probs: next-token log-probabilities, (B, K, V).
         scores: cumulative log-probabilities of the K hypotheses, (B, K).
-        step, prefix: unused (see `nmt.decode.options.StepFn`).
+        step, prefix, lines: unused (see `nmt.decode.options.StepFn`).
 
     Returns:
         scores: cumulative log-probabilities of the K best extensions, best first, (B, K).

@@ -12,13 +12,13 @@ from torch import Tensor
 
 
 def greedy_step(log_probs: Tensor, scores: Tensor, *, step: int = 0,
-                prefix: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                prefix: Tensor | None = None, lines: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Extend each hypothesis with its most probable next token.
 
     Args:
         log_probs: next-token log-probabilities, (B, 1, V).
         scores: cumulative log-probabilities, (B, 1).
-        step, prefix: unused (see `nmt.decode.options.StepFn`).
+        step, prefix, lines: unused (see `nmt.decode.options.StepFn`).
 
     Returns:
         scores: the extended cumulative log-probabilities, (B, 1).

@@ -4,8 +4,8 @@
 checkpoint's `decode` section gives the defaults of a translation
 (`Translator.options`), and the few defaults here serve direct calls of `search`.
 The strategy is picked in one place, `SearchOptions.step_fn`: a built-in name, or
-any `StepFn` (which sees the step index and the prefixes, so n-gram blocking or a
-diverse beam is a new step function, not an edit of the loop).
+any `StepFn` (which sees the step index, the prefixes and each sentence's input line,
+so n-gram blocking or a diverse beam is a new step function, not an edit of the loop).
 """
 
 from __future__ import annotations
@@ -37,15 +37,19 @@ class StepFn(Protocol):
     Args:
         log_probs: next-token log-probabilities, (B, K, V), constraints applied.
         scores: cumulative log-probabilities of the K rows, (B, K); -inf marks an empty row.
-        step: output tokens so far (0 at the first step).
+        step: output tokens so far (0 at the first step): the output position the step chooses,
+            the same for a sentence in any batch.
         prefix: the tokens of each row so far, BOS first, (B, K, step + 1).
+        lines: the input line of each sentence, (B,) int64 on the device (`search`'s `lines`):
+            what a sentence is, whichever row of whichever batch it is in (a sampler's draws are
+            keyed by it).
 
     Returns:
         scores, tokens, origins: each (B, K); origins index the rows 0..K-1 extended.
     """
 
-    def __call__(self, log_probs: Tensor, scores: Tensor, *, step: int,
-                 prefix: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+    def __call__(self, log_probs: Tensor, scores: Tensor, *, step: int, prefix: Tensor,
+                 lines: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
 
 
 Strategy = Literal["auto", "greedy", "beam", "sample"]
@@ -127,13 +131,13 @@ class SearchOptions:
         return self.attention or self.coverage_penalty > 0
 
     def step_fn(self, device: torch.device) -> StepFn:
-        """The step function the strategy names. A sampler's generator is made here, so one
-        `step_fn` used for several batches continues one seeded stream of draws."""
+        """The step function the strategy names. An unseeded sampler's seed is drawn here, so one
+        `step_fn` used for several batches draws them all from one seed (`make_sample_step`)."""
         match self.strategy:
             case "sample":
-                return make_sample_step(self.sampling or Sampling(), device)
+                return make_sample_step(self.sampling or Sampling())
             case "auto" if self.sampling is not None:
-                return make_sample_step(self.sampling, device)
+                return make_sample_step(self.sampling)
             case "greedy":
                 return greedy_step
             case "beam":

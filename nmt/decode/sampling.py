@@ -16,6 +16,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from nmt.decode.counter_random import random_seed, uniform
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -26,8 +28,10 @@ class Sampling:
         top_k: sample among the k most probable tokens only; 0 disables.
         top_p: sample among the smallest set of most probable tokens whose
             probability reaches p (the nucleus); 1 disables.
-        seed: seeds a private `torch.Generator`, so equal seeds give equal
-            samples for the same batch; None uses torch's global generator.
+        seed: the draws' seed: a line's sample is a function of the seed, the
+            line's number, its log-probabilities and the output position alone
+            (`sample_step`), whatever batch it is drawn in. None: a seed drawn
+            from torch's global generator, once per search (per `Translator` call).
     """
 
     temperature: float = 1.0
@@ -74,18 +78,34 @@ def sample_step(
     scores: Tensor,
     *,
     sampling: Sampling,
-    generator: torch.Generator | None,
+    seed: int,
     step: int = 0,
     prefix: Tensor | None = None,
+    lines: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Draw each hypothesis's next token from the filtered distribution.
+
+    The draw of a row is a pure function of (seed, its line, step) and its own
+    log-probabilities (`nmt.decode.counter_random.uniform`): not of the batch it
+    is in, the rows beside it or the draws before it.
+
+    It is the inverse of the distribution function: with the tokens' filtered
+    weights w_v = exp(logit_v) (the largest 1) and their running sums
+    W_v = w_0 + ... + w_v, the token drawn with uniform u is the first v with
+    W_v > u * W_{V-1}, which is v with probability w_v / W_{V-1} = softmax(logits)_v.
+    The sums are float64, so a token's probability is off by at most V * 2**-53
+    of the total, and one of weight 0 (filtered out) is never drawn. One number per
+    row, where an exponential race (Gumbel-max) needs one per token: V times fewer
+    hashes, which cost more than the running sum.
 
     Args:
         log_probs: next-token log-probabilities, (B, 1, V).
         scores: cumulative log-probabilities, (B, 1).
         sampling: temperature and filters.
-        generator: source of randomness (None: torch's global one).
-        step, prefix: unused (see `nmt.decode.options.StepFn`).
+        seed: the draws' seed (`make_sample_step` resolves `sampling.seed`).
+        step: the output position, the same for a row in any batch.
+        prefix: unused (see `nmt.decode.options.StepFn`).
+        lines: the input line of each sentence, (B,) int64; None: 0 .. B-1.
 
     Returns:
         scores: cumulative model log-probabilities including the drawn token, (B, 1).
@@ -93,25 +113,24 @@ def sample_step(
         origins: zeros (each hypothesis extends itself), (B, 1).
     """
     batch, beam, vocab = log_probs.shape
+    if lines is None:
+        lines = torch.arange(batch, device=log_probs.device)
     # Shifted by each row's best first, which the softmax ignores, so that a tiny temperature makes the best
     # token 0 and the rest -inf, where it made every value -inf and the softmax NaN.
     best = log_probs.amax(dim=-1, keepdim=True)  # (B, K, 1)
     best = best.masked_fill(best.isinf(), 0.0)  # a row of -inf stays one
     logits = filter_logits((log_probs - best) / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
-    probs = logits.softmax(dim=-1).view(batch * beam, vocab)  # (B*K, V)
-    # One draw from each row, as torch.multinomial(probs, 1) makes it (the row whose exponential race it wins,
-    # from the same random numbers) without that call's two checks of the values, which wait for a GPU.
-    race = torch.empty_like(probs).exponential_(1, generator=generator)  # (B*K, V)
-    tokens = (probs / race).argmax(dim=-1).view(batch, beam)  # (B, K)
+    running = logits.view(batch * beam, vocab).exp().cumsum(dim=-1, dtype=torch.float64)  # (B*K, V) W_v
+    u = uniform(seed, lines.repeat_interleave(beam), step)  # (B*K,)
+    target = (u * running[:, -1]).unsqueeze(1)  # (B*K, 1) below the total: u < 1 - 2**-49
+    # A row of weight 0 (all -inf: an empty row) finds no token; it takes the last, and stays at -inf.
+    tokens = torch.searchsorted(running, target, right=True).clamp_(max=vocab - 1).view(batch, beam)  # (B, K)
     picked = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
     return scores + picked, tokens, torch.zeros_like(tokens)
 
 
-def make_sample_step(
-    sampling: Sampling, device: torch.device
-) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
-    """`sample_step` bound to `sampling` and a generator seeded from `sampling.seed` on `device`."""
-    generator = None
-    if sampling.seed is not None:
-        generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    return partial(sample_step, sampling=sampling, generator=generator)
+def make_sample_step(sampling: Sampling) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """`sample_step` bound to `sampling` and its seed; without one, to a seed drawn now from torch's
+    global generator (so `torch.manual_seed` repeats it), the same for every batch the step draws."""
+    seed = random_seed() if sampling.seed is None else sampling.seed
+    return partial(sample_step, sampling=sampling, seed=seed)

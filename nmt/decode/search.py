@@ -9,7 +9,8 @@ the model always sees N = b * K rows for the b sentences still active. A step:
    a sentence reaches its maximum length;
 3. the step function of `SearchOptions.strategy` (`greedy_step`, `beam_step`,
    `sample_step`, or any `StepFn`) chooses, per sentence, K (score, token,
-   origin row) triples, seeing the step index and the prefixes;
+   origin row) triples, seeing the step index, the prefixes and each sentence's
+   input line (what keys a sampler's draws, so that they do not depend on the batch);
 4. hypotheses that chose EOS are scored and copied into preallocated slots of
    their sentence (`_Finished`) and their rows set to -inf, so later steps
    never extend them (the other rows refill the beam at the next step); a
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +102,7 @@ class _Active:
     """The sentences still searched; each owns K consecutive rows of the N = b * K."""
 
     sent: Tensor  # (b,) position of each sentence in the input batch
+    line: Tensor  # (b,) input line of each sentence (`search`'s `lines`), for the step function
     max_len: Tensor  # (b,) longest output, EOS excluded
     scores: Tensor  # (b, K) cumulative log-probs; -inf marks a finished or empty row, or a done sentence
     prefix: Tensor  # (N, t + 1) tokens fed so far, BOS first
@@ -149,6 +152,7 @@ def search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     pad_id: int = PAD_ID,
+    lines: Tensor | Sequence[int] | None = None,
     **fields: Any,
 ) -> list[list[Hypothesis]]:
     """Translate a batch: greedy, beam search or sampling, as `options` say.
@@ -162,9 +166,12 @@ def search(
         options: the search settings; or give their `fields` as keywords
             (`search(model, src, mask, beam=5, max_len_a=1.5, max_len_b=10)`).
         bos_id, eos_id, pad_id: special target ids.
+        lines: the input line of each sentence, (B,) ints, which the step function
+            sees (`StepFn`); None: 0 .. B-1. A seeded sampler draws a sentence's
+            tokens from its line, so a line searched in any batch, at any row, gets
+            the same sample (`Translator` gives each line its number in the input).
 
-    The hypotheses do not depend on `options.sync_every`; a seeded sampler's draws
-    do (done sentences still draw until dropped), their distribution does not.
+    The hypotheses do not depend on `options.sync_every`, sampled ones included.
 
     Returns:
         For each sentence, up to `nbest` hypotheses, best score first (fewer only
@@ -181,6 +188,8 @@ def search(
     if src.dim() != 2 or src_pad_mask.shape != src.shape:
         raise ValueError(f"src {tuple(src.shape)} and src_pad_mask {tuple(src_pad_mask.shape)} "
                          "must both be (B, S)")
+    if lines is not None and len(lines) != src.size(0):
+        raise ValueError(f"lines ({len(lines)}) must number the {src.size(0)} sentences of src")
     step_fn = options.step_fn(src.device)
     sync_every = options.sync_every or (1 if src.device.type == "cpu" else _GPU_SYNC_EVERY)
     ids = _Ids(bos=bos_id, eos=eos_id, pad=pad_id)
@@ -188,7 +197,7 @@ def search(
         if src.size(0) == 0:
             return []
         max_len = _max_lengths(src_pad_mask, options.max_len_a, options.max_len_b)
-        finished = _run(model, src, src_pad_mask, max_len, step_fn, options, ids, sync_every)
+        finished = _run(model, src, src_pad_mask, max_len, lines, step_fn, options, ids, sync_every)
         return _assemble(finished, src_pad_mask, options.nbest, options.attention)
 
 
@@ -209,18 +218,21 @@ def _max_lengths(src_pad_mask: Tensor, a: float, b: int) -> Tensor:
     return (a * src_lens + b + _ROUNDING).floor().long()
 
 
-def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
+def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor, lines: Tensor | Sequence[int] | None,
          step_fn: StepFn, opts: SearchOptions, ids: _Ids, sync_every: int) -> _Finished:
     """The loop: advance every active row one token per step until all sentences are done."""
     K, device = opts.beam, src.device
     batch, longest, shortest = src.size(0), int(max_len.max()), int(max_len.min())
-    bans = _Bans.build(opts.min_len, ids, device)  # before the encoder: a copy from the host waits for queued work
+    # Before the encoder: a copy from the host waits for queued work.
+    bans = _Bans.build(opts.min_len, ids, device)
+    line = (torch.arange(batch, device=device) if lines is None
+            else torch.as_tensor(lines, dtype=torch.long).to(device))  # (B,)
     rows = torch.arange(batch, device=device).repeat_interleave(K)  # (B*K,)
     memory = model.encode(src, src_pad_mask).index_select(rows)
     scores = torch.full((batch, K), -math.inf, device=device)  # identical rows: only row 0 expands
     scores[:, 0] = 0.0
     act = _Active(
-        sent=torch.arange(batch, device=device), max_len=max_len.to(device), scores=scores,
+        sent=torch.arange(batch, device=device), line=line, max_len=max_len.to(device), scores=scores,
         prefix=torch.full((batch * K, 1), ids.bos, dtype=torch.long, device=device),
         attn=None, memory=memory,
         # Positions 0 .. longest are fed (BOS, then up to `longest` tokens): caches can be preallocated.
@@ -235,7 +247,7 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor,
         log_probs = _constrain(log_probs, step, at_max, bans)
         b = act.sent.numel()
         scores, tokens, origins = step_fn(log_probs.view(b, K, -1), act.scores, step=step,
-                                          prefix=act.prefix.view(b, K, -1))  # (b, K)
+                                          prefix=act.prefix.view(b, K, -1), lines=act.line)  # (b, K)
         order = (origins + torch.arange(b, device=device).unsqueeze(1) * K).flatten()  # (N,)
         prefix = torch.cat([act.prefix[order], tokens.view(-1, 1)], dim=1)  # (N, t + 2)
         history = None  # (N, t + 1, S)
@@ -366,7 +378,7 @@ def _advance(act: _Active, kept: Tensor | None, order: Tensor, prefix: Tensor,
         act.state = state.index_select(order) if state is not None and K > 1 else state
         return
     rows = (kept.unsqueeze(1) * K + torch.arange(K, device=kept.device)).flatten()  # (b' * K,)
-    act.sent, act.max_len, act.scores = act.sent[kept], act.max_len[kept], act.scores[kept]
+    act.sent, act.line, act.max_len, act.scores = act.sent[kept], act.line[kept], act.max_len[kept], act.scores[kept]
     act.prefix, act.memory = prefix[rows], act.memory.index_select(rows)
     act.attn = history[rows] if history is not None else None
     act.state = state.index_select(order[rows]) if state is not None else None

@@ -41,7 +41,7 @@ def recorded_search(model, cached: bool, beam: int):
     """The search's hypotheses and the log-probabilities it was given at each step."""
     steps = []
 
-    def step(log_probs, scores, *, step, prefix):
+    def step(log_probs, scores, *, step, prefix, lines):
         steps.append(log_probs.clone())
         return beam_step(log_probs, scores)
 

@@ -21,13 +21,25 @@ def test_the_strategy_is_picked_in_one_place(fields, expected):
     assert SearchOptions(**LIMITS, **fields).step_fn(torch.device("cpu")) is expected
 
 
-def test_sampling_gets_a_seeded_step_and_continues_its_stream():
+def test_sampling_gets_a_step_whose_draws_are_keyed_by_seed_line_and_step():
+    """A seeded step draws the same for the same (line, step) however often it is made or called; an unseeded
+    one draws its seed from torch's global generator when it is made."""
     opts = SearchOptions(**LIMITS, sampling=Sampling(seed=3))
     step = opts.step_fn(torch.device("cpu"))
-    log_probs, scores = torch.randn(4, 1, 50).log_softmax(-1), torch.zeros(4, 1)
-    first, again = step(log_probs, scores, step=0, prefix=None)[1], step(log_probs, scores, step=1, prefix=None)[1]
-    fresh = opts.step_fn(torch.device("cpu"))(log_probs, scores, step=0, prefix=None)[1]
-    assert torch.equal(first, fresh) and not torch.equal(first, again)
+    log_probs, scores, lines = torch.randn(40, 1, 50).log_softmax(-1), torch.zeros(40, 1), torch.arange(40)
+    first = step(log_probs, scores, step=0, prefix=None, lines=lines)[1]
+    assert torch.equal(first, step(log_probs, scores, step=0, prefix=None, lines=lines)[1])
+    assert not torch.equal(first, step(log_probs, scores, step=1, prefix=None, lines=lines)[1])
+    assert not torch.equal(first, step(log_probs, scores, step=0, prefix=None, lines=lines + 40)[1])
+    fresh = opts.step_fn(torch.device("cpu"))(log_probs, scores, step=0, prefix=None, lines=lines)[1]
+    assert torch.equal(first, fresh)
+    unseeded = SearchOptions(**LIMITS, sampling=Sampling())
+    torch.manual_seed(0)
+    a, b = (unseeded.step_fn(torch.device("cpu"))(log_probs, scores, step=0, prefix=None, lines=lines)[1]
+            for _ in range(2))
+    torch.manual_seed(0)
+    again = unseeded.step_fn(torch.device("cpu"))(log_probs, scores, step=0, prefix=None, lines=lines)[1]
+    assert torch.equal(a, again) and not torch.equal(a, b)
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -53,12 +65,13 @@ def test_inconsistent_settings_are_refused_with_their_values(fields, message):
         SearchOptions(**{**LIMITS, **fields})
 
 
-def test_a_custom_step_sees_the_step_index_and_the_prefixes():
+def test_a_custom_step_sees_the_step_index_the_prefixes_and_the_lines():
     """A step function that blocks repeating the previous token: built without touching the loop."""
     seen = []
 
-    def no_repeat(log_probs, scores, *, step, prefix):
+    def no_repeat(log_probs, scores, *, step, prefix, lines):
         seen.append((step, tuple(prefix.shape)))
+        assert lines.tolist() == [0, 1]
         last = prefix[:, :, -1:]  # (B, K, 1)
         blocked = log_probs.scatter(-1, last, float("-inf")) if step > 0 else log_probs
         return beam_step(blocked, scores)

@@ -29,7 +29,8 @@ def same(a, b) -> None:
     dict(beam=3, nbest=3, length_penalty=1.0, coverage_penalty=0.3, attention=True),
     dict(beam=4, nbest=2, length_penalty=0.6, min_len=2),
     dict(beam=1, cached=False),
-    dict(beam=1, sampling=Sampling(top_k=1, seed=3)),  # (other samples draw for more rows when checks are rarer)
+    dict(beam=1, sampling=Sampling(top_k=1, seed=3)),
+    dict(beam=1, sampling=Sampling(temperature=1.5, seed=3)),  # a row's draws are its line's, kept rows or not
 ])
 @pytest.mark.parametrize("sync_every", [2, 3, 100])
 def test_stub_hypotheses_do_not_depend_on_the_sync_interval(seed, options, sync_every):
@@ -57,6 +58,7 @@ def _search_on(device: str, seed: int, options: dict, attention: torch.Tensor):
     dict(beam=4, nbest=2, length_penalty=0.6, min_len=2),
     dict(beam=4, nbest=4, min_len=5),  # min_len beyond some sentences' maximum: EOS there all the same
     dict(beam=1, cached=False),
+    dict(beam=1, sampling=Sampling(temperature=1.5, seed=3)),  # the same draws: integer hashes, float64 sums
 ])
 def test_the_search_on_a_gpu_finds_the_cpus_hypotheses(seed, options):
     """The same hand-written probabilities on either device: the same hypotheses, the GPU's searched with its
