@@ -1,6 +1,7 @@
 """Render `results/*.json` (written by `nmt experiment`) into the README's results table.
 
     python -m nmt.results [--results results] [--readme README.md]
+    python -m nmt.results --print [--results results]     # the table on standard output, no file written
 
 The table sits between the markers `<!-- results:start -->` and `<!-- results:end -->`.
 """
@@ -51,7 +52,11 @@ def results_table(results: list[dict[str, Any]]) -> str:
 def update_readme(readme: str | Path, table: str) -> bool:
     """Replace the text between the markers; returns whether the file changed."""
     path = Path(readme)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: not found; give --readme FILE (a file with the markers {START} and {END}), "
+                         "or --print to print the table") from None
     if START not in text or END not in text:
         raise SystemExit(f"{path}: markers {START} and {END} not found")
     head, rest = text.split(START, 1)
@@ -63,10 +68,17 @@ def update_readme(readme: str | Path, table: str) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default="results")
-    ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--results", default="results", help="folder of the NAME.json files `nmt experiment` wrote")
+    ap.add_argument("--readme", default="README.md", help="file whose table between the markers is replaced")
+    ap.add_argument("--print", action="store_true", help="print the table instead of writing it into --readme")
     args = ap.parse_args(argv)
     results = load_results(args.results)
+    if not results:  # rendering nothing would wipe the README's table
+        raise SystemExit(f"{args.results}: no results (*.json) there; run `nmt experiment CONFIG` first, or give "
+                         "--results DIR (where `nmt experiment --results DIR` wrote them)")
+    if args.print:
+        print(results_table(results))
+        return
     changed = update_readme(args.readme, results_table(results))
     print(f"{args.readme}: {len(results)} experiments, {'updated' if changed else 'unchanged'}")
 

@@ -44,6 +44,21 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
         load_config(write(tmp_path, "train:\n  max_step: 3\n"))
 
 
+def test_a_key_in_the_wrong_section_names_the_section_that_has_it(tmp_path):
+    """A YAML indentation slip moves a key out of its section: the hint names where it belongs, not a look-alike
+    key of the section it landed in ('valid' is close to 'eval')."""
+    train = "data:\n  train: {kind: text, path: c/train}\n"
+    with pytest.raises(ConfigError, match=r"exp.yaml: unknown key 'valid'; did you mean 'data.valid', a key of "
+                                          r"another section\? \(in YAML, check its indentation\)$"):
+        load_config(write(tmp_path, train + "valid: {kind: text, path: c/valid}\n"))
+    with pytest.raises(ConfigError, match=r"unknown key 'data.kind'; did you mean 'data.train.kind' or "
+                                          r"'data.valid.kind' or 'data.test.NAME.kind',"):
+        load_config(write(tmp_path, "data:\n  train:\n  kind: text\n  path: c/train\n"))
+    with pytest.raises(ConfigError, match=r"unknown key 'train.dropout'; did you mean 'model.transformer.dropout' "
+                                          r"or 'model.rnn.dropout',"):
+        load_config(write(tmp_path, train), ["train.dropout=0.1"])
+
+
 def test_wrong_type_names_key_file_and_expected_type(tmp_path):
     with pytest.raises(ConfigError, match=r"exp.yaml: train.max_steps: expected int, got str 'many'"):
         load_config(write(tmp_path, "train:\n  max_steps: many\n"))

@@ -375,7 +375,7 @@ main()
 @pytest.mark.parametrize("setting, message", [
     ("train.lr=-1", "nmt: error: "),  # a config error: every process meets it, local rank 0 prints it
     ("data.train.path=missing/train", "nmt: error: data.train: text corpus not found"),  # rank 0's, relayed
-    ("train.init_from=missing.pt", "nmt: error: missing.pt: checkpoint not found"),  # every rank's, relayed
+    ("train.init_from=missing.pt", "nmt: error: train.init_from: missing.pt: checkpoint not found"),  # every rank's, relayed
     # what the node cannot run, which every process meets too: before the process group, and once it is up
     ("train.device=cuda:1", "nmt: error: train.device: cuda:1 names one GPU"),
     ("train.cuda_graphs=true", "nmt: error: train.cuda_graphs: true records updates as CUDA graphs, which needs a "

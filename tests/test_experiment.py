@@ -171,6 +171,26 @@ def test_results_need_the_markers(tmp_path):
 
 
 
+def test_results_print_the_table_where_there_is_no_readme(experiment_result, tmp_path, monkeypatch, capsys):
+    """A user's own experiments, outside the checkout: no README.md to render into, the table is wanted on stdout."""
+    monkeypatch.chdir(tmp_path)  # holds results/tiny.json and no README.md
+    main(["--print"])
+    table = capsys.readouterr().out
+    assert table.startswith("| experiment |") and "\n| tiny | en-de | transformer |" in table
+    assert not (tmp_path / "README.md").exists()
+    with pytest.raises(SystemExit, match=r"^README.md: not found; give --readme FILE .* or --print"):
+        main([])
+
+
+def test_results_from_an_empty_folder_leave_the_readme_s_table_alone(tmp_path):
+    readme = tmp_path / "README.md"
+    text = f"{START}\n| a table |\n{END}\n"
+    readme.write_text(text, encoding="utf-8")
+    with pytest.raises(SystemExit, match="no results"):
+        main(["--results", str(tmp_path / "reslts"), "--readme", str(readme)])
+    assert readme.read_text(encoding="utf-8") == text
+
+
 def test_hardware_names_the_device_that_trained_not_the_machine_s_first_gpu(monkeypatch):
     cpu = hardware(torch.device("cpu"))  # on a machine with GPUs too: a CPU run is a CPU's result
     assert cpu.startswith(f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} thread")

@@ -244,7 +244,7 @@ def _key_field(parts: list[str], where: str) -> tuple[dataclasses.Field, Any]:
             raise ConfigError(f"{where}: {shorten('.'.join(parts[:i]))} is a value, not a section")
         fields = {f.name: f for f in dataclasses.fields(tp)}
         if part not in fields:
-            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, list(fields))}")
+            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, list(fields), '.'.join(parts[:i]))}")
         field, tp = fields[part], typing.get_type_hints(tp)[part]
     return field, tp
 
@@ -253,9 +253,32 @@ def _set_item(item: str) -> str:
     return f"--set {shorten(repr(item), 100)}"
 
 
-def _suggest(key: Any, names: list[str]) -> str:
+def _suggest(key: Any, names: list[str], keypath: str = "") -> str:
+    """The hint after "unknown key": the key where another section has it (a YAML indentation slip puts `valid`
+    at the top level or `kind` in `data`), else the close names of this section, else all of them."""
+    elsewhere = [path for path in _schema_paths(ExperimentConfig) if path.rsplit(".", 1)[-1] == str(key)
+                 and path.rpartition(".")[0] != keypath]
+    if elsewhere:
+        places = " or ".join(repr(p) for p in elsewhere[:3])
+        return f"; did you mean {places}, a key of another section? (in YAML, check its indentation)"
     close = difflib.get_close_matches(str(key), names, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+
+
+def _schema_paths(tp: Any, prefix: str = "") -> list[str]:
+    """Every key path of the schema below `tp`, sections first-level first; a named test set is `NAME`."""
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and inner:
+        return _schema_paths(inner[0], prefix)
+    if typing.get_origin(tp) is dict:
+        return _schema_paths(typing.get_args(tp)[1], join_key(prefix, "NAME"))
+    if not dataclasses.is_dataclass(tp):
+        return []
+    hints = typing.get_type_hints(tp)
+    paths = []
+    for f in dataclasses.fields(tp):
+        paths += [join_key(prefix, f.name), *_schema_paths(hints[f.name], join_key(prefix, f.name))]
+    return paths
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> ExperimentConfig:
@@ -290,7 +313,7 @@ def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in fields:
-            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{_suggest(key, list(fields))}")
+            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{_suggest(key, list(fields), keypath)}")
         kwargs[key] = _convert(hints[key], value, join_key(keypath, key), source)
         _check_range(fields[key], kwargs[key], join_key(keypath, key), source)
     try:

@@ -349,6 +349,23 @@ def _lines(path: str) -> Iterator[str]:
         raise DataError(f"{path}: cannot read after line {lines}: {err}") from None
 
 
+def _suffix_hint(prefix: str, langs: tuple[str, str]) -> str:
+    """Files beside the prefix with other language suffixes: a mistyped `data.src_lang` (`ge` for `de`) is found
+    here, not by a look at the folder."""
+    folder, stem = os.path.split(prefix)
+    try:
+        names = sorted(os.listdir(folder or "."))
+    except OSError:
+        return ""
+    others = sorted({n[len(stem) + 1:].removesuffix(".gz") for n in names if n.startswith(f"{stem}.")} - set(langs))
+    others = [o for o in others if o and "." not in o][:6]
+    if not others:
+        return ""
+    found = ", ".join(f"{prefix}.{o}" for o in others)
+    return (f"; found {found}: data.src_lang ({langs[0]}) and data.tgt_lang ({langs[1]}) name the files' "
+            "suffixes")
+
+
 def _text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:
     found, tried = [], []
     for lang in langs:
@@ -357,7 +374,8 @@ def _text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:
         found.append(hit)
         tried += [] if hit else candidates
     if tried:
-        raise DataError(f"text corpus not found: tried {', '.join(tried)}{_path_hint(prefix)}")
+        raise DataError(f"text corpus not found: tried {', '.join(tried)}{_suffix_hint(prefix, langs)}"
+                        f"{_path_hint(prefix)}")
     return found[0], found[1]
 
 

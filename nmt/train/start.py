@@ -69,8 +69,11 @@ _TRAINING_KEYS = ("type", "vocab_size", "character_coverage", "max_sentences", "
 
 
 def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
-    payload = load_checkpoint(path)
     where = f"train.init_from: {path}"
+    try:
+        payload = load_checkpoint(path)
+    except CheckpointError as err:  # "PATH: checkpoint not found" alone did not say which setting named PATH
+        raise CheckpointError(f"train.init_from: {err}") from None
     try:
         parent = config_from_dict(payload["config"], source=f"{path}: stored config")
         tokenizer = Tokenizer.from_state(payload["tokenizer"])

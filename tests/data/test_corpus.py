@@ -119,6 +119,18 @@ def test_text_missing_file_names_the_paths_tried(tmp_path: Path) -> None:
     assert "train.en" not in str(info.value)
 
 
+def test_text_files_of_other_languages_name_the_language_settings(tmp_path: Path) -> None:
+    """A mistyped language code (`ge` for `de`) names the files that are there and the settings that pick them."""
+    write_lines(tmp_path / "train.de", DE)
+    write_lines(tmp_path / "train.en.gz", EN, gz=True)
+    write_lines(tmp_path / "train.fr", EN)
+    spec = CorpusConfig(kind="text", path=str(tmp_path / "train"))
+    with pytest.raises(DataError, match=rf"tried {re.escape(str(tmp_path))}/train\.ge, \S+train\.ge\.gz; found "
+                                        rf"{re.escape(str(tmp_path))}/train\.de, \S+/train\.fr: data\.src_lang \(ge\) "
+                                        r"and data\.tgt_lang \(en\) name the files' suffixes$"):
+        load_pairs(spec, src_lang="ge", tgt_lang="en", cache_dir=tmp_path / "cache")
+
+
 def test_empty_text_files_give_an_empty_dataset(tmp_path: Path) -> None:
     write_lines(tmp_path / "e.de", [])
     write_lines(tmp_path / "e.en", [])

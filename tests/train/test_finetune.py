@@ -96,7 +96,8 @@ def test_fine_tuning_through_the_cli(small_corpus, tmp_path, parent):
 
 
 def test_a_missing_parent_is_one_clear_error(small_corpus, tmp_path):
-    with pytest.raises(CheckpointError, match=r"missing\.pt: checkpoint not found"):
+    """The line names the setting as well as the path: the config names other checkpoints' paths nowhere else."""
+    with pytest.raises(CheckpointError, match=r"^train\.init_from: \S*missing\.pt: checkpoint not found$"):
         train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "missing.pt")))
 
 
