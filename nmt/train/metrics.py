@@ -1,7 +1,7 @@
 """The run's metrics: `metrics.jsonl` always, TensorBoard event files when `tensorboard` is installed.
 
-Each record is one JSON object with an `event` (train, valid, summary, ...)
-and a `step`. On resume, records past the checkpoint's step (written by the
+Each record is one JSON object with an `event` (start: what the session runs on; train,
+valid, summary, ...) and a `step`. On resume, records past the checkpoint's step (written by the
 interrupted session after its last checkpoint) and a half-written last line are
 dropped, so the file reads as if the run had never stopped, but for an `interrupted`
 record and the first `train` record after it, which averages the updates since the resume.
