@@ -9,14 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import platform
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from nmt.analysis import bleu_by_length
 from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_step
@@ -26,7 +22,7 @@ from nmt.decode import SearchOptions
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import write_atomic, write_lines
 from nmt.metrics import METRICS, score, with_metrics
-from nmt.runtime import is_main_process, pick_device
+from nmt.runtime import hardware, is_main_process, pick_device
 from nmt.train.loop import train
 from nmt.train.validate import early_stop_metric
 from nmt.translate import Translator
@@ -34,34 +30,18 @@ from nmt.translate import Translator
 log = logging.getLogger(__name__)
 
 
-def hardware(device: torch.device) -> str:
-    """A short description of what trained on `device`: its GPUs (one a process), or the CPU (and, under torchrun,
-    how many processes)."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if device.type == "cuda":  # the GPUs this run used, not all the machine has
-        return f"{processes}x {torch.cuda.get_device_name(device)}"
-    if device.type == "mps":
-        return "Apple GPU (MPS)"
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    threads = torch.get_num_threads()
-    per_process = f"{threads} thread{'s' if threads > 1 else ''}"
-    if processes > 1:
-        per_process = f"{processes} processes x {per_process}"
-    return f"CPU, {os.cpu_count()} cores, {per_process} ({model})"
-
-
 def logged(metrics_file: Path) -> list[dict[str, Any]]:
     """The records of a run's `metrics.jsonl` (none without the file)."""
     if not metrics_file.is_file():
         return []
     return [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+
+
+def trained_on(records: list[dict[str, Any]], fallback: str) -> str:
+    """The hardware the run's sessions trained on, from their `start` records, each named once in order
+    (`fallback` for a run logged before sessions recorded it)."""
+    names = [r["hardware"] for r in records if r.get("event") == "start" and r.get("hardware")]
+    return " + ".join(dict.fromkeys(names)) or fallback
 
 
 def training_speed(records: list[dict[str, Any]]) -> float | None:
@@ -211,7 +191,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "train_seconds": summary["train_seconds"],
         "stopped_by": summary["stop"],
         "tokens_per_s": training_speed(records),
-        "hardware": hardware(pick_device(cfg.train.device)),
+        "hardware": trained_on(records, fallback=hardware(pick_device(cfg.train.device))),
         "scored_on": str(translator.device),
         "valid": summary["last_valid"],
         "valid_step": summary["validated_step"],

@@ -11,10 +11,12 @@ import contextlib
 import importlib
 import itertools
 import os
+import platform
 import random
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -64,6 +66,29 @@ def _local_gpu() -> torch.device:
     if rank >= count:  # rank 0 alone may use the GPU even where its node runs more processes than GPUs
         check_gpus_per_node(rank, local_world_size(), count)
     return torch.device("cuda", rank)
+
+
+def hardware(device: torch.device) -> str:
+    """A short description of what trained on `device`: its GPUs (one a process), or the CPU (and, under torchrun,
+    how many processes)."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if device.type == "cuda":  # the GPUs this run used, not all the machine has
+        return f"{processes}x {torch.cuda.get_device_name(device)}"
+    if device.type == "mps":
+        return "Apple GPU (MPS)"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    threads = torch.get_num_threads()
+    per_process = f"{threads} thread{'s' if threads > 1 else ''}"
+    if processes > 1:
+        per_process = f"{processes} processes x {per_process}"
+    return f"CPU, {os.cpu_count()} cores, {per_process} ({model})"
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -27,7 +27,9 @@ def test_train_translate_eval_in_process(tiny_config_file, small_corpus, tmp_pat
     run = tmp_path / "run"
     assert (run / "best.pt").is_file() and (run / "config.yaml").is_file() and (run / "spm.model").is_file()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert {r["event"] for r in records} == {"train", "valid", "summary"}
+    assert {r["event"] for r in records} == {"start", "train", "valid", "summary"}
+    [start] = [r for r in records if r["event"] == "start"]
+    assert start["step"] == 0 and start["hardware"].startswith("CPU, ") and start["precision"] == "fp32"
     assert [r["step"] for r in records if r["event"] == "valid"] == [3, 6]
     assert all(r["seconds"] > 0 for r in records if r["event"] == "valid")  # validation's own time
     assert load_checkpoint(run / "best.pt")["progress"]["step"] in (3, 6)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -14,8 +13,9 @@ from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
 from nmt.config import load_config
 from nmt.errors import DataError
-from nmt.experiment import better_checkpoint, hardware, pick_checkpoint
+from nmt.experiment import better_checkpoint, pick_checkpoint
 from nmt.results import END, START, main, results_table
+from nmt.runtime import hardware
 from nmt.translate import Translator
 
 runner = CliRunner()
@@ -191,17 +191,27 @@ def test_results_from_an_empty_folder_leave_the_readme_s_table_alone(tmp_path):
     assert readme.read_text(encoding="utf-8") == text
 
 
-def test_hardware_names_the_device_that_trained_not_the_machine_s_first_gpu(monkeypatch):
-    cpu = hardware(torch.device("cpu"))  # on a machine with GPUs too: a CPU run is a CPU's result
-    assert cpu.startswith(f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} thread")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert f"CPU, {os.cpu_count()} cores, 2 processes x {torch.get_num_threads()} thread" in hardware(torch.device("cpu"))
+def test_hardware_names_the_machines_that_trained_not_the_one_that_scored(experiment_result, tiny_config_file,
+                                                                           tmp_path):
+    """A run trained elsewhere (here: its start record says a GPU's) and scored here names where it trained;
+    a session that resumes it here adds this machine; one with nothing left to train adds nothing."""
+    assert experiment_result["hardware"] == hardware(torch.device("cpu"))
+    log = tmp_path / "run" / "metrics.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["hardware"] for r in records if r["event"] == "start"] == [experiment_result["hardware"]]
+    log.write_text("".join(json.dumps({**r, "hardware": "1x NVIDIA H200"} if r["event"] == "start" else r) + "\n"
+                           for r in records))
 
+    def rerun(steps: int) -> str:
+        out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "tiny", "--results",
+                                  str(tmp_path / f"again{steps}"), "--set", f"train.max_steps={steps}",
+                                  "--set", "decode.beam=1"])
+        assert out.exit_code == 0, out.output
+        return json.loads((tmp_path / f"again{steps}" / "tiny.json").read_text(encoding="utf-8"))["hardware"]
 
-@pytest.mark.gpu
-def test_hardware_counts_the_gpus_a_run_used():
-    last = torch.device("cuda", torch.cuda.device_count() - 1)
-    assert hardware(last) == f"1x {torch.cuda.get_device_name(last)}"  # one process: one GPU, however many there are
+    assert rerun(4) == "1x NVIDIA H200"  # finished: scored here, trained there
+    assert rerun(6) == f"1x NVIDIA H200 + {hardware(torch.device('cpu'))}"
+
 
 def test_one_experiment_run_twice_names_each_runs_hardware(experiment_result):
     gpu = {**experiment_result, "hardware": "1x NVIDIA H200", "overrides": ["--set train.device=cuda"]}

@@ -5,6 +5,7 @@ CUDA is faked here (`fake_gpus`), so the GPU paths run on a CPU-only machine.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -177,3 +178,16 @@ def test_on_cuda_neither_waits_for_the_work_queued_after_its_values():
     assert not torch.cuda.current_stream().query()  # queued behind the sleep, not waited for
     assert sums.tolist() == [1, 2]
     assert torch.cuda.current_stream().query()  # reading the tensor itself waits for everything
+
+
+def test_hardware_names_the_device_that_trained_not_the_machine_s_first_gpu(monkeypatch):
+    cpu = runtime.hardware(torch.device("cpu"))  # on a machine with GPUs too: a CPU run is a CPU's result
+    assert cpu.startswith(f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} thread")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert f"CPU, {os.cpu_count()} cores, 2 processes x {torch.get_num_threads()} thread" in runtime.hardware(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_hardware_counts_the_gpus_a_run_used():
+    last = torch.device("cuda", torch.cuda.device_count() - 1)
+    assert runtime.hardware(last) == f"1x {torch.cuda.get_device_name(last)}"  # one process: one GPU, however many there are

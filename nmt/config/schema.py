@@ -440,7 +440,7 @@ class TrainConfig:
     weight_decay: float = num(0.0, lo=0)
     """Weight decay (decoupled with adamw)."""
     schedule: Literal["inverse_sqrt", "cosine", "linear", "constant", "plateau"] = "inverse_sqrt"
-    """Learning-rate schedule after linear warm-up; cosine and linear decay to 0 at `max_steps`; plateau multiplies the rate by `plateau_factor` when `early_stop_metric` stops improving."""
+    """Learning-rate schedule after linear warm-up; cosine and linear decay towards 0 at `max_steps` (the last update, one before it, still runs at a small rate); plateau multiplies the rate by `plateau_factor` when `early_stop_metric` stops improving."""
     warmup_steps: int = num(4000, lo=0)
     """Linear warm-up steps."""
     plateau_factor: float = num(0.5, lo=0, hi=1, lo_open=True, hi_open=True)

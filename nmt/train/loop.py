@@ -31,7 +31,7 @@ from nmt.config import ExperimentConfig, config_to_dict
 from nmt.data.batching import Batch
 from nmt.metrics import METRICS
 from nmt.models import count_parameters
-from nmt.runtime import HostCopy, all_gather, peak_memory_mb, reduce_on_device, rng_states
+from nmt.runtime import HostCopy, all_gather, hardware, peak_memory_mb, reduce_on_device, rng_states
 from nmt.train.data import batch_loader, batch_padding
 from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
 from nmt.train.loss import perplexity
@@ -158,6 +158,9 @@ class _Loop:
                 self.stop = (0, True)  # checkpoint, is the same on every rank)
             reason = self._stop_reason()
             if reason is None:
+                # what this session trains on: a run resumed elsewhere names each machine (`nmt.experiment`)
+                self.metrics.write({"event": "start", "step": p.step, "hardware": hardware(self.device),
+                                    "precision": tc.precision, "torch": torch.__version__})
                 with contextlib.closing(self._groups()) as groups:
                     reason = self._train(groups, signals)
             if p.validated_step != p.step:

@@ -1,7 +1,7 @@
 """The run's metrics: `metrics.jsonl` always, TensorBoard event files when `tensorboard` is installed.
 
-Each record is one JSON object with an `event` (train, valid, summary, ...)
-and a `step`. On resume, records past the checkpoint's step (written by the
+Each record is one JSON object with an `event` (start: what the session runs on; train,
+valid, summary, ...) and a `step`. On resume, records past the checkpoint's step (written by the
 interrupted session after its last checkpoint) and a half-written last line are
 dropped, so the file reads as if the run had never stopped, but for an `interrupted`
 record and the first `train` record after it, which averages the updates since the resume.
@@ -12,11 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from nmt.errors import headline, shorten
-from nmt.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +61,58 @@ class MetricsLog:
 
 
 def _drop_records_after(path: Path, step: int) -> None:
+    """Cut `path` after its last record at or before `step`, and end its last line.
+
+    Every session appends from its checkpoint's step after this cut, so the steps in the file never fall:
+    only the tail past `step` (and a line cut short by a kill) needs reading, however long the run.
+    """
     if not path.is_file():
         return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    keep = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # cut short by a kill
-            continue
-        if record.get("step", 0) <= step:
-            keep.append(line if line.endswith("\n") else line + "\n")
-    if len(keep) != len(lines):
-        log.info("metrics.jsonl: dropped %d records written after step %d", len(lines) - len(keep), step)
-        write_atomic(path, lambda f: f.write("".join(keep).encode("utf-8")))
+    with open(path, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        cut, dropped = 0, 0
+        for start, line in _lines_from_the_end(f, end):
+            if _at_or_before(line, step):
+                cut = start + len(line)
+                break
+            dropped += bool(line.strip())
+        f.seek(cut)
+        ended = cut == 0 or f.read(1) == b"\n"  # the kept part ends in a newline (or is empty)
+        keep = cut + (cut > 0 and ended)
+        if keep == end and ended:
+            return
+        f.truncate(keep)
+        if not ended:  # a last record whole but for its newline
+            f.seek(keep)
+            f.write(b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if dropped:
+        log.info("metrics.jsonl: dropped %d records written after step %d", dropped, step)
+
+
+def _at_or_before(line: bytes, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):  # cut short by a kill
+        return False
+    return isinstance(record, dict) and record.get("step", 0) <= step
+
+
+def _lines_from_the_end(f: BinaryIO, end: int, block: int = 1 << 16) -> Iterator[tuple[int, bytes]]:
+    """(offset, line without its newline) for each line of `f`, the last first, reading `block` bytes at a time."""
+    pos, tail = end, b""  # tail: the bytes after `pos` not yet handed out, the start of a line perhaps unread
+    while pos > 0:
+        size = min(block, pos)
+        pos -= size
+        f.seek(pos)
+        tail = f.read(size) + tail
+        lines = tail.split(b"\n")
+        offset = pos + len(tail)
+        for line in reversed(lines[1:]):  # lines[0] may continue before `pos`
+            offset -= len(line) + 1
+            if line or offset + 1 < end:  # not the empty piece after the file's final newline
+                yield offset + 1, line
+        tail = lines[0]
+    if end > 0:
+        yield 0, tail

@@ -2,8 +2,8 @@
 
 Every schedule warms up linearly from 0 to `train.lr` over `warmup_steps`, then:
 - `inverse_sqrt` (Vaswani et al., 2017, eq. 3): lr * sqrt(warmup / step);
-- `cosine`: half a cosine from lr down to 0 at `max_steps`;
-- `linear`: a straight line down to 0 at `max_steps`;
+- `cosine`: half a cosine from lr towards 0 at `max_steps` (the last update, one before, is above 0);
+- `linear`: a straight line from lr towards 0 at `max_steps` (likewise);
 - `constant`: lr;
 - `plateau`: lr, multiplied by `plateau_factor` each time the validation metric
   has not improved for more than `plateau_patience` validations (as
@@ -123,13 +123,17 @@ def _states_by_name(saved: dict[str, Any], names: list[str], weights: dict[str, 
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of `cfg.lr` at update `step` (0-based: the factor for the step about to run)."""
-    step = step + 1
+    """Multiplier of `cfg.lr` for update `step` (0-based: the factor for the update about to run).
+
+    Warm-up takes updates 0 .. warmup - 1 up to the full rate (1/warmup, 2/warmup, ..., 1). Cosine and
+    linear then fall from 1 at update `warmup` towards 0 at update `max_steps`, which never runs: the last
+    update, `max_steps - 1`, still moves the weights (linear: at lr / (max_steps - warmup)).
+    """
     warmup = cfg.warmup_steps
-    if warmup and step <= warmup:
-        return step / warmup
-    if cfg.schedule == "inverse_sqrt":
-        return math.sqrt(warmup / step) if warmup else 1.0 / math.sqrt(step)
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if cfg.schedule == "inverse_sqrt":  # the paper counts updates from 1
+        return math.sqrt(warmup / (step + 1)) if warmup else 1.0 / math.sqrt(step + 1)
     if cfg.schedule in ("constant", "plateau"):
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, cfg.max_steps - warmup))

@@ -18,11 +18,25 @@ def test_inverse_sqrt_warms_up_linearly_then_decays():
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
-def test_decaying_schedules_end_at_zero(schedule):
+def test_decaying_schedules_fall_from_the_full_rate_towards_zero_at_max_steps(schedule):
     cfg = TrainConfig(warmup_steps=10, max_steps=110, schedule=schedule)
-    assert lr_factor(9, cfg) == pytest.approx(1.0)
-    assert lr_factor(59, cfg) == pytest.approx(0.5)
-    assert lr_factor(109, cfg) == pytest.approx(0.0)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)  # warm-up's last update
+    assert lr_factor(10, cfg) == pytest.approx(1.0)  # the decay starts at the full rate
+    assert lr_factor(60, cfg) == pytest.approx(0.5)  # half way from update 10 to 110
+    assert lr_factor(110, cfg) == pytest.approx(0.0)  # at max_steps, which no update reaches
+    decay = [lr_factor(s, cfg) for s in range(10, 110)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_the_last_update_of_a_decaying_schedule_still_moves_the_weights(schedule):
+    """Update max_steps - 1 is the last a run makes: at rate 0 it would be spent for nothing."""
+    cfg = TrainConfig(lr=1.0, warmup_steps=10, max_steps=110, schedule=schedule)
+    sched = build_scheduler(build_optimizer(torch.nn.Linear(2, 2), cfg, torch.device("cpu")), cfg)
+    for _ in range(cfg.max_steps - 1):
+        sched.step()
+    expected = 1 / 100 if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * 99 / 100))
+    assert sched.lr == pytest.approx(expected) and sched.lr > 0
 
 
 def test_scheduler_drives_optimizer_lr_and_no_decay_on_biases():
@@ -111,15 +125,15 @@ def test_each_schedule_follows_its_own_curve_after_warm_up(progress):
     `max_steps`: inverse_sqrt is sqrt(warmup / step) (Vaswani et al., 2017, eq. 3, steps counted from 1),
     constant and plateau (before any validation) 1."""
     warmup, max_steps = 10, 110
-    step = warmup + round(progress * (max_steps - warmup))  # 1-based: the update about to run
+    step = warmup + round(progress * (max_steps - warmup))  # 0-based: the update about to run
     expected = {
         "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
         "linear": 1 - progress,
-        "inverse_sqrt": math.sqrt(warmup / step),
+        "inverse_sqrt": math.sqrt(warmup / (step + 1)),
         "constant": 1.0,
         "plateau": 1.0,
     }
     assert expected["cosine"] != pytest.approx(expected["linear"])  # the point tells them apart
     for schedule, factor in expected.items():
         cfg = TrainConfig(warmup_steps=warmup, max_steps=max_steps, schedule=schedule)
-        assert lr_factor(step - 1, cfg) == pytest.approx(factor, rel=1e-12), schedule  # lr_factor is 0-based
+        assert lr_factor(step, cfg) == pytest.approx(factor, rel=1e-12), schedule

@@ -181,4 +181,4 @@ def test_a_signal_during_the_validation_where_fine_tuning_starts_keeps_it_and_st
     assert f"stopped by SIGTERM at step 1; saved {run / 'ckpt_1.pt'}" in proc.stderr
     assert load_checkpoint(run / "best.pt")["progress"]["validated_step"] == 0  # the parent's weights, scored
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["event"], r["step"]) for r in records if r["event"] != "train"] == [("valid", 0), ("interrupted", 1)]
+    assert [(r["event"], r["step"]) for r in records if r["event"] != "train"] == [("valid", 0), ("start", 0), ("interrupted", 1)]
