@@ -155,33 +155,37 @@ def translate(
     From -i FILE to -o FILE, a run that is stopped keeps its lines in FILE.partial and
     the same command goes on after them.
     """
-    from nmt.decode import Sampling
-    from nmt.decode.options import check_search_flags
-    from nmt.fileio import check_folder_to_write
-    from nmt.plot import require_matplotlib
-    from nmt.translate import Translator
-    from nmt.translate_io import check_io, translate_io
+    from nmt.partial import reports_a_stop
 
-    if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
-        raise UserError("--temperature, --top-k, --top-p and --seed need --sample")
-    if attention_plot is None and (attention_layer != -1 or attention_head is not None):
-        raise UserError("--attention-layer and --attention-head choose what --attention-plot draws; give "
-                        "--attention-plot DIR too")
-    check_search_flags(beam=beam, length_penalty=length_penalty, max_tokens=max_tokens,
-                       coverage_penalty=coverage_penalty, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
-    try:
-        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    check_io(input, output, checkpoint)  # a missing input or a bad output fails before the model loads
-    if attention_plot is not None:
-        require_matplotlib("--attention-plot")
-        check_folder_to_write(attention_plot, "--attention-plot")
-    translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
-    translator.set_attention(layer=attention_layer, head=attention_head)
-    options = translator.options(beam=beam, nbest=nbest, length_penalty=length_penalty, max_tokens=max_tokens,
-                                 sampling=sampling, coverage_penalty=coverage_penalty, min_len=min_len,
-                                 max_len_a=max_len_a, max_len_b=max_len_b)
+    # torch's import and the model's loading take seconds: a signal then says what it left of OUTPUT, as one later does
+    with reports_a_stop(input, output):
+        from nmt.decode import Sampling
+        from nmt.decode.options import check_search_flags
+        from nmt.fileio import check_folder_to_write
+        from nmt.plot import require_matplotlib
+        from nmt.translate import Translator
+        from nmt.translate_io import check_io, translate_io
+
+        if not sample and (temperature != 1.0 or top_k or top_p != 1.0 or seed is not None):
+            raise UserError("--temperature, --top-k, --top-p and --seed need --sample")
+        if attention_plot is None and (attention_layer != -1 or attention_head is not None):
+            raise UserError("--attention-layer and --attention-head choose what --attention-plot draws; give "
+                            "--attention-plot DIR too")
+        check_search_flags(beam=beam, length_penalty=length_penalty, max_tokens=max_tokens,
+                           coverage_penalty=coverage_penalty, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
+        try:
+            sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        check_io(input, output, checkpoint)  # a missing input or a bad output fails before the model loads
+        if attention_plot is not None:
+            require_matplotlib("--attention-plot")
+            check_folder_to_write(attention_plot, "--attention-plot")
+        translator = Translator.from_checkpoint(checkpoint, device=device, precision=precision)
+        translator.set_attention(layer=attention_layer, head=attention_head)
+        options = translator.options(beam=beam, nbest=nbest, length_penalty=length_penalty, max_tokens=max_tokens,
+                                     sampling=sampling, coverage_penalty=coverage_penalty, min_len=min_len,
+                                     max_len_a=max_len_a, max_len_b=max_len_b)
     translate_io(translator, options, input=input, output=output, scores=scores, plot_dir=attention_plot,
                  progress=progress, restart=restart)
 

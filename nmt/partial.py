@@ -11,6 +11,7 @@ and goes on after them. A different job refuses to append to them, naming what
 differs; `restart=True` discards them.
 
 One writer at a time: the partial file is locked (`flock`) while it is written.
+A stopped translation says on stderr what it kept and how to go on (`reports_a_stop`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, TextIO
 
 from nmt.errors import UserError
 from nmt.fileio import disk_full, fsync_dir, gzip_named, write_atomic, write_gzip
+from nmt.interrupts import Terminated
 
 try:
     import fcntl
@@ -118,6 +120,37 @@ def resumable_output(output: str | Path, job: Mapping[str, Any], *, restart: boo
             part.unlink(missing_ok=True)
             desc.unlink(missing_ok=True)
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def reports_a_stop(input: str | Path, output: str | Path) -> Iterator[None]:
+    """Around a translation of the file `input` into the file `output`: a run stopped inside says on stderr, in one
+    line, what it kept of `output` and what the same command does next.
+
+    A signal says so whenever it comes, even before the first line is written (nothing is kept then); another
+    failure, whose own error follows, only where a partial file holds lines. A `UserError` says what to do itself,
+    and standard input or output ("-") has no partial file to speak of.
+    """
+    try:
+        yield
+    except UserError:
+        raise
+    except BaseException as err:
+        if output != "-" and input != "-" and Path(input).is_file():
+            _report_stop(err, output)
+        raise
+
+
+def _report_stop(err: BaseException, output: str | Path) -> None:
+    kept = partial_paths(output)[0]
+    by = " by SIGTERM" if isinstance(err, Terminated) else " by SIGINT (Ctrl-C)" if isinstance(
+        err, KeyboardInterrupt) else ""
+    if kept.exists():
+        log.warning("stopped%s: the lines translated so far are kept in %s; the same command goes on after them "
+                    "(--restart starts over)", by, kept)
+    elif by:  # stopped before its first line, whose empty partial file `resumable_output` removed
+        log.warning("stopped%s before any line was translated: nothing was written to %s; the same command starts "
+                    "from the first line", by, output)
 
 
 def _open_locked(part: Path, output: str | Path) -> int:

@@ -28,7 +28,7 @@ from nmt.data.text import READ_ERRORS, available_lines, decode_lines, normalize_
 from nmt.decode import SearchOptions
 from nmt.errors import OutputClosed, UserError
 from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
-from nmt.partial import partial_paths, resumable_output
+from nmt.partial import reports_a_stop, resumable_output
 from nmt.plot import plot_attention
 from nmt.translate import Translation, Translator
 
@@ -83,7 +83,7 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
 
             write_output(output, run)  # all or nothing: renamed over `output` once complete
             return written
-    with open_binary(input) as raw:
+    with reports_a_stop(input, output), open_binary(input) as raw:
         try:
             total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
             raw.seek(0)
@@ -100,15 +100,8 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
             with _standard_output() as out:
                 return translate_file(out)
         job = translation_job(translator, options, input=input, scores=scores)
-        try:
-            with resumable_output(output, job, restart=restart) as part:
-                return translate_file(part.file, part.done)
-        except BaseException as err:
-            kept = partial_paths(output)[0]
-            if not isinstance(err, UserError) and kept.exists():
-                log.warning("stopped: the lines translated so far are kept in %s; the same command goes on "
-                            "after them (--restart starts over)", kept)
-            raise
+        with resumable_output(output, job, restart=restart) as part:
+            return translate_file(part.file, part.done)
 
 
 @contextmanager

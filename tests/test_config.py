@@ -59,6 +59,28 @@ def test_a_key_in_the_wrong_section_names_the_section_that_has_it(tmp_path):
         load_config(write(tmp_path, train), ["train.dropout=0.1"])
 
 
+@pytest.mark.parametrize(("yaml_text", "overrides", "where", "indentation"), [
+    ("train:\n  dropout: 0.1\n", [], "exp.yaml", True),
+    ("", ["train.dropout=0.1"], "--set 'train.dropout=0.1'", False),
+    ("", ["train={dropout: 0.1}"], "--set 'train={dropout: 0.1}'", False),
+], ids=["yaml", "set-key", "set-mapping"])
+def test_a_key_of_another_section_blames_indentation_only_in_yaml(tmp_path, monkeypatch, capsys, yaml_text, overrides,
+                                                                  where, indentation):
+    """`nmt train` with a key that another section has: a `--set` item's hint said "(in YAML, check its
+    indentation)" of a key typed on the command line, which has none; the file's hint keeps it."""
+    from nmt import cli
+
+    path = write(tmp_path, yaml_text)
+    monkeypatch.setattr("sys.argv", ["nmt", "train", str(path), *(arg for item in overrides for arg in ("--set", item))])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    hint = " (in YAML, check its indentation)" if indentation else ""
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"nmt: error: {path if where == 'exp.yaml' else where}: unknown key 'train.dropout'; did you mean "
+        f"'model.transformer.dropout' or 'model.rnn.dropout', a key of another section?{hint}"]
+
+
 def test_wrong_type_names_key_file_and_expected_type(tmp_path):
     with pytest.raises(ConfigError, match=r"exp.yaml: train.max_steps: expected int, got str 'many'"):
         load_config(write(tmp_path, "train:\n  max_steps: many\n"))

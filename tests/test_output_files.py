@@ -261,6 +261,40 @@ def test_a_signal_during_a_real_run_leaves_the_previous_output(tmp_path, checkpo
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize(("signum", "status", "name"), [(signal.SIGTERM, -signal.SIGTERM, "SIGTERM"),
+                                                        (signal.SIGINT, 130, "SIGINT (Ctrl-C)")],
+                         ids=["sigterm", "sigint"])
+def test_a_signal_before_the_first_chunk_is_translated_says_nothing_was_kept(tmp_path, checkpoints, signum, status,
+                                                                             name):
+    """A signal while the first chunk is searched, before any line is written: SIGTERM ended the process with
+    status 143 and not a word, where a stop a chunk later says what it kept. It says so in one line, with the
+    status a later stop has, and leaves the old output and no partial or temporary file."""
+    src, out = tmp_path / "src.txt", tmp_path / "out.txt"
+    src.write_text(SOURCE * 1000)  # one chunk of 4,000 lines (--max-tokens over the beam): seconds to search
+    out.write_text(OLD)
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "--quiet", "translate", "-c", str(checkpoints["transformer"]),
+                             "-i", str(src), "-o", str(out), "--beam", "1", "--max-tokens", "4000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / "out.txt.partial"
+    try:
+        deadline = time.monotonic() + 120
+        while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert partial.exists() and not partial.stat().st_size, "the translation never started, or wrote at once"
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == status, stderr
+    assert stderr.splitlines() == [
+        f"[nmt] stopped by {name} before any line was translated: nothing was written to {out}; "
+        "the same command starts from the first line"], stderr
+    assert out.read_text() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "src.txt"]  # no partial, nor temporary file
+
+
 def test_sigterm_while_standard_input_is_translated_into_a_file_leaves_no_temporary_file(tmp_path, checkpoints):
     """`nmt translate -o OUT < pipe` writes a temporary file beside OUT until the input ends; SIGTERM left it
     there for good (nothing removes temporary files beside translations)."""

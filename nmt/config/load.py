@@ -102,7 +102,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, train
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    cfg = config_from_dict(apply_overrides(raw, overrides), source=str(path))
+    cfg = config_from_dict(apply_overrides(raw, overrides), source=str(path), in_yaml=True)
     problem = tokenizer_problem(cfg.eval.tokenize)  # here, not at the first validation of a training run
     if problem:
         why = f" (sacreBLEU's for data.tgt_lang {cfg.data.tgt_lang!r})" if bleu_tokenizer(
@@ -222,7 +222,7 @@ def _check_override(item: str, parts: list[str], value: Any) -> None:
     """Check one override against the schema, so a mistake names the `--set` item, not the file."""
     where = _set_item(item)
     field, tp = _key_field(parts, where)
-    _check_range(field, _convert(tp, value, ".".join(parts), where), ".".join(parts), where)
+    _check_range(field, _convert(tp, value, ".".join(parts), where, in_yaml=False), ".".join(parts), where)
 
 
 def _key_field(parts: list[str], where: str) -> tuple[dataclasses.Field, Any]:
@@ -244,7 +244,8 @@ def _key_field(parts: list[str], where: str) -> tuple[dataclasses.Field, Any]:
             raise ConfigError(f"{where}: {shorten('.'.join(parts[:i]))} is a value, not a section")
         fields = {f.name: f for f in dataclasses.fields(tp)}
         if part not in fields:
-            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{_suggest(part, list(fields), '.'.join(parts[:i]))}")
+            hint = _suggest(part, list(fields), ".".join(parts[:i]), in_yaml=False)  # a --set key
+            raise ConfigError(f"{where}: unknown key {shorten(repr('.'.join(parts[: i + 1])))}{hint}")
         field, tp = fields[part], typing.get_type_hints(tp)[part]
     return field, tp
 
@@ -253,14 +254,15 @@ def _set_item(item: str) -> str:
     return f"--set {shorten(repr(item), 100)}"
 
 
-def _suggest(key: Any, names: list[str], keypath: str = "") -> str:
+def _suggest(key: Any, names: list[str], keypath: str, *, in_yaml: bool) -> str:
     """The hint after "unknown key": the key where another section has it (a YAML indentation slip puts `valid`
-    at the top level or `kind` in `data`), else the close names of this section, else all of them."""
+    at the top level or `kind` in `data`, which `in_yaml` names as the likely cause; a `--set` key has no
+    indentation), else the close names of this section, else all of them."""
     elsewhere = [path for path in _schema_paths(ExperimentConfig) if path.rsplit(".", 1)[-1] == str(key)
                  and path.rpartition(".")[0] != keypath]
     if elsewhere:
         places = " or ".join(repr(p) for p in elsewhere[:3])
-        return f"; did you mean {places}, a key of another section? (in YAML, check its indentation)"
+        return f"; did you mean {places}, a key of another section?{' (in YAML, check its indentation)' if in_yaml else ''}"
     close = difflib.get_close_matches(str(key), names, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
 
@@ -281,9 +283,10 @@ def _schema_paths(tp: Any, prefix: str = "") -> list[str]:
     return paths
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> ExperimentConfig:
-    """Build a validated `ExperimentConfig` from plain data (YAML or a checkpoint)."""
-    return _build(ExperimentConfig, raw, "", source)
+def config_from_dict(raw: dict[str, Any], source: str = "<config>", *, in_yaml: bool = False) -> ExperimentConfig:
+    """Build a validated `ExperimentConfig` from plain data (YAML or a checkpoint); `in_yaml`: `raw` was read from
+    the YAML file `source`, whose indentation an unknown key's hint may blame."""
+    return _build(ExperimentConfig, raw, "", source, in_yaml=in_yaml)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -304,7 +307,7 @@ def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
 
 
-def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
+def _build(cls: type, raw: Any, keypath: str, source: str, *, in_yaml: bool) -> Any:
     where = f"{source}: {keypath or 'top level'}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping, got {_describe(raw)}")
@@ -313,8 +316,9 @@ def _build(cls: type, raw: Any, keypath: str, source: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in fields:
-            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{_suggest(key, list(fields), keypath)}")
-        kwargs[key] = _convert(hints[key], value, join_key(keypath, key), source)
+            hint = _suggest(key, list(fields), keypath, in_yaml=in_yaml)
+            raise ConfigError(f"{source}: unknown key {shorten(repr(join_key(keypath, key)))}{hint}")
+        kwargs[key] = _convert(hints[key], value, join_key(keypath, key), source, in_yaml=in_yaml)
         _check_range(fields[key], kwargs[key], join_key(keypath, key), source)
     try:
         return cls(**kwargs)
@@ -332,16 +336,16 @@ def _check_range(field: dataclasses.Field, value: Any, keypath: str, where: str)
         raise ConfigError(f"{where}: {keypath}: {shorten(problem, 300)}")
 
 
-def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
+def _convert(tp: Any, value: Any, keypath: str, source: str, *, in_yaml: bool) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(_member_for(inner, value), value, keypath, source)
+        return _convert(_member_for(inner, value), value, keypath, source, in_yaml=in_yaml)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value if value is not None else {}, keypath, source)
+        return _build(tp, value if value is not None else {}, keypath, source, in_yaml=in_yaml)
     if origin is Literal:
         if not any(type(a) is type(value) and a == value for a in args):  # 1 is not true, nor 0 false
             close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
@@ -352,15 +356,17 @@ def _convert(tp: Any, value: Any, keypath: str, source: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {keypath}: expected a mapping, got {_describe(value)}")
-        return {str(k): _convert(args[1], v, f"{keypath}.{shorten(str(k), 80)}", source) for k, v in value.items()}
+        return {str(k): _convert(args[1], v, f"{keypath}.{shorten(str(k), 80)}", source, in_yaml=in_yaml)
+                for k, v in value.items()}
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{source}: {keypath}: expected a list, got {_describe(value)}")
-        return [_convert(args[0], v, f"{keypath}[{i}]", source) for i, v in enumerate(value)]
+        return [_convert(args[0], v, f"{keypath}[{i}]", source, in_yaml=in_yaml) for i, v in enumerate(value)]
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{source}: {keypath}: expected a list of {len(args)} numbers, got {_describe(value)}")
-        return tuple(_convert(a, v, f"{keypath}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_convert(a, v, f"{keypath}[{i}]", source, in_yaml=in_yaml)
+                     for i, (a, v) in enumerate(zip(args, value)))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         try:
             return float(value)

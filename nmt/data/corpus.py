@@ -109,7 +109,7 @@ def load_pairs(
             ds = select_fields(_load_disk(path, spec.split), spec, **langs, where=path)
             return _writable_copy(ds, path, cache)
         case "hf":
-            return select_fields(_load_hub(path, spec, cache), spec, **langs, where=f"hub dataset {path!r}")
+            return select_fields(_load_hub(path, spec, cache), spec, **langs, where=_hf_source(path))
     raise DataError(f"{spec.path}: unknown corpus kind {spec.kind!r}")
 
 
@@ -466,15 +466,21 @@ def _load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
     except Exception as err:  # network, auth, format and split errors all end here
         config = f", config {spec.hf_config!r}" if spec.hf_config else ""
         if Path(path).is_dir():  # a local folder: the hub was never asked
-            raise DataError(f"{path}{config}, split {split!r}: the folder could not be loaded as a dataset: "
-                            f"{_short(err)}") from None
+            raise DataError(f"{_hf_source(path)}{config}, split {split!r}: its data files could not be loaded as a "
+                            f"dataset: {_short(err)}") from None
         raise DataError(
-            f"hub dataset {path!r}{config}, split {split!r} could not be loaded: {_short(err)}. "
+            f"{_hf_source(path)}{config}, split {split!r} could not be loaded: {_short(err)}. "
             "Without access to the hub, download it on another machine "
             "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
             "and use kind: disk (or parquet, jsonl) with path: DIR"
         ) from None
     return _without_cr_endings(ds) if csv else ds
+
+
+def _hf_source(path: str) -> str:
+    """What `kind: hf` reads at `path`, for messages: "folder PATH" of data files where a local folder is
+    there (`datasets.load_dataset` reads it, never the hub), else "hub dataset 'PATH'"."""
+    return f"folder {path}" if Path(path).is_dir() else f"hub dataset {path!r}"
 
 
 def _read_as_csv(folder: str, config: str | None, cache_dir: str | None) -> bool:

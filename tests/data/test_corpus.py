@@ -306,8 +306,23 @@ def test_hf_field_mapping_on_local_folders(tmp_path: Path) -> None:
     assert pairs(load(tmp_path, "hf", tmp_path / "csv")) == PAIRS
     with pytest.raises(DataError) as info:  # a local folder's error says nothing of the hub
         load(tmp_path, "hf", tmp_path / "wmt", split="test")
-    assert re.match(re.escape(f"{tmp_path / 'wmt'}, split 'test': the folder could not be loaded as a dataset: "),
-                    str(info.value)) and "hub" not in str(info.value)
+    assert re.match(re.escape(f"folder {tmp_path / 'wmt'}, split 'test': its data files could not be loaded as a "
+                              "dataset: "), str(info.value)) and "hub" not in str(info.value)
+
+
+@pytest.mark.parametrize("fields, problem", [
+    ({}, "no src column 'de' or 'translation.de'; columns found: 'german', 'english', 'number' (set src_field to choose one)"),
+    ({"src_field": "german", "tgt_field": "number"}, "column 'number' holds Value('int64'), not text"),
+])
+def test_a_local_folder_read_as_hf_is_named_as_a_folder_not_a_hub_dataset(tmp_path: Path, fields: dict,
+                                                                           problem: str) -> None:
+    """A folder of data files whose columns do not fit the config: the error called it "hub dataset '...'",
+    which sent a user to look for a download that never happened."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.csv").write_text("german,english,number\nein hund,a dog,1\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "hf", tmp_path / "folder", **fields)
+    assert str(info.value) == f"folder {tmp_path / 'folder'}: {problem}"
 
 
 @pytest.mark.parametrize("name, data", [
@@ -335,8 +350,8 @@ def test_a_bad_csv_file_in_a_folder_is_named_by_what_is_wrong(tmp_path: Path, da
     (tmp_path / "folder" / "train.csv").write_bytes(data)
     with pytest.raises(DataError) as info:
         load(tmp_path, "hf", tmp_path / "folder")
-    assert str(info.value).startswith(f"{tmp_path / 'folder'}, split 'train': the folder could not be loaded as a "
-                                      f"dataset: {why}")
+    assert str(info.value).startswith(f"folder {tmp_path / 'folder'}, split 'train': its data files could not be "
+                                      f"loaded as a dataset: {why}")
 
 
 def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
