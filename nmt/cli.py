@@ -22,7 +22,7 @@ from typing import Annotated, Optional
 import typer
 
 from nmt.errors import ConfigError, NodeError, OutputClosed, RelayedError, UserError, shorten
-from nmt.interrupts import stops_cleanly_on_sigterm
+from nmt.interrupts import signals_after_imports, stops_cleanly_on_sigterm
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -439,6 +439,11 @@ def _wait_to_be_stopped() -> None:
 
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
+    with signals_after_imports():  # Ctrl-C while torch imports: stop once it has, not with a half-made module
+        _run_app()
+
+
+def _run_app() -> None:
     from nmt.heap import keep_freed_memory
     from nmt.train.faults import Interrupted
 

@@ -8,6 +8,11 @@ stays behind, and a stopped translation does not say where its lines were kept. 
 by SIGTERM after all (exit status 143 in a shell), as the one who sent it expects; as the first process of a
 container, which the default action cannot end, it exits as Ctrl-C makes it (130).
 
+A signal that lands while a module is being imported waits until no import is under way: raised in the
+middle of one, it leaves modules half made (numpy's core then refuses to load again), or code in the import
+catches it and carries on as if it never came (torch's import does, and the command would go on).
+`signals_after_imports` gives Ctrl-C the same patience for the whole command.
+
 Training has its own handling (`nmt.train.faults.StopSignals`): it finishes the update and
 writes a checkpoint first.
 """
@@ -21,6 +26,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,8 +36,70 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program was when it came (`sigterm_interrupts`)."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
+RETRY_SECONDS = 0.02
+"""How soon a signal that came during an import is delivered again."""
+
+_deferred: set[int] = set()
+"""Signals that came during an import and wait to be delivered again."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    if _importing(frame):
+        _again_later(signum)
+        return
+    _deferred.discard(signum)
     raise Terminated
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    if _importing(frame):
+        _again_later(signum)
+        return
+    _deferred.discard(signum)
+    raise KeyboardInterrupt
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether `frame` runs inside an import: the import machinery's frames are on its stack."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_later(signum: int) -> None:
+    """Send `signum` to this process again in a moment (from a thread: a handler must not wait)."""
+    _deferred.add(signum)
+    timer = threading.Timer(RETRY_SECONDS, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
+@contextmanager
+def signals_after_imports() -> Iterator[None]:
+    """While active, Ctrl-C raises `KeyboardInterrupt` as by default, but never inside an import; on the way out,
+    a signal held back by an import and not yet delivered again (the block ended first) ends the process as it
+    would have: SIGTERM by SIGTERM, Ctrl-C with status 130.
+
+    For the command line, in its main thread; a SIGINT handler of someone else's is left alone.
+    """
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    try:
+        yield
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.SIGTERM in _deferred:
+            flush_std_streams()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        if signal.SIGINT in _deferred:
+            _deferred.clear()
+            raise SystemExit(130)
 
 
 @contextmanager
@@ -48,6 +116,9 @@ def sigterm_interrupts() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
+        if signal.SIGTERM in _deferred:  # came during an import the block ended with: it stops the command still
+            _deferred.discard(signal.SIGTERM)
+            raise Terminated
     except Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         flush_std_streams()
