@@ -51,7 +51,8 @@ from pathlib import Path
 import numpy as np
 
 from nmt.config import load_config
-from nmt.data.batching import Padding, TokenBatchSampler
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.collate import Padding
 from nmt.data.corpus import load_pairs
 from nmt.train.data import length_arrays, prepare_run
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from nmt.config import load_config
-from nmt.data.batching import Padding, collate, collate_flat
+from nmt.data.collate import Padding, collate, collate_flat
 from nmt.data.dataset import IdColumns
 from nmt.data.tokenizer import PAD_ID
 from nmt.train.data import batch_loader, build_sampler, prepare_run

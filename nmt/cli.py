@@ -46,7 +46,7 @@ SetOption = Annotated[
 
 def _check_device(name: str) -> str:
     """`--device`: one of the devices `train.device` accepts or `cuda:N`, refused before any work starts."""
-    from nmt.config.schema import device_problem
+    from nmt.config.ranges import device_problem
 
     problem = device_problem(name)
     if problem:

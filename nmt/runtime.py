@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nmt.config.schema import CUDA_INDEX, device_problem
+from nmt.config.ranges import CUDA_INDEX, device_problem
 from nmt.errors import NodeError, RelayedError, UserError, shorten
 from nmt.kernels import attention_kernels
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from nmt.config import load_config
-from nmt.data.batching import Padding
+from nmt.data.collate import Padding
 from nmt.train.data import build_sampler, collated_batches, length_arrays, prepare_run
 
 ROOT = Path(__file__).resolve().parents[1]

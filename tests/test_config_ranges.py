@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nmt.config import ExperimentConfig, TransformerConfig, load_config, reference_markdown
-from nmt.config.schema import range_of
+from nmt.config.ranges import range_of
 from nmt.errors import ConfigError
 
 # (id, YAML text, pattern the one-line message must match after "FILE: ")

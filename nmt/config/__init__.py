@@ -1,6 +1,7 @@
 """Typed experiment configuration: the schema, strict loading, and the generated reference.
 
 - `schema`: one dataclass per YAML section; every default and its documentation.
+- `ranges`: the valid values of a key (numeric `Range`s, device names) and their checks.
 - `load`: YAML files, `--set` overrides, typed conversion with errors that name the key.
 - `reference`: the README's table of every key.
 """

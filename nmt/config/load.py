@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
-from nmt.config.schema import ExperimentConfig, range_of
+from nmt.config.ranges import range_of
+from nmt.config.schema import ExperimentConfig
 from nmt.errors import ConfigError, shorten
 from nmt.metrics import bleu_tokenizer, tokenizer_problem
 

@@ -11,7 +11,8 @@ import typing
 import yaml
 
 from nmt.config.load import join_key
-from nmt.config.schema import ExperimentConfig, range_of
+from nmt.config.ranges import range_of
+from nmt.config.schema import ExperimentConfig
 
 
 def field_docs(cls: type) -> dict[str, str]:

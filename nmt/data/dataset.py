@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from datasets import Dataset, Features, List, Value
 
 from nmt.config import CorpusConfig, DataConfig
-from nmt.data.batching import ranges
+from nmt.data.collate import ranges
 from nmt.data.corpus import WRITER_BATCH_ROWS, clean_pairs, load_pairs, processes_for
 from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
@@ -203,7 +203,7 @@ class IdColumns:
 
     def gather(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(src, src_lens, tgt, tgt_lens) of the rows `indices` of the split, in that order: flat ids
-        (int64) and per-row counts, as `nmt.data.batching.collate_flat` takes them."""
+        (int64) and per-row counts, as `nmt.data.collate.collate_flat` takes them."""
         rows = np.asarray(indices, dtype=np.int64)
         if self.rows is not None:
             rows = self.rows[rows]

@@ -17,7 +17,8 @@ from typing import Literal, Protocol, get_args
 import torch
 from torch import Tensor
 
-from nmt.config.schema import DecodeConfig, check_length_limit, range_of
+from nmt.config.ranges import range_of
+from nmt.config.schema import DecodeConfig, check_length_limit
 from nmt.decode.beam import beam_step
 from nmt.decode.greedy import greedy_step
 from nmt.decode.sampling import Sampling, make_sample_step

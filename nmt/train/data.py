@@ -30,7 +30,8 @@ from nmt.config import (
     TrainConfig,
     config_to_dict,
 )
-from nmt.data.batching import Batch, Padding, Rounding, TokenBatchSampler, collate_flat
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.collate import Batch, Padding, Rounding, collate_flat
 from nmt.data.corpus import clean_pairs
 from nmt.data.dataset import (
     IdColumns,

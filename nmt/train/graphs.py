@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import TrainConfig
-from nmt.data.batching import Batch
+from nmt.data.collate import Batch
 from nmt.errors import NodeError, UserError
 from nmt.runtime import Dist
 from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update

@@ -28,7 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt.checkpoint import average_checkpoints, last_checkpoints, latest_checkpoint, save_checkpoint
 from nmt.config import ExperimentConfig, config_to_dict
-from nmt.data.batching import Batch
+from nmt.data.collate import Batch
 from nmt.metrics import METRICS
 from nmt.models import count_parameters
 from nmt.runtime import HostCopy, all_gather, hardware, peak_memory_mb, reduce_on_device, rng_states

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from nmt.config import TrainConfig
-from nmt.data.batching import Batch
+from nmt.data.collate import Batch
 from nmt.data.tokenizer import PAD_ID
 from nmt.runtime import Dist, autocast, reduce_on_device
 from nmt.train.half import HalfCopy

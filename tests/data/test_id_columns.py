@@ -10,7 +10,7 @@ import pytest
 import torch
 from datasets import Dataset, Features, Value, concatenate_datasets, load_from_disk
 
-from nmt.data.batching import Padding, collate, collate_flat
+from nmt.data.collate import Padding, collate, collate_flat
 from nmt.data.dataset import ID_FEATURES, IdColumns
 from nmt.data.tokenizer import EOS_ID
 

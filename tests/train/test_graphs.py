@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, config_from_dict
-from nmt.data.batching import Padding, collate
+from nmt.data.collate import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import UserError
 from nmt.models.rnn_encoder import RNNEncoder

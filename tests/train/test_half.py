@@ -11,7 +11,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, config_from_dict
-from nmt.data.batching import collate
+from nmt.data.collate import collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.runtime import HALF_DTYPES, Dist, autocast, grad_scaler
 from nmt.train.half import HalfCopy

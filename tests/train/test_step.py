@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import ModelConfig, TrainConfig, TransformerConfig
-from nmt.data.batching import Padding, collate
+from nmt.data.collate import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.decode import greedy_search
 from nmt.errors import UserError
