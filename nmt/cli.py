@@ -108,7 +108,7 @@ def train(
     from nmt.config import load_config
 
     cfg = load_config(config, overrides or [], training=True)  # before torch is imported: config errors in 0.5 s
-    from nmt.runtime import is_main_process
+    from nmt.distributed import is_main_process
     from nmt.train.loop import train as run_training
     summary = run_training(cfg, restart=restart)
     if is_main_process():  # under torchrun, one summary line

@@ -43,7 +43,7 @@ class CheckpointError(UserError):
 
 
 class RelayedError(UserError):
-    """Rank 0's error, raised on the ranks that waited for it so that they stop too (`nmt.runtime.on_main`).
+    """Rank 0's error, raised on the ranks that waited for it so that they stop too (`nmt.distributed.on_main`).
 
     Rank 0 prints it; the others exit with its status in silence, not with a copy of its line each."""
 

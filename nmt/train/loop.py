@@ -29,9 +29,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from nmt.checkpoint import average_checkpoints, last_checkpoints, latest_checkpoint, save_checkpoint
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.data.batching import Batch
+from nmt.distributed import HostCopy, all_gather, reduce_on_device
 from nmt.metrics import METRICS
 from nmt.models import count_parameters
-from nmt.runtime import HostCopy, all_gather, peak_memory_mb, reduce_on_device, rng_states
+from nmt.runtime import peak_memory_mb, rng_states
 from nmt.train.data import batch_loader, batch_padding
 from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
 from nmt.train.loss import perplexity
