@@ -7,9 +7,10 @@ GPUs, gloo on CPU. Where the code runs (the device, precision, seeding) is `nmt.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.config.schema import CUDA_INDEX
-from nmt.errors import NodeError, RelayedError, UserError
+from nmt.errors import NodeError, PeerStopped, RelayedError, UserError
 
 T = TypeVar("T")
 
@@ -224,3 +225,30 @@ def on_every_rank(fn: Callable[[], T], ctx: Dist) -> T:
         raise problem
     raise RelayedError(messages[first])
 
+
+LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe")
+"""What gloo's error says (lower-cased) when a process of the group has gone under a collective: its socket
+closed (it exited), reset (it was killed) or broken (it left as this one wrote)."""
+
+
+@contextlib.contextmanager
+def lost_peers_named() -> Iterator[None]:
+    """Inside, gloo's error for a process of the group that has gone becomes `PeerStopped`, naming this rank.
+
+    A rank that fails alone (an error only it meets, a signal, the OOM killer) leaves the others waiting
+    in a collective, which gloo ends with "Connection closed by peer [127.0.0.1]:52121 ... GLHF!": a line
+    that names a socket rather than a rank and reads as a second failure. Their error then says that
+    another process stopped, and the message of that process stays the one to read.
+
+    Raises:
+        PeerStopped: under torchrun (WORLD_SIZE > 1), from gloo's error, which it chains.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        lost = any(words in str(err).lower() for words in LOST_PEER)
+        if not lost or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            raise
+        rank = os.environ.get("RANK", "0")
+        raise PeerStopped(f"another process of this run stopped, and rank {rank} cannot go on without it; "
+                          f"that process's own message, or torchrun's report of how it ended, says why") from err

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,8 +26,15 @@ import torch.multiprocessing as mp
 
 from nmt import cli, distributed
 from nmt.config import ExperimentConfig
-from nmt.distributed import Dist, HostCopy, check_gpus_per_node, init_distributed, reduce_on_device
-from nmt.errors import UserError
+from nmt.distributed import (
+    Dist,
+    HostCopy,
+    check_gpus_per_node,
+    init_distributed,
+    lost_peers_named,
+    reduce_on_device,
+)
+from nmt.errors import PeerStopped, UserError
 from nmt.experiment import run_experiment
 from nmt.runtime import pick_device
 from nmt.train.faults import Interrupted
@@ -158,6 +166,23 @@ def test_host_copy_gives_the_values_as_python_numbers():
 def test_reduce_on_device_in_one_process_keeps_the_values_in_a_tensor():
     t = reduce_on_device([3, 4], torch.device("cpu"), Dist(), dtype=torch.int64)
     assert t.dtype == torch.int64 and t.tolist() == [3, 4]
+
+
+GLOO_LOST_PEER = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                  "[127.0.0.1]:52121. This is typically caused by a remote worker crashing.")
+
+
+def test_gloos_lost_peer_becomes_one_line_naming_this_rank_under_torchrun_alone(monkeypatch):
+    as_torchrun_rank(monkeypatch, 1, 2)
+    with pytest.raises(PeerStopped, match=r"^another process of this run stopped, and rank 1 cannot go on") as err:
+        with lost_peers_named():
+            raise RuntimeError(GLOO_LOST_PEER)
+    assert "\n" not in str(err.value) and isinstance(err.value.__cause__, RuntimeError)  # --debug shows gloo's
+    with pytest.raises(RuntimeError, match="out of memory"), lost_peers_named():  # other errors pass as they are
+        raise RuntimeError("out of memory")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RuntimeError, match="Connection closed by peer"), lost_peers_named():
+        raise RuntimeError(GLOO_LOST_PEER)
 
 
 @pytest.mark.gpu
@@ -538,3 +563,57 @@ def test_torchrun_prints_an_error_every_process_meets_once(setting, message, lat
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("nmt: error: ")]
     assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-3000:]
+
+
+# `nmt` whose rank 1 alone fails as its third update's optimizer step ends, leaving rank 0 in a collective: with an
+# error of its own (FAIL=error) or killed as the OOM killer kills (FAIL=killed).
+RANK_1_FAILS = """
+import os, signal
+import nmt.train.loop as loop
+from nmt.cli import main
+
+build_run = loop.build_run
+
+def build_run_failing_on_rank_1(*args, **kwargs):
+    run = build_run(*args, **kwargs)
+    if os.environ["RANK"] == "1":
+        steps = iter(range(1, 1000))
+
+        def fail(*_):
+            if next(steps) == 3:
+                if os.environ["FAIL"] == "killed":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError("rank 1 failed on purpose")
+
+        run.trainable.optimizer.register_step_post_hook(fail)
+    return run
+
+loop.build_run = build_run_failing_on_rank_1
+main()
+"""
+
+
+@pytest.mark.parametrize("fail", ["error", "killed"])
+def test_a_rank_that_fails_alone_leaves_the_other_a_line_that_points_to_it(fail, small_corpus, tmp_path):
+    """gloo ends rank 0's wait with "Connection closed by peer" (or "reset by peer", for a killed peer), which
+    names a socket and reads as a failure of its own: rank 0 says instead that another process stopped, and waits
+    for torchrun to stop it, so that torchrun's report names rank 1 as the first to fail."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=8, valid_every=100,
+                       device="cpu")
+    (tmp_path / "failing_nmt.py").write_text(RANK_1_FAILS, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "FAIL": fail,
+           "PYTHONPATH": str(ROOT)}
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "failing_nmt.py"), "train",
+               str(config)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("nmt: error: ")]
+    expected = ["nmt: error: another process of this run stopped, and rank 0 cannot go on without it; that "
+                "process's own message, or torchrun's report of how it ended, says why"]
+    if fail == "error":
+        expected.append("nmt: error: RuntimeError: rank 1 failed on purpose (run with --debug for the traceback)")
+    assert sorted(errors) == sorted(expected), proc.stderr[-3000:]
+    assert "by peer" not in proc.stderr and "gloo" not in proc.stderr, proc.stderr[-3000:]
+    root_cause = proc.stderr.partition("Root Cause")[2]
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)", root_cause), proc.stderr[-3000:]
