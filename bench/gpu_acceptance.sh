@@ -289,7 +289,8 @@ case $stage in
     # bf16 logits read by the softmax kernels themselves (where this torch's do); training's attention order
     run "$py" -c "import torch, nmt.train.loss as l; x = torch.randn(4, 8, device='$device', dtype=torch.bfloat16)
 l._softmax_in(torch.float32, x, log=True); print('softmax kernels read bf16 themselves:', l._READS_HALF.get(torch.bfloat16, x.is_cuda))"
-    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/test_kernels.py tests/models/test_multihead.py tests/models/test_transformer.py
+    run "$py" -m pytest -q -rs tests/train/test_loss.py tests/test_runtime.py tests/test_kernels.py tests/models/test_multihead.py tests/models/test_transformer.py \
+      tests/test_distributed.py::test_on_cuda_neither_waits_for_the_work_queued_after_its_values
     run "$py" -m pytest -q -rs tests/train/test_graphs.py || exit 1  # the toy trainings need them
     recorded_and_resumed configs/toy_transformer.yaml /tmp/gpu_updates "$out/updates_metrics.jsonl"
     # two batches an update: each batch shape's part recorded apart, the update's end once

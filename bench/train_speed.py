@@ -76,11 +76,12 @@ from torch import nn
 from nmt.config import CorpusConfig, load_config
 from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import PAD_ID
+from nmt.distributed import Dist
 from nmt.errors import UserError
 from nmt.heap import keep_freed_memory
 from nmt.kernels import ATTENTION_KERNELS, SDPA_KERNELS, enable_fast_math, set_attention_kernels
 from nmt.models import count_parameters
-from nmt.runtime import Dist, pick_device, seed_everything
+from nmt.runtime import pick_device, seed_everything
 from nmt.train.data import (
     batch_padding,
     build_sampler,

@@ -21,7 +21,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from nmt.errors import ConfigError, NodeError, OutputClosed, RelayedError, UserError, shorten
+from nmt.errors import (
+    ConfigError,
+    NodeError,
+    OutputClosed,
+    PeerStopped,
+    RelayedError,
+    UserError,
+    shorten,
+)
 from nmt.interrupts import signals_after_imports, stops_cleanly_on_sigterm
 
 app = typer.Typer(
@@ -108,7 +116,7 @@ def train(
     from nmt.config import load_config
 
     cfg = load_config(config, overrides or [], training=True)  # before torch is imported: config errors in 0.5 s
-    from nmt.runtime import is_main_process
+    from nmt.distributed import is_main_process
     from nmt.train.loop import train as run_training
     summary = run_training(cfg, restart=restart)
     if is_main_process():  # under torchrun, one summary line
@@ -424,7 +432,8 @@ def _printed_by_another_process(err: UserError) -> bool:
     return isinstance(err, ConfigError | NodeError) and torchrun and os.environ.get("LOCAL_RANK", "0") != "0"
 
 
-# How long a process that leaves its error to another one waits for torchrun to stop it (`_wait_to_be_stopped`).
+# How long a process that leaves its error to another one, or met another one's failure, waits for torchrun to stop it
+# (`_wait_to_be_stopped`).
 SILENT_EXIT_WAIT_S = 10.0
 
 
@@ -432,7 +441,9 @@ def _wait_to_be_stopped() -> None:
     """Let the process that prints the error exit first. torchrun stops every process once one of them exits:
     had a silent one exited first, the one that prints could be stopped before its line was out (seen under
     load: no line at all). torchrun's SIGTERM ends this wait at once, so it costs nothing where the printing
-    process exits; under a launcher that stops no one, a silent process exits `SILENT_EXIT_WAIT_S` later."""
+    process exits; under a launcher that stops no one, a silent process exits `SILENT_EXIT_WAIT_S` later.
+    A process whose peer stopped (`PeerStopped`) waits too: it meets the loss as that peer leaves the group,
+    before the peer has exited, and torchrun reports whichever exits first as the run's root cause."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     time.sleep(SILENT_EXIT_WAIT_S)
 
@@ -457,6 +468,12 @@ def _run_app() -> None:
             _wait_to_be_stopped()
         else:
             typer.echo(f"nmt: error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except PeerStopped as err:  # under torchrun: the process that stopped first prints why
+        if _state["debug"]:
+            traceback.print_exc()
+        typer.echo(f"nmt: error: {err}", err=True)
+        _wait_to_be_stopped()  # so that torchrun reports that process, not this one, as the first to fail
         sys.exit(err.exit_code)
     except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted
         sys.exit(err.exit_code)

@@ -43,9 +43,19 @@ class CheckpointError(UserError):
 
 
 class RelayedError(UserError):
-    """Rank 0's error, raised on the ranks that waited for it so that they stop too (`nmt.runtime.on_main`).
+    """Rank 0's error, raised on the ranks that waited for it so that they stop too (`nmt.distributed.on_main`).
 
     Rank 0 prints it; the others exit with its status in silence, not with a copy of its line each."""
+
+
+class PeerStopped(Exception):
+    """Another process of this torchrun job stopped (its own error, a signal, the OOM killer), and this one,
+    which needed it for a collective, cannot go on (`nmt.distributed.lost_peers_named`).
+
+    That process's message says why; this one prints a line that points there, where gloo's own message
+    ("Connection closed by peer [127.0.0.1]:52121") names a socket and reads as the failure itself."""
+
+    exit_code = 1
 
 
 class OutputClosed(Exception):

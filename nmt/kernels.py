@@ -1,7 +1,7 @@
 """Which kernels run, for speed: torch's attention kernels and TF32 on a GPU, whether bf16 pays here, torch.compile.
 
-The device, the precision and the process group themselves are `nmt.runtime`'s; this module
-chooses how the work runs there. Training makes its choices for the whole process
+The device and the precision themselves are `nmt.runtime`'s (the process group, `nmt.distributed`'s);
+this module chooses how the work runs there. Training makes its choices for the whole process
 (`enable_fast_math`, `compile_model`), inference for its block only (`attention_kernels`,
 which `nmt.runtime.inference` enters).
 """

@@ -214,8 +214,8 @@ def test_a_gpu_by_number_under_torchrun_is_refused_before_the_group_is_joined(mo
     GPU, so it is refused in one line, before any process waits for the others."""
     import torch.distributed as dist
 
+    from nmt.distributed import init_distributed
     from nmt.errors import UserError
-    from nmt.runtime import init_distributed
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

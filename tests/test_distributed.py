@@ -1,7 +1,10 @@
-"""DDP on CPU with gloo: two ranks stay identical, match one process on the same batches, and only rank 0 writes.
+"""The process group (`nmt.distributed`), then DDP on CPU with gloo.
 
-Every run pins `train.device: cpu`, so the tests pass on a machine with one GPU (or none): with `auto`
-there, two ranks would need two GPUs. The check on processes per GPU is in tests/test_runtime.py.
+Joining a torchrun job first, with the group and CUDA faked (`group`, `fake_gpus`), so the GPU paths run on
+a CPU-only machine: too many processes for the node's GPUs fail at once, in one line. Then real gloo runs:
+two ranks stay identical, match one process on the same batches, and only rank 0 writes. Every run pins
+`train.device: cpu`, so the tests pass on a machine with one GPU (or none): with `auto` there, two ranks
+would need two GPUs.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,14 +24,179 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from nmt import cli, distributed
 from nmt.config import ExperimentConfig
-from nmt.errors import UserError
+from nmt.distributed import (
+    Dist,
+    HostCopy,
+    check_gpus_per_node,
+    init_distributed,
+    lost_peers_named,
+    reduce_on_device,
+)
+from nmt.errors import PeerStopped, UserError
 from nmt.experiment import run_experiment
+from nmt.runtime import pick_device
 from nmt.train.faults import Interrupted
 from nmt.train.loop import train, train_run
 from nmt.train.setup import build_run
 from tests.conftest import ROOT
 from tests.train.helpers import same_weights, tiny_cfg, weights, write_cfg
+
+
+@pytest.mark.parametrize(("local_rank", "local_world_size", "device_count"), [
+    (0, 1, 1),  # one process, one GPU
+    (0, 1, 8),  # one process on a node of 8 GPUs
+    (1, 2, 2),
+    (3, 4, 4),  # the last process of a full node
+    (1, 2, 4),  # fewer processes than GPUs
+])
+def test_one_gpu_per_process_is_fine(local_rank, local_world_size, device_count):
+    check_gpus_per_node(local_rank, local_world_size, device_count)
+
+
+@pytest.mark.parametrize(("local_rank", "local_world_size", "device_count", "counts"), [
+    (1, 2, 1, "2 processes on this node (LOCAL_WORLD_SIZE) but 1 CUDA device,"),
+    (0, 2, 1, "2 processes on this node (LOCAL_WORLD_SIZE) but 1 CUDA device,"),  # rank 0 fails too: nobody waits
+    (5, 8, 4, "8 processes on this node (LOCAL_WORLD_SIZE) but 4 CUDA devices,"),
+    (2, 1, 2, "3 processes on this node (LOCAL_WORLD_SIZE) but 2 CUDA devices,"),  # no LOCAL_WORLD_SIZE: rank + 1
+])
+def test_more_processes_than_gpus_names_both_counts_and_what_to_do(local_rank, local_world_size, device_count,
+                                                                   counts):
+    with pytest.raises(UserError) as err:
+        check_gpus_per_node(local_rank, local_world_size, device_count)
+    message = str(err.value)
+    assert counts in message
+    assert f"use --nproc_per_node {device_count} or fewer" in message
+    assert "--set train.device=cpu" in message and "\n" not in message
+
+
+class FakeGroup:
+    """Stands in for torch.distributed's process group; records how it was joined."""
+
+    def __init__(self):
+        self.backend: str | None = None
+
+    def join(self, backend: str) -> None:
+        self.backend = backend
+
+
+@pytest.fixture
+def group(monkeypatch) -> FakeGroup:
+    fake = FakeGroup()
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: fake.backend is not None)
+    monkeypatch.setattr(distributed.dist, "init_process_group", fake.join)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: int(distributed.os.environ["RANK"]))
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: int(distributed.os.environ["WORLD_SIZE"]))
+    return fake
+
+
+def as_torchrun_rank(monkeypatch, rank: int, nproc: int) -> None:
+    """The environment torchrun gives process `rank` of `--standalone --nproc_per_node nproc`."""
+    for key, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc}.items():
+        monkeypatch.setenv(key, str(value))
+
+
+def fake_gpus(monkeypatch, count: int) -> list[int]:
+    """Pretend this machine has `count` CUDA devices; returns the list `torch.cuda.set_device` appends to."""
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def no_cuda_calls(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("CUDA was consulted")
+
+    for name in ("is_available", "device_count", "set_device"):
+        monkeypatch.setattr(torch.cuda, name, fail)
+
+
+def test_cpu_under_torchrun_joins_with_gloo_without_consulting_cuda(monkeypatch, group):
+    as_torchrun_rank(monkeypatch, 1, 2)
+    no_cuda_calls(monkeypatch)
+    assert init_distributed("cpu") == Dist(rank=1, world_size=2)
+    assert group.backend == "gloo"
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_two_processes_on_one_gpu_fail_before_touching_it_or_waiting(monkeypatch, group, device, rank):
+    as_torchrun_rank(monkeypatch, rank, 2)
+    chosen = fake_gpus(monkeypatch, 1)
+    with pytest.raises(UserError, match="2 processes on this node .* but 1 CUDA device"):
+        init_distributed(device)
+    assert chosen == [] and group.backend is None
+
+
+def test_one_process_per_gpu_joins_with_nccl_on_its_own_gpu(monkeypatch, group):
+    as_torchrun_rank(monkeypatch, 1, 2)
+    chosen = fake_gpus(monkeypatch, 2)
+    assert init_distributed("auto") == Dist(rank=1, world_size=2)
+    assert chosen == [1] and group.backend == "nccl"
+    assert pick_device("auto") == pick_device("cuda") == torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_cli_prints_one_line_on_local_rank_0_and_every_rank_exits_2(rank, monkeypatch, capsys, group,
+                                                                         tiny_config_file):
+    """Every process of the node meets the error; its local rank 0 alone prints it, not one line per process."""
+    as_torchrun_rank(monkeypatch, rank, 2)
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setattr(cli, "SILENT_EXIT_WAIT_S", 0.0)  # the wait for torchrun to stop a silent process
+    monkeypatch.setattr(sys, "argv", ["nmt", "train", str(tiny_config_file)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    if rank == 0:
+        assert err.startswith("nmt: error: torchrun --nproc_per_node: 2 processes on this node") and err.count("\n") == 1
+    else:
+        assert err == ""
+
+
+def test_host_copy_gives_the_values_as_python_numbers():
+    values = HostCopy([torch.tensor(True), torch.tensor([3.0, 0.0]), torch.tensor(7)]).values()
+    assert values == [True, [3.0, 0.0], 7] and type(values[2]) is int
+
+
+def test_reduce_on_device_in_one_process_keeps_the_values_in_a_tensor():
+    t = reduce_on_device([3, 4], torch.device("cpu"), Dist(), dtype=torch.int64)
+    assert t.dtype == torch.int64 and t.tolist() == [3, 4]
+
+
+GLOO_LOST_PEER = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                  "[127.0.0.1]:52121. This is typically caused by a remote worker crashing.")
+
+
+def test_gloos_lost_peer_becomes_one_line_naming_this_rank_under_torchrun_alone(monkeypatch):
+    as_torchrun_rank(monkeypatch, 1, 2)
+    with pytest.raises(PeerStopped, match=r"^another process of this run stopped, and rank 1 cannot go on") as err:
+        with lost_peers_named():
+            raise RuntimeError(GLOO_LOST_PEER)
+    assert "\n" not in str(err.value) and isinstance(err.value.__cause__, RuntimeError)  # --debug shows gloo's
+    with pytest.raises(RuntimeError, match="out of memory"), lost_peers_named():  # other errors pass as they are
+        raise RuntimeError("out of memory")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RuntimeError, match="Connection closed by peer"), lost_peers_named():
+        raise RuntimeError(GLOO_LOST_PEER)
+
+
+@pytest.mark.gpu
+def test_on_cuda_neither_waits_for_the_work_queued_after_its_values():
+    """What lets the training loop read an update's outcome with the next update still running."""
+    x = torch.arange(5, device="cuda")
+    copy = HostCopy([x.sum(), x > 2])
+    torch.cuda._sleep(2_000_000_000)  # a kernel of about a second, queued behind the copy
+    assert copy.values() == [10, [False, False, False, True, True]]
+    assert not torch.cuda.current_stream().query()  # the sleep still runs: the read did not wait for it
+    sums = reduce_on_device([1, 2], torch.device("cuda"), Dist(), dtype=torch.int64)
+    assert not torch.cuda.current_stream().query()  # queued behind the sleep, not waited for
+    assert sums.tolist() == [1, 2]
+    assert torch.cuda.current_stream().query()  # reading the tensor itself waits for everything
 
 
 def _as_rank(rank: int, world_size: int, port: int) -> None:
@@ -394,3 +563,57 @@ def test_torchrun_prints_an_error_every_process_meets_once(setting, message, lat
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("nmt: error: ")]
     assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-3000:]
+
+
+# `nmt` whose rank 1 alone fails as its third update's optimizer step ends, leaving rank 0 in a collective: with an
+# error of its own (FAIL=error) or killed as the OOM killer kills (FAIL=killed).
+RANK_1_FAILS = """
+import os, signal
+import nmt.train.loop as loop
+from nmt.cli import main
+
+build_run = loop.build_run
+
+def build_run_failing_on_rank_1(*args, **kwargs):
+    run = build_run(*args, **kwargs)
+    if os.environ["RANK"] == "1":
+        steps = iter(range(1, 1000))
+
+        def fail(*_):
+            if next(steps) == 3:
+                if os.environ["FAIL"] == "killed":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError("rank 1 failed on purpose")
+
+        run.trainable.optimizer.register_step_post_hook(fail)
+    return run
+
+loop.build_run = build_run_failing_on_rank_1
+main()
+"""
+
+
+@pytest.mark.parametrize("fail", ["error", "killed"])
+def test_a_rank_that_fails_alone_leaves_the_other_a_line_that_points_to_it(fail, small_corpus, tmp_path):
+    """gloo ends rank 0's wait with "Connection closed by peer" (or "reset by peer", for a killed peer), which
+    names a socket and reads as a failure of its own: rank 0 says instead that another process stopped, and waits
+    for torchrun to stop it, so that torchrun's report names rank 1 as the first to fail."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=8, valid_every=100,
+                       device="cpu")
+    (tmp_path / "failing_nmt.py").write_text(RANK_1_FAILS, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "FAIL": fail,
+           "PYTHONPATH": str(ROOT)}
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "failing_nmt.py"), "train",
+               str(config)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("nmt: error: ")]
+    expected = ["nmt: error: another process of this run stopped, and rank 0 cannot go on without it; that "
+                "process's own message, or torchrun's report of how it ended, says why"]
+    if fail == "error":
+        expected.append("nmt: error: RuntimeError: rank 1 failed on purpose (run with --debug for the traceback)")
+    assert sorted(errors) == sorted(expected), proc.stderr[-3000:]
+    assert "by peer" not in proc.stderr and "gloo" not in proc.stderr, proc.stderr[-3000:]
+    root_cause = proc.stderr.partition("Root Cause")[2]
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)", root_cause), proc.stderr[-3000:]

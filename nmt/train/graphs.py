@@ -61,8 +61,8 @@ from torch import Tensor
 
 from nmt.config import TrainConfig
 from nmt.data.collate import Batch
+from nmt.distributed import Dist
 from nmt.errors import NodeError, UserError
-from nmt.runtime import Dist
 from nmt.train.step import StepResult, Trainable, apply_gradients, forward_backward, update
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ import os
 import time
 from pathlib import Path
 
+from nmt.distributed import on_main
 from nmt.errors import UserError
-from nmt.runtime import on_main
 
 try:
     import fcntl
@@ -106,7 +106,7 @@ def lock_run_dir(run_dir: Path, ctx) -> RunLock | None:
 
     Args:
         run_dir: the run directory.
-        ctx: the `nmt.runtime.Dist` of this process.
+        ctx: the `nmt.distributed.Dist` of this process.
 
     Returns:
         The lock on rank 0, None on the other ranks.

@@ -29,9 +29,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from nmt.checkpoint import average_checkpoints, last_checkpoints, latest_checkpoint, save_checkpoint
 from nmt.config import ExperimentConfig, config_to_dict
 from nmt.data.collate import Batch
+from nmt.distributed import HostCopy, all_gather, lost_peers_named, reduce_on_device
 from nmt.metrics import METRICS
 from nmt.models import count_parameters
-from nmt.runtime import HostCopy, all_gather, hardware, peak_memory_mb, reduce_on_device, rng_states
+from nmt.runtime import hardware, peak_memory_mb, rng_states
 from nmt.train.data import batch_loader, batch_padding
 from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
 from nmt.train.loss import perplexity
@@ -89,12 +90,14 @@ def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
         Interrupted: SIGINT or SIGTERM stopped training (after writing a checkpoint).
         TrainingDiverged: `train.max_bad_steps` non-finite updates in a row.
         UserError: bad config, data, run directory, or CUDA out of memory.
+        PeerStopped: under torchrun, another process stopped and left this one waiting for it.
     """
-    run = build_run(cfg, restart=restart)
-    try:
-        return train_run(run)
-    finally:
-        run.close()
+    with lost_peers_named():
+        run = build_run(cfg, restart=restart)
+        try:
+            return train_run(run)
+        finally:
+            run.close()
 
 
 def train_run(run: Run) -> dict[str, Any]:

@@ -14,10 +14,11 @@ from torch import nn
 
 from nmt.checkpoint import first_difference, load_checkpoint, periodic_checkpoints, stored_config
 from nmt.config import ExperimentConfig, config_to_dict
+from nmt.distributed import Dist, all_gather, on_every_rank, on_main
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.metrics import METRICS
-from nmt.runtime import Dist, all_gather, on_every_rank, on_main, seed_everything, set_rng_states
+from nmt.runtime import seed_everything, set_rng_states
 from nmt.train.data import TOKENIZER_RECORD
 from nmt.train.optim import Schedule, load_optimizer_state
 from nmt.train.validate import early_stop_metric, stop_metric

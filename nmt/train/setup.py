@@ -24,21 +24,18 @@ from torch import nn
 from nmt.config import ExperimentConfig, TrainConfig, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.tokenizer import PAD_ID, Tokenizer
-from nmt.errors import ConfigError, NodeError
-from nmt.kernels import compile_model, enable_fast_math, warn_if_slow_precision
-from nmt.models import build_model, count_parameters
-from nmt.runtime import (
-    HALF_DTYPES,
+from nmt.distributed import (
     Dist,
     all_gather,
-    grad_scaler,
     init_distributed,
     on_every_rank,
     on_main,
-    pick_device,
-    seed_everything,
     shutdown_distributed,
 )
+from nmt.errors import ConfigError, NodeError
+from nmt.kernels import compile_model, enable_fast_math, warn_if_slow_precision
+from nmt.models import build_model, count_parameters
+from nmt.runtime import HALF_DTYPES, grad_scaler, pick_device, seed_everything
 from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
 from nmt.train.faults import check_free_space
 from nmt.train.graphs import EAGER_USES, UpdateGraphs, check_update_graphs, resolve_update_graphs

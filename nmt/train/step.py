@@ -21,7 +21,8 @@ from torch.profiler import record_function
 from nmt.config import TrainConfig
 from nmt.data.collate import Batch
 from nmt.data.tokenizer import PAD_ID
-from nmt.runtime import Dist, autocast, reduce_on_device
+from nmt.distributed import Dist, reduce_on_device
+from nmt.runtime import autocast
 from nmt.train.half import HalfCopy
 from nmt.train.optim import Schedule
 

@@ -16,8 +16,9 @@ from torch import nn
 
 from nmt.config import ExperimentConfig
 from nmt.data.tokenizer import PAD_ID
+from nmt.distributed import Dist, all_gather, all_reduce
 from nmt.metrics import METRICS, score
-from nmt.runtime import Dist, all_gather, all_reduce, autocast, inference
+from nmt.runtime import autocast, inference
 from nmt.train.data import RunData, build_sampler, collated_batches, past_positions
 from nmt.train.loss import label_smoothed_loss, perplexity
 from nmt.translate import Translator

@@ -16,9 +16,10 @@ from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, config_from_dict
 from nmt.data.collate import Padding, collate
 from nmt.data.tokenizer import PAD_ID
+from nmt.distributed import Dist
 from nmt.errors import UserError
 from nmt.models.rnn_encoder import RNNEncoder
-from nmt.runtime import Dist, grad_scaler
+from nmt.runtime import grad_scaler
 from nmt.train.data import batch_padding
 from nmt.train.graphs import (
     EAGER_USES,

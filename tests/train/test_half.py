@@ -13,7 +13,8 @@ from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, config_from_dict
 from nmt.data.collate import collate
 from nmt.data.tokenizer import PAD_ID
-from nmt.runtime import HALF_DTYPES, Dist, autocast, grad_scaler
+from nmt.distributed import Dist
+from nmt.runtime import HALF_DTYPES, autocast, grad_scaler
 from nmt.train.half import HalfCopy
 from nmt.train.loop import train
 from nmt.train.loss import Objective

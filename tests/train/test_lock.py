@@ -128,7 +128,7 @@ def _lock_rank(rank: int, world_size: int, port: int, cfg, out: str) -> None:
     from tests.test_distributed import _as_rank
 
     _as_rank(rank, world_size, port)
-    from nmt.runtime import init_distributed, shutdown_distributed
+    from nmt.distributed import init_distributed, shutdown_distributed
 
     ctx = init_distributed("cpu")
     try:

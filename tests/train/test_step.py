@@ -17,9 +17,9 @@ from nmt.config import ModelConfig, TrainConfig, TransformerConfig
 from nmt.data.collate import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.decode import greedy_search
+from nmt.distributed import Dist
 from nmt.errors import UserError
 from nmt.kernels import compile_model
-from nmt.runtime import Dist
 from nmt.train.data import batch_padding
 from nmt.train.loop import skipped_update_message
 from nmt.train.loss import Objective
