@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from nmt.config.schema import CUDA_INDEX
+from nmt.config.ranges import CUDA_INDEX
 from nmt.errors import NodeError, PeerStopped, RelayedError, UserError
 
 T = TypeVar("T")
