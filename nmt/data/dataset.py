@@ -32,8 +32,9 @@ import pyarrow.compute as pc
 from datasets import Dataset, Features, List, Value
 
 from nmt.config import CorpusConfig, DataConfig
+from nmt.data.cleaning import WRITER_BATCH_ROWS, clean_pairs, processes_for
 from nmt.data.collate import ranges
-from nmt.data.corpus import WRITER_BATCH_ROWS, clean_pairs, load_pairs, processes_for
+from nmt.data.corpus import load_pairs
 from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
 

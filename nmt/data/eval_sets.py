@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class EvalSet:
     """The pairs of a set that are scored, and where they stand among the set's rows.
 
-    A config's set leaves out each pair with an empty side, as training does (`nmt.data.corpus.clean_pairs`);
+    A config's set leaves out each pair with an empty side, as training does (`nmt.data.cleaning.clean_pairs`);
     `kept` keeps the row of each pair scored, so that a file of translations (`hyp_lines`) still has one
     line per row of the set, and so lines up with its files.
 

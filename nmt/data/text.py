@@ -82,7 +82,7 @@ def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> It
 
 
 def normalize_spaces(text: str) -> str:
-    """`text` as the model reads it, in training (`nmt.data.corpus.clean_pairs`, in Arrow) as in
+    """`text` as the model reads it, in training (`nmt.data.cleaning.clean_pairs`, in Arrow) as in
     translation: each run of whitespace (`str.isspace`: tabs, NEL, U+3000, ...) one space, none at
     either end."""
     return " ".join(text.split())

@@ -31,8 +31,8 @@ from nmt.config import (
     config_to_dict,
 )
 from nmt.data.batching import TokenBatchSampler
+from nmt.data.cleaning import clean_pairs
 from nmt.data.collate import Batch, Padding, Rounding, collate_flat
-from nmt.data.corpus import clean_pairs
 from nmt.data.dataset import (
     IdColumns,
     available_cores,

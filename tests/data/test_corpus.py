@@ -16,7 +16,8 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from nmt.config import CorpusConfig
-from nmt.data.corpus import PY_WHITESPACE, clean_pairs, load_pairs
+from nmt.data.cleaning import PY_WHITESPACE, clean_pairs
+from nmt.data.corpus import load_pairs
 from nmt.data.text import normalize_spaces
 from nmt.errors import DataError
 

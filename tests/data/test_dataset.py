@@ -10,7 +10,7 @@ import torch
 from datasets import Dataset
 
 from nmt.config import CorpusConfig, DataConfig, TokenizerConfig, config_from_dict
-from nmt.data.corpus import PY_WHITESPACE
+from nmt.data.cleaning import PY_WHITESPACE
 from nmt.data.dataset import prepare_split, tokenize_pairs
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from nmt.errors import DataError

@@ -19,7 +19,7 @@ import pytest
 from datasets import Dataset, Features, Value
 from datasets.table import InMemoryTable
 
-import nmt.data.corpus as corpus_module
+import nmt.data.cleaning as cleaning_module
 from nmt.config import CorpusConfig, DataConfig, config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
 from nmt.data.dataset import in_child_process, length_arrays, prepare_split, write_tokenizer_sample
@@ -206,7 +206,7 @@ def test_a_child_process_returns_its_result_and_keeps_its_memory_out_of_this_pro
 
 def test_cleaning_and_tokenizing_in_several_processes_give_the_same_split(tmp_path, tokenizer, corpus,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(corpus_module, "MIN_ROWS_PER_PROCESS", 50)  # 400 pairs: several processes
+    monkeypatch.setattr(cleaning_module, "MIN_ROWS_PER_PROCESS", 50)  # 400 pairs: several processes
     de, en = corpus
     de, en = [*de[:100], "  ", *de[100:]], [*en[:100], "x", *en[100:]]  # one pair to clean away
     (tmp_path / "c.de").write_text("\n".join(de) + "\n", encoding="utf-8")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from nmt.config import CorpusConfig, DataConfig, load_config
-from nmt.data import corpus, textfiles
+from nmt.data import line_files, textfiles
 from nmt.data.corpus import load_pairs
 from nmt.data.dataset import prepare_split
 from nmt.data.text import available_lines, decode_lines, read_lines
@@ -113,7 +113,7 @@ def test_every_reader_counts_the_lines_the_line_rules_count(tmp_path: Path, data
         readers = {
             "read_lines": read_lines(path),
             "decode_lines": raw_file,
-            "corpus._lines": list(corpus._lines(str(path))),
+            "line_files._lines": list(line_files._lines(str(path))),
             "textfiles.line_blocks": [s for arr in textfiles.line_blocks(str(path)) for s in arr.to_pylist()],
         }
         assert readers == dict.fromkeys(readers, expected), name

@@ -1,0 +1,174 @@
+"""Corpus sources that the Hugging Face `datasets` library reads: parquet files (`kind: parquet`), a
+folder written by `save_to_disk` (`disk`), and a hub dataset or a local folder of data files (`hf`).
+Their failures, which `datasets` raises in many kinds, become one-line `DataError`s that say what to
+give instead."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from datasets import Dataset, DatasetDict, Value
+from datasets.exceptions import DatasetGenerationError
+
+from nmt.config import CorpusConfig
+from nmt.data.fields import TEXT_TYPES, select_fields
+from nmt.data.textfiles import is_glob
+from nmt.data.textfiles import path_hint as _path_hint
+from nmt.errors import DataError
+
+
+def load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_lang: str,
+                 cache: str | None) -> Dataset:
+    """Parquet files (or globs of them) as one split."""
+    for p in entries:
+        if not is_glob(p) and not Path(p).is_file():
+            raise DataError(f"{p}: parquet file not found{_path_hint(p)}")
+        if is_glob(p) and not glob.glob(p, recursive=True):  # as datasets reads it: ** spans folders
+            raise DataError(f"{p}: no parquet files match{_path_hint(p)}")
+        if not is_glob(p) and _parquet_rows(p) == 0:  # datasets fails on it with an error of its batch size
+            raise DataError(f"{p}: empty, a parquet file of no rows; give one that holds sentence pairs")
+    where = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
+    try:
+        with _quiet("datasets"):  # its log line of the failure would come before ours
+            ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
+    except Exception as err:  # pyarrow and datasets raise many kinds
+        raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
+    return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
+
+
+def _parquet_rows(path: str) -> int | None:
+    """The rows a parquet file's footer counts, or None where it has none (not a parquet file)."""
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:  # the load that follows names what is wrong
+        return None
+
+
+def load_disk(path: str, split: str | None) -> Dataset:
+    if not Path(path).is_dir():
+        raise DataError(f"{path}: no such folder (kind: disk wants a folder written by save_to_disk){_path_hint(path)}")
+    try:
+        loaded = datasets.load_from_disk(path)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: not a dataset written by save_to_disk: {_short(err)}") from None
+    if isinstance(loaded, DatasetDict):
+        name = split or "train"
+        if name not in loaded:
+            raise DataError(f"{path}: no split {name!r}; splits found: {', '.join(loaded)} (set split)")
+        return loaded[name]
+    if split is not None:  # it would be read whole all the same, whatever the config meant
+        raise DataError(f"{path}: a dataset saved without splits, so split {split!r} names none of it; remove split "
+                        "to read it whole")
+    return loaded
+
+
+def writable_copy(ds: Dataset, path: str, cache_dir: str | None) -> Dataset:
+    """`ds` itself, or when its folder is read-only, a copy of its two columns under
+    `cache_dir` (or the `datasets` cache): later maps write their cache files next to
+    their source's."""
+    if os.access(path, os.W_OK):
+        return ds
+    folder = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"pairs-{ds._fingerprint}.arrow"  # the fingerprint names its content
+    return ds.flatten_indices(cache_file_name=str(folder / name))
+
+
+_KINDS_BY_SUFFIX = {".json": "jsonl (one JSON object a line)", ".jsonl": "jsonl", ".tsv": "tsv", ".parquet": "parquet"}
+try:  # the names datasets takes as file formats before any hub dataset (json, csv, parquet, ...)
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as _PACKAGED
+    _BUILDERS = frozenset(_PACKAGED)
+except ImportError:  # a datasets that moved them
+    _BUILDERS = frozenset(("arrow", "csv", "json", "pandas", "parquet", "text", "xml"))
+
+
+def load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
+    split = spec.split or "train"
+    if Path(path).is_file():  # datasets would say that it finds no data file there
+        kind = _KINDS_BY_SUFFIX.get(Path(path.removesuffix(".gz")).suffix)
+        instead = f"use kind: {kind}" if kind else "use kind: text, tsv, jsonl or parquet, as its format is"
+        raise DataError(f"{path}: a file, and kind hf reads a hub dataset or a folder of data files; {instead}")
+    if path in _BUILDERS and not Path(path).is_dir():  # without data files it reads the working directory
+        raise DataError(f"kind hf, path {path!r}: a file format of datasets, not a dataset; read such files with "
+                        "kind: jsonl, tsv or parquet, or give kind hf the folder that holds them")
+    csv = Path(path).is_dir() and _read_as_csv(path, spec.hf_config, cache_dir)
+    try:
+        # pandas, which reads CSV for datasets, ends a line at a lone '\r' too: a sentence holding one
+        # would be cut in two, its second half paired with the next column's text
+        ds = datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir,
+                                   **({"lineterminator": "\n"} if csv else {}))
+    except Exception as err:  # network, auth, format and split errors all end here
+        config = f", config {spec.hf_config!r}" if spec.hf_config else ""
+        if Path(path).is_dir():  # a local folder: the hub was never asked
+            raise DataError(f"{hf_source(path)}{config}, split {split!r}: its data files could not be loaded as a "
+                            f"dataset: {_short(err)}") from None
+        raise DataError(
+            f"{hf_source(path)}{config}, split {split!r} could not be loaded: {_short(err)}. "
+            "Without access to the hub, download it on another machine "
+            "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
+            "and use kind: disk (or parquet, jsonl) with path: DIR"
+        ) from None
+    return _without_cr_endings(ds) if csv else ds
+
+
+def hf_source(path: str) -> str:
+    """What `kind: hf` reads at `path`, for messages: "folder PATH" of data files where a local folder is
+    there (`datasets.load_dataset` reads it, never the hub), else "hub dataset 'PATH'"."""
+    return f"folder {path}" if Path(path).is_dir() else f"hub dataset {path!r}"
+
+
+def _read_as_csv(folder: str, config: str | None, cache_dir: str | None) -> bool:
+    """Whether `datasets` reads the files of a local folder as CSV (or TSV)."""
+    try:
+        return datasets.load_dataset_builder(folder, config, cache_dir=cache_dir).name == "csv"
+    except Exception:  # the load that follows says what is wrong
+        return False
+
+
+def _without_cr_endings(ds: Dataset) -> Dataset:
+    """A CSV dataset read with only '\\n' ending a line, less the '\\r' of its '\\r\\n' endings, which
+    pandas leaves at the end of each line's last field, the header's too (the line rules drop it)."""
+    last = ds.column_names[-1]
+    if last.endswith("\r"):
+        ds = ds.rename_column(last, last[:-1])
+        last = last[:-1]
+    feature = ds.features[last]
+    if not isinstance(feature, Value) or feature.dtype not in TEXT_TYPES:
+        return ds
+    return ds.with_format("arrow").map(_drop_final_cr, batched=True, fn_kwargs={"column": last},
+                                       desc="Dropping CR line endings").with_format(None)
+
+
+def _drop_final_cr(batch: pa.Table, column: str) -> pa.Table:
+    values = pc.replace_substring_regex(batch[column], pattern="\r$", replacement="")
+    return batch.set_column(batch.column_names.index(column), column, values)
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """No log records below CRITICAL from logger `name` and its children inside the block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _short(err: BaseException) -> str:
+    """The first line of `err`, or of the error behind it where `datasets` says only that generating failed."""
+    if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+        err = err.__cause__
+    text = str(err).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(err).__name__}: {first[:200]}"
