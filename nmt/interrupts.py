@@ -43,20 +43,21 @@ _deferred: set[int] = set()
 """Signals that came during an import and wait to be delivered again."""
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    if _importing(frame):
-        _again_later(signum)
-        return
-    _deferred.discard(signum)
-    raise Terminated
+def _raising_after_imports(exception: type[BaseException]) -> Callable[[int, FrameType | None], None]:
+    """A signal handler that raises `exception` where the program is, once no import is under way."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if _importing(frame):
+            _again_later(signum)
+            return
+        _deferred.discard(signum)
+        raise exception
+
+    return handler
 
 
-def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
-    if _importing(frame):
-        _again_later(signum)
-        return
-    _deferred.discard(signum)
-    raise KeyboardInterrupt
+_raise_terminated = _raising_after_imports(Terminated)
+_raise_keyboard_interrupt = _raising_after_imports(KeyboardInterrupt)
 
 
 def _importing(frame: FrameType | None) -> bool:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +43,21 @@ def nmt(monkeypatch, *args: str) -> tuple[int, list[str]]:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as ex:
         cli.main()
     return ex.value.code, [line for line in err.getvalue().splitlines() if not line.startswith("[nmt] ")]
+
+
+def signal_once(proc: subprocess.Popen, signum: int, ready: Callable[[], bool], never: str) -> str:
+    """Send `signum` to `proc` once `ready()` holds (within two minutes), and return its standard error."""
+    try:
+        deadline = time.monotonic() + 120
+        while not ready() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert ready(), never
+        proc.send_signal(signum)
+        return proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -242,17 +257,8 @@ def test_a_signal_during_a_real_run_leaves_the_previous_output(tmp_path, checkpo
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=None if closed is None else lambda: os.close(closed))
     partial = tmp_path / "out.txt.partial"
-    try:
-        deadline = time.monotonic() + 120
-        while not (partial.exists() and partial.stat().st_size) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert partial.exists() and partial.stat().st_size, "the translation never started writing"
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    stderr = signal_once(proc, signum, lambda: partial.exists() and partial.stat().st_size > 0,
+                         "the translation never started writing")
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
     assert f"the lines translated so far are kept in {partial}; the same command goes on after them" in stderr
@@ -276,17 +282,7 @@ def test_a_signal_before_the_first_chunk_is_translated_says_nothing_was_kept(tmp
                              "-i", str(src), "-o", str(out), "--beam", "1", "--max-tokens", "4000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     partial = tmp_path / "out.txt.partial"
-    try:
-        deadline = time.monotonic() + 120
-        while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert partial.exists() and not partial.stat().st_size, "the translation never started, or wrote at once"
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    stderr = signal_once(proc, signum, partial.exists, "the translation never started")
     assert proc.returncode == status, stderr
     assert stderr.splitlines() == [
         f"[nmt] stopped by {name} before any line was translated: nothing was written to {out}; "
