@@ -39,8 +39,8 @@ class Terminated(KeyboardInterrupt):
 RETRY_SECONDS = 0.02
 """How soon a signal that came during an import is delivered again."""
 
-_deferred: set[int] = set()
-"""Signals that came during an import and wait to be delivered again."""
+_deferred: dict[int, threading.Timer] = {}
+"""Signals that came during an import and wait to be delivered again, with the timer that sends each."""
 
 
 def _raising_after_imports(exception: type[BaseException]) -> Callable[[int, FrameType | None], None]:
@@ -50,7 +50,7 @@ def _raising_after_imports(exception: type[BaseException]) -> Callable[[int, Fra
         if _importing(frame):
             _again_later(signum)
             return
-        _deferred.discard(signum)
+        _settle(signum)
         raise exception
 
     return handler
@@ -71,10 +71,24 @@ def _importing(frame: FrameType | None) -> bool:
 
 def _again_later(signum: int) -> None:
     """Send `signum` to this process again in a moment (from a thread: a handler must not wait)."""
-    _deferred.add(signum)
+    _settle(signum)  # one timer per signal: a second Ctrl-C during the same import sends one more, not two
     timer = threading.Timer(RETRY_SECONDS, os.kill, (os.getpid(), signum))
     timer.daemon = True
+    _deferred[signum] = timer
     timer.start()
+
+
+def _settle(signum: int) -> bool:
+    """Stop waiting to deliver `signum` again; whether it was waiting. Its timer may have sent it already, so
+    the caller leaves a handler in place that expects it."""
+    timer = _deferred.pop(signum, None)
+    if timer is not None:
+        timer.cancel()
+    return timer is not None
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """A handler for a signal that is already being acted on (the process is on its way out because of it)."""
 
 
 @contextmanager
@@ -92,15 +106,16 @@ def signals_after_imports() -> Iterator[None]:
     try:
         yield
     finally:
-        if ours:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
         if signal.SIGTERM in _deferred:
             flush_std_streams()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
-        if signal.SIGINT in _deferred:
-            _deferred.clear()
+        if _settle(signal.SIGINT):
+            # its timer may have fired already: that copy must not raise while the interpreter exits
+            signal.signal(signal.SIGINT, _ignore)
             raise SystemExit(130)
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextmanager
@@ -117,8 +132,7 @@ def sigterm_interrupts() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
-        if signal.SIGTERM in _deferred:  # came during an import the block ended with: it stops the command still
-            _deferred.discard(signal.SIGTERM)
+        if _settle(signal.SIGTERM):  # came during an import the block ended with: it stops the command still
             raise Terminated
     except Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -92,3 +92,21 @@ def test_the_nmt_command_stops_on_a_signal_during_its_imports_with_its_usual_sta
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == (-signal.SIGTERM if signum == signal.SIGTERM else 130), err[-2000:]
     assert not any(word in err for word in ("Traceback", "ImportError", "AttributeError")), err[-2000:]
+
+
+def test_ctrl_c_held_back_by_an_import_does_not_come_again_while_the_process_exits(tmp_path):
+    """The block ended (the command failed) while the signal still waited to be sent again: it ends the process
+    with 130, and the copy still on its way is not raised in the interpreter's exit (a KeyboardInterrupt in
+    an atexit callback, with its traceback)."""
+    done = run_until_signalled(tmp_path, """
+        import atexit, time
+        from nmt import interrupts
+        interrupts.RETRY_SECONDS = 0.5  # the import ends with the signal still to come again
+        atexit.register(time.sleep, 1.0)  # the exit's own work, during which it would come
+        with interrupts.signals_after_imports():
+            import slow
+            raise SystemExit(2)  # the command fails before the signal is delivered
+    """, signal.SIGINT)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == ""
+    assert done.stdout == "importing\nimported whole\n"
