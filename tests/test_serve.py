@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -467,9 +468,25 @@ def test_closing_does_not_wait_for_a_connection_idle_between_requests(checkpoint
     conn.close()
 
 
+DUMPS_STACKS = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+"""The environment of a server process whose threads' stacks a SIGABRT prints (`faulthandler`)."""
+
+
+def stopped(proc: subprocess.Popen, timeout: float = 30) -> int:
+    """The exit status of a server told to stop; one still running after `timeout` seconds fails the test with
+    the stacks of its threads, to show where it hung."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(timeout=30)
+        pytest.fail(f"the server still ran {timeout:g} s after it was stopped; it said, its stacks last:\n"
+                    f"{proc.stderr.read()[-8000:]}")
+
+
 def test_cli_serves_until_interrupted(checkpoint):
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
-                             "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True)
+                             "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True, env=DUMPS_STACKS)
     try:
         url = None
         for line in proc.stderr:  # "[nmt] serving <ckpt> on http://127.0.0.1:<port>: ..."
@@ -483,7 +500,7 @@ def test_cli_serves_until_interrupted(checkpoint):
         assert status == 200 and len(body["translations"]) == 1
     finally:
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=30)
+        rc = stopped(proc)
         rest = proc.stderr.read()  # what it said after the address, to see why it failed
         proc.stderr.close()
     assert rc == 0, rest[-3000:]
@@ -493,7 +510,7 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
     """SIGTERM, as systemd and docker stop a service, stops it as Ctrl-C does: no new connections, but the
     request already being read is still answered. Its body is sent in two parts, the second after the stop."""
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
-                             "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True)
+                             "--device", "cpu", "--beam", "1"], stderr=subprocess.PIPE, text=True, env=DUMPS_STACKS)
     said, stopping = [], False
     try:
         for line in proc.stderr:
@@ -524,7 +541,7 @@ def test_cli_on_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
     finally:
         if not stopping:  # failed before the signal: nothing to wait for
             proc.kill()
-        rc = proc.wait(timeout=30)
+        rc = stopped(proc)
         said.append(proc.stderr.read())
         proc.stderr.close()
     assert status == 200 and len(reply["translations"]) == 1, f"{status}; the server said: {''.join(said)[-3000:]}"
@@ -545,7 +562,7 @@ def test_cli_stopped_during_a_long_translation_exits_without_aborting(checkpoint
     script = (f"import sys; from nmt.serve import TranslationServer; TranslationServer.drain_seconds = {drain}; "
               "from nmt.cli import main; sys.argv[0] = 'nmt'; main()")
     proc = subprocess.Popen([sys.executable, "-c", script, "serve", "-c", str(checkpoint), "--port", "0",
-                             "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+                             "--device", "cpu"], stderr=subprocess.PIPE, text=True, env=DUMPS_STACKS)
     said = []
     try:
         for line in proc.stderr:
@@ -562,7 +579,7 @@ def test_cli_stopped_during_a_long_translation_exits_without_aborting(checkpoint
         for sig in signals:
             proc.send_signal(sig)
             time.sleep(0.5)
-        rc = proc.wait(timeout=30)
+        rc = stopped(proc)
         sock.close()
     finally:
         if proc.poll() is None:
