@@ -369,6 +369,7 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_batches(small_corpus,
             [r[key] for r in logged if r["event"] == "train"], rel=1e-3), key
 
 
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
 def test_two_ranks_train_bf16_on_their_copies_and_stay_identical(small_corpus, tmp_path):
     """bf16 on a bf16 copy of the model: DDP wraps the copy, reduces its gradients, and every rank's
     fp32 weights (the ones checkpointed) take the same update, accumulation included."""
@@ -423,6 +424,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run
         run.close()
 
 
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
 def test_a_signal_to_one_rank_in_the_final_validation_stops_every_rank_alike(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=3, valid_every=100, device="cpu")
     start_ranks(_signalled_in_final_validation_rank, 2, cfg, tmp_path)
@@ -432,6 +434,7 @@ def test_a_signal_to_one_rank_in_the_final_validation_stops_every_rank_alike(sma
     assert events[-2:] == ["valid", "interrupted"] and (tmp_path / "run" / "ckpt_3.pt").is_file()
 
 
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
 def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=4, valid_every=2, device="cpu")
     cfg.decode.beam = 1
@@ -451,6 +454,7 @@ def test_experiment_under_two_ranks_trains_together_and_rank_0_alone_scores(smal
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
 def test_ranks_take_rank_0s_tokenizer_and_leave_its_files_alone(small_corpus, tmp_path):
     """Nodes may start in different working directories: the other ranks use the tokenizer rank 0 trained,
     and do not judge its files themselves (the record of the corpus's absolute path would differ) and train
@@ -468,6 +472,7 @@ def test_ranks_take_rank_0s_tokenizer_and_leave_its_files_alone(small_corpus, tm
     assert record["train"][0]["path"] == [str(tmp_path / "node0" / "corpus" / "train")]  # rank 0's, kept
 
 
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
 def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path):
     """Rank 0 prepares the data alone; its error reaches the waiting rank instead of a lost connection."""
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, device="cpu")
@@ -482,6 +487,7 @@ def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path
     assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]  # torn down on the way out too
 
 
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
 def test_a_checkpoint_the_config_cannot_resume_stops_every_rank_with_one_error(small_corpus, tmp_path):
     """Every rank would meet the refusal alike: rank 0 raises it, the others relay it, so that the CLI prints
     it once (`RelayedError`), not once a process."""
@@ -540,6 +546,7 @@ main()
 """
 
 
+@pytest.mark.slow  # torchrun runs of 8-17 s each here; CI runs them with make test-slow
 @pytest.mark.parametrize("late", [False, True], ids=["line-at-once", "line-late"])
 @pytest.mark.parametrize("setting, message", [
     ("train.lr=-1", "nmt: error: "),  # a config error: every process meets it, local rank 0 prints it
@@ -593,6 +600,7 @@ main()
 """
 
 
+@pytest.mark.slow  # torchrun runs of 8-17 s each here; CI runs them with make test-slow
 @pytest.mark.parametrize("fail", ["error", "killed"])
 def test_a_rank_that_fails_alone_leaves_the_other_a_line_that_points_to_it(fail, small_corpus, tmp_path):
     """gloo ends rank 0's wait with "Connection closed by peer" (or "reset by peer", for a killed peer), which
