@@ -189,7 +189,10 @@ def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
     with sigterm_interrupts():  # through the drain too: a second SIGTERM stops at once, as a second Ctrl-C
         try:
             loop.start()
-            loop.join()
+            # in steps, not one blocking join: a signal the kernel hands to another thread of the process (one of
+            # torch's) does not interrupt this thread's wait, and is acted on only once the wait returns
+            while loop.is_alive():
+                loop.join(SHUTDOWN_POLL_SECONDS)
         except KeyboardInterrupt:
             log.info("stopped")
         finally:

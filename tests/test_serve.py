@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import json
 import logging
 import os
+import platform
 import re
 import signal
 import socket
@@ -590,3 +592,32 @@ def test_cli_stopped_during_a_long_translation_exits_without_aborting(checkpoint
     said = "".join(said)
     assert rc == status and "terminate called" not in said, f"{rc}: {said[-3000:]}"
     assert said.splitlines()[-1].startswith(f"[nmt] {said_last}"), said[-3000:]
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+"""The number of Linux's `tgkill`, which sends a signal to one thread of a process."""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or TGKILL is None, reason="sends a signal to one thread with Linux's tgkill")
+def test_cli_stops_on_a_sigterm_the_kernel_hands_to_another_thread(checkpoint):
+    """The kernel may deliver a process's signal to any of its threads; Python acts on it in the main thread,
+    which then waited for the accepting loop in one blocking join that nothing ended: the server ran on."""
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
+                             "--device", "cpu"], stderr=subprocess.PIPE, text=True, env=DUMPS_STACKS)
+    try:
+        for line in proc.stderr:
+            if " on http://" in line:
+                break
+        time.sleep(0.5)  # the accepting loop has started
+        others = sorted(int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid)
+        assert others, "the server runs no thread besides its main one"
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(TGKILL, proc.pid, others[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        rc = stopped(proc, timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        said = proc.stderr.read()
+        proc.stderr.close()
+    assert rc == 0 and said.splitlines()[-1] == "[nmt] stopped", said[-3000:]
