@@ -131,7 +131,8 @@ class TranslationServer(ThreadingHTTPServer):
         super().server_close()
         deadline = time.monotonic() + self.drain_seconds
         for thread in list(self._handlers):
-            thread.join(max(0.0, deadline - time.monotonic()))
+            while thread.is_alive() and (remaining := deadline - time.monotonic()) > 0:
+                thread.join(min(remaining, SHUTDOWN_POLL_SECONDS))  # in steps, as `serve` waits for its loop
         self.abandoned = left = sum(thread.is_alive() for thread in self._handlers)
         if left:
             log.warning("%d connection(s) still open after the %g s wait for the requests in flight: stopping "

@@ -598,26 +598,54 @@ TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
 """The number of Linux's `tgkill`, which sends a signal to one thread of a process."""
 
 
+def signal_another_thread(proc: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to a thread of `proc` other than its main one, as the kernel may deliver a process's signal."""
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid)
+    assert others, "the server runs no thread besides its main one"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(TGKILL, proc.pid, others[-1], signum) == 0, os.strerror(ctypes.get_errno())
+
+
 @pytest.mark.skipif(sys.platform != "linux" or TGKILL is None, reason="sends a signal to one thread with Linux's tgkill")
-def test_cli_stops_on_a_sigterm_the_kernel_hands_to_another_thread(checkpoint):
-    """The kernel may deliver a process's signal to any of its threads; Python acts on it in the main thread,
-    which then waited for the accepting loop in one blocking join that nothing ended: the server ran on."""
-    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", str(checkpoint), "--port", "0",
+@pytest.mark.parametrize("during", ["serving", "the-wait"])
+def test_cli_stops_on_a_sigterm_the_kernel_hands_to_another_thread(checkpoint, small_corpus, during):
+    """Python acts on a signal in the main thread, which waited for the accepting loop (and then for the requests
+    in flight) in one blocking join: a signal delivered to another thread did not end that wait, and the server
+    ran on. A second SIGTERM during the wait for a long translation stops it at once, as one to the main thread."""
+    script = ("import sys; from nmt.serve import TranslationServer; TranslationServer.drain_seconds = 60; "
+              "from nmt.cli import main; sys.argv[0] = 'nmt'; main()")
+    proc = subprocess.Popen([sys.executable, "-c", script, "serve", "-c", str(checkpoint), "--port", "0",
                              "--device", "cpu"], stderr=subprocess.PIPE, text=True, env=DUMPS_STACKS)
+    said = []
     try:
         for line in proc.stderr:
-            if " on http://" in line:
+            said.append(line)
+            if found := re.search(r" on http://([\d.]+):(\d+)", line):
                 break
-        time.sleep(0.5)  # the accepting loop has started
-        others = sorted(int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid)
-        assert others, "the server runs no thread besides its main one"
-        libc = ctypes.CDLL(None, use_errno=True)
-        assert libc.syscall(TGKILL, proc.pid, others[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        assert found, "".join(said)
+        if during == "the-wait":  # a translation of a minute or more, as in the test above
+            body = json.dumps({"text": (small_corpus / "test.en").read_text(encoding="utf-8").splitlines() * 64,
+                               "beam": 64}).encode()
+            sock = socket.create_connection((found.group(1), int(found.group(2))), timeout=30)
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(1)  # the accepting loop has started; the translation runs
+        signal_another_thread(proc, signal.SIGTERM)
+        if during == "the-wait":
+            for line in proc.stderr:  # the server stops listening and waits for the translation
+                said.append(line)
+                if line.strip() == "[nmt] stopped":
+                    break
+            time.sleep(0.5)
+            signal_another_thread(proc, signal.SIGTERM)
         rc = stopped(proc, timeout=15)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        said = proc.stderr.read()
+        said.append(proc.stderr.read())
         proc.stderr.close()
-    assert rc == 0 and said.splitlines()[-1] == "[nmt] stopped", said[-3000:]
+    said = "".join(said)
+    if during == "serving":
+        assert rc == 0 and said.splitlines()[-1] == "[nmt] stopped", said[-3000:]
+    else:  # the second SIGTERM ends the process by SIGTERM, leaving the translation
+        assert rc == -signal.SIGTERM and "terminate called" not in said, f"{rc}: {said[-3000:]}"
