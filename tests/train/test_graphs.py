@@ -192,7 +192,7 @@ class TracedUpdates(UpdateGraphs):
         saved, rng = [x.detach().clone() for x in state], torch.get_rng_state()
         scale = t.scaler.state_dict()  # fp16's loss scale and its growth tracker; empty where it is off
         outputs = []
-        with _without_onednn():
+        with _without_onednn(), _one_fake_mode():
             traced = make_fx(lambda: _noting_output(update_(), outputs))()
         with torch.no_grad():
             for x, value in zip(state, saved, strict=True):
@@ -214,6 +214,13 @@ def _as_on_a_gpu(t: Trainable) -> None:
     for model in (t.model, t.half.copy if t.half is not None else None):
         if isinstance(getattr(model, "encoder", None), RNNEncoder):
             model.encoder.pack_off_cuda = False
+
+
+def _one_fake_mode():
+    """One fake-tensor mode for the whole trace (torch makes one per operation otherwise, most of a trace's time)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
 
 
 def _without_onednn():
