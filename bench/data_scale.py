@@ -14,7 +14,7 @@ twice in fresh processes, with a tiny Transformer (`train.max_steps: 1`, then 2)
             cache reused, one more update.
 
 Each start runs the real `nmt.train.loop.train`; the phases are timed by wrapping
-the functions it calls (`load_pairs`, `clean_pairs`, `in_child_process` (the sample),
+the functions it calls (`load_pairs`, `clean_pairs`, `in_child_process` (the sample, `nmt.data.sample`),
 `train_tokenizer_on_files`, `tokenize_pairs`, `build_sampler`, `train_step`):
 
     read       text files into Arrow (a cache hit on the second start)

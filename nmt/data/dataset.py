@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import subprocess
-import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +35,6 @@ from nmt.data.tokenizer import EOS_ID, Tokenizer
 from nmt.errors import DataError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 ID_LISTS = pa.list_(pa.int32())
 ID_FEATURES = {
@@ -50,96 +45,12 @@ ID_FEATURES = {
 }
 
 
-SAMPLE_CHUNK = 100_000
-"""Sentences joined into one write of the tokenizer's sample."""
-
-
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask, which containers and `taskset` narrow)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS and Windows have no affinity mask
         return max(1, os.cpu_count() or 1)
-
-
-def write_tokenizer_sample(ds: Dataset, k: int, *, seed: int, folder: Path) -> tuple[Path, Path]:
-    """Write the text the tokenizer trains on: every pair, or k pairs drawn at random.
-
-    The rows are drawn as one NumPy array of row numbers (seeded, sorted to corpus
-    order), taken from the memory-mapped Arrow table in one call, and written out by
-    Arrow in chunks: not one sentence becomes a Python string, however large the corpus
-    or the sample.
-
-    Args:
-        ds: cleaned pairs (`src`, `tgt`).
-        k: most pairs to use (`tokenizer.max_sentences`).
-        seed: fixes the sample.
-        folder: where `src.txt` and `tgt.txt` are written, one sentence per line
-            (a line break inside a sentence becomes a space).
-
-    Returns:
-        The paths of the source and the target file.
-    """
-    n = len(ds)
-    table = ds.data.table.select(["src", "tgt"])
-    if n > k or ds._indices is not None:
-        rows = np.arange(n) if n <= k else np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
-        if ds._indices is not None:  # rows of a select/filter result, as rows of the table behind it
-            rows = ds._indices.column(0).to_numpy()[rows]
-        table = table.take(pa.array(rows))
-    paths = (Path(folder) / "src.txt", Path(folder) / "tgt.txt")
-    for name, path in zip(("src", "tgt"), paths):
-        with open(path, "wb") as f:
-            for start in range(0, len(table), SAMPLE_CHUNK):
-                text = pc.replace_substring(table.column(name).slice(start, SAMPLE_CHUNK).combine_chunks(), "\n", " ")
-                lines = pa.ListArray.from_arrays(pa.array([0, len(text)], pa.int32()), text)
-                f.write(pc.binary_join(lines, "\n")[0].as_buffer())
-                f.write(b"\n")
-    return paths
-
-
-def in_child_process(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)`, run in a fresh Python process; arguments and result travel pickled.
-
-    For one-off passes over a memory-mapped corpus: every page the child touches, and
-    every buffer it allocates, goes away with it instead of staying resident in the
-    training process. A `Dataset` whose tables live in files pickles as their paths, so
-    the child maps the same files. A fresh interpreter rather than a fork: forking a
-    process that runs threads (torch, Arrow, a process group) can leave the child
-    waiting forever on a lock some thread held.
-
-    Args:
-        fn: a module-level function (pickled by reference).
-
-    Raises:
-        Whatever `fn` raises; DataError when the child dies without a result.
-    """
-    with tempfile.TemporaryDirectory(prefix="nmt-child-") as folder:
-        call, result = Path(folder) / "call.pkl", Path(folder) / "result.pkl"
-        call.write_bytes(pickle.dumps((fn, args, kwargs)))
-        package_root = str(Path(__file__).resolve().parents[2])  # where `nmt` is importable from
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        job = subprocess.run([sys.executable, "-c", _RUN_CALL, str(call), str(result)], env=env,
-                             capture_output=True, text=True)
-        if job.returncode != 0 or not result.is_file():
-            detail = job.stderr.strip().splitlines()[-1] if job.stderr.strip() else f"exit status {job.returncode}"
-            raise DataError(f"the process running {fn.__name__} ended without a result ({detail}); "
-                            "if it was killed for memory, lower tokenizer.max_sentences")
-        ok, value = pickle.loads(result.read_bytes())
-    if not ok:
-        raise value
-    return value
-
-
-_RUN_CALL = """
-import pickle, sys
-fn, args, kwargs = pickle.load(open(sys.argv[1], 'rb'))
-try:
-    out = (True, fn(*args, **kwargs))
-except Exception as err:
-    out = (False, err)
-pickle.dump(out, open(sys.argv[2], 'wb'))
-"""
 
 
 def table_rows(ds: Dataset) -> np.ndarray | None:

@@ -36,12 +36,11 @@ from nmt.data.collate import Batch, Padding, Rounding, collate_flat
 from nmt.data.dataset import (
     IdColumns,
     available_cores,
-    in_child_process,
     length_arrays,
     load_split,
     prepare_split,
-    write_tokenizer_sample,
 )
+from nmt.data.sample import in_child_process, write_tokenizer_sample
 from nmt.data.tokenizer import (
     PAD_ID,
     Tokenizer,

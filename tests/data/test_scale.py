@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import resource
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,8 @@ from datasets.table import InMemoryTable
 import nmt.data.cleaning as cleaning_module
 from nmt.config import CorpusConfig, DataConfig, config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
-from nmt.data.dataset import in_child_process, length_arrays, prepare_split, write_tokenizer_sample
+from nmt.data.dataset import length_arrays, prepare_split
+from nmt.data.sample import in_child_process, write_tokenizer_sample
 from nmt.errors import DataError
 from nmt.train.data import build_sampler, prepare_run
 from tests.conftest import tiny_config_dict
@@ -202,6 +204,21 @@ def test_a_child_process_returns_its_result_and_keeps_its_memory_out_of_this_pro
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < (100 << 10)  # KiB: not the child's 300 MB
     with pytest.raises(DataError, match="a clear message"):
         in_child_process(_fail, "a clear message")
+
+
+def test_the_tokenizer_sample_is_drawn_without_importing_torch(tmp_path) -> None:
+    """The child that draws the sample imports `nmt.data.sample` alone: importing torch there cost every training
+    start about 2 s."""
+    script = ("import sys\nfrom pathlib import Path\nfrom datasets import Dataset\n"
+              "from nmt.data.sample import write_tokenizer_sample\n"
+              "ds = Dataset.from_dict({'src': ['a b', 'c'], 'tgt': ['d', 'e f']})\n"
+              "src, tgt = write_tokenizer_sample(ds, 10, seed=0, folder=Path(sys.argv[1]))\n"
+              "print(src.read_text() + tgt.read_text(), end='')\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "a b\nc\nd\ne f\n[]\n"
 
 
 def test_cleaning_and_tokenizing_in_several_processes_give_the_same_split(tmp_path, tokenizer, corpus,
