@@ -35,12 +35,12 @@ demo: install
 	paste -d '\n' $(TOY)/sample.en $(TOY)/sample.de
 
 # The tests run in TEST_JOBS processes (pytest-xdist; 0 runs them in this one): most of them are single-
-# threaded, or wait on processes they start, so two processes take about 6.5 minutes on 2 cores (1,817 tests).
+# threaded, or wait on processes they start, so two processes take 6.5 to 8 minutes on 2 cores (1,817 tests).
 test: install
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(ARGS)
 
 # The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the data-scale bench):
-# about 11 minutes here (43 tests), in one process (some time their signals); CI runs them after `make test`.
+# about 8 minutes here (43 tests), in one process (some time their signals); CI runs them after `make test`.
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)
 
