@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import DataConfig, EvalConfig
-from nmt.data.eval_sets import eval_sets, file_set
 from nmt.data.text import read_parallel
-from nmt.decode.options import check_search_flags
 from nmt.errors import DataError
 from nmt.fileio import write_lines
 from nmt.metrics import check_tokenizer, score
-from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +49,11 @@ def evaluate_checkpoint(
     (the file name of `src` when scoring files), one line per row of the set, an empty one where a pair with
     an empty side was not scored (`EvalSet.hyp_lines`); `tokenize` replaces the checkpoint's `eval.tokenize`.
     """
+    # imported here: scoring ready translations (`score_files`) needs neither torch nor datasets, 2 s of imports
+    from nmt.data.eval_sets import eval_sets, file_set
+    from nmt.decode.options import check_search_flags
+    from nmt.translate import Translator
+
     check_search_flags(beam=beam)  # this and the files are checked before the model loads
     files = file_set(src, ref)
     translator = Translator.from_checkpoint(checkpoint, device=device)
