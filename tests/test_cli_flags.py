@@ -40,13 +40,18 @@ def test_version_and_short_help():
     assert "--nbest" in short.stdout and "<bool>" not in short.stdout
 
 
+def nmt_importing(*args: str) -> tuple[str, set[str]]:
+    """The standard output of a successful `python -m nmt ARGS`, and the modules it imported (`-X importtime`)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "nmt", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if "import time:" in line}
+
+
 def test_help_and_version_import_no_heavy_library():
     """`nmt --help` takes 0.1 s and `nmt translate --help` 0.2 s because the commands import torch,
     datasets and sacrebleu (1.5 s or more) inside their functions; a module-level import would undo it."""
     for args in (["--help"], ["translate", "--help"], ["train", "--help"], ["--version"]):
-        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "nmt", *args], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if "import time:" in line}
+        _, imported = nmt_importing(*args)
         assert "typer" in imported and not imported & {"torch", "datasets", "sacrebleu", "numpy"}, args
 
 
@@ -55,11 +60,8 @@ def test_scoring_ready_translations_imports_neither_torch_nor_datasets(tmp_path)
     (torch, datasets) took 2.6 s."""
     hyp = tmp_path / "hyp.txt"
     hyp.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen.\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "nmt", "eval", "--hyp", str(hyp), "--ref", str(hyp)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"{hyp}: BLEU = 100.00")
-    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if "import time:" in line}
+    stdout, imported = nmt_importing("eval", "--hyp", str(hyp), "--ref", str(hyp))
+    assert stdout.startswith(f"{hyp}: BLEU = 100.00")
     assert "sacrebleu" in imported and not imported & {"torch", "datasets"}
 
 
