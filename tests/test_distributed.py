@@ -311,6 +311,27 @@ def _failing_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, 
         json.dump({"outcome": outcome, "threads": _threads()}, f)
 
 
+def _rank_failing_in_its_step(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
+    """One rank whose first update fails after its optimizer step, as every rank's does: its error, and its threads
+    while the error (and so the frames it was raised through) is still held."""
+    _as_rank(rank, world_size, port)
+    run = build_run(cfg)
+
+    def fail(*_) -> None:
+        raise RuntimeError("the step failed on purpose")
+
+    run.trainable.optimizer.register_step_post_hook(fail)
+    try:
+        try:
+            train_run(run)
+        finally:
+            run.close()
+    except RuntimeError as err:
+        outcome = {"outcome": str(err), "threads": _threads()}
+    with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(outcome, f)
+
+
 def _refused_rank(rank: int, world_size: int, port: int, cfg: ExperimentConfig, out: str) -> None:
     """One rank of a run that should fail: its error's type and text."""
     _as_rank(rank, world_size, port)
@@ -485,6 +506,19 @@ def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path
     assert str(tmp_path / "missing" / "train.en") in outcomes[0]
     assert outcomes[1] == outcomes[0]
     assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]  # torn down on the way out too
+
+
+@pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
+def test_a_run_that_fails_in_its_step_leaves_the_group_while_the_error_still_holds_its_frames(small_corpus, tmp_path):
+    """The frames of an error raised in the step hold DDP (`train_step`'s `objective`), and DDP the group: closing the
+    run drops their locals, so that the group is torn down there, not as the interpreter exits, where freeing it
+    with a gloo collective just finished hung the process (once in 15 torchrun runs of a rank failing alone)."""
+    cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=3, device="cpu")
+    start_ranks(_rank_failing_in_its_step, 2, cfg, tmp_path)
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert [r["outcome"] for r in ranks] == ["the step failed on purpose"] * 2
+    assert [_gloo_threads(r["threads"]) for r in ranks] == [[], []]
 
 
 @pytest.mark.slow  # two spawned ranks (10-26 s here); CI runs it with make test-slow
