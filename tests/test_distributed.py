@@ -512,7 +512,7 @@ def test_a_bad_corpus_stops_every_rank_with_rank_0s_error(small_corpus, tmp_path
 def test_a_run_that_fails_in_its_step_leaves_the_group_while_the_error_still_holds_its_frames(small_corpus, tmp_path):
     """The frames of an error raised in the step hold DDP (`train_step`'s `objective`), and DDP the group: closing the
     run drops their locals, so that the group is torn down there, not as the interpreter exits, where freeing it
-    with a gloo collective just finished hung the process (once in 15 torchrun runs of a rank failing alone)."""
+    with a gloo collective just finished hung the process (2 of 38 torchrun runs of a rank failing alone)."""
     cfg = tiny_cfg(small_corpus, tmp_path / "run", max_steps=3, device="cpu")
     start_ranks(_rank_failing_in_its_step, 2, cfg, tmp_path)
 
