@@ -17,7 +17,7 @@ from nmt.config import ExperimentConfig, config_to_dict
 from nmt.distributed import Dist, all_gather, on_every_rank, on_main
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
-from nmt.metrics import METRICS
+from nmt.metrics import METRICS, Metric
 from nmt.runtime import seed_everything, set_rng_states
 from nmt.train.data import TOKENIZER_RECORD
 from nmt.train.optim import Schedule, load_optimizer_state
@@ -220,20 +220,21 @@ def restart_best(path: Path, saved: dict[str, Any], cfg: ExperimentConfig, progr
                  scheduler: Schedule, ctx: Dist) -> None:
     """Forget the best score, the validations without improvement and the plateau schedule's record when the
     checkpoint's run picked its best by another metric (`train.early_stop_metric`, or the loss it falls back to
-    without `train.valid_bleu`), or scored it under other `eval` settings (BLEU's `tokenize`, say, which `auto`
-    now decides by the target language): such scores do not compare, so the next validation is the first of the
-    new metric and the best so far. The plateau's rate reductions already made stay.
+    without `train.valid_bleu`), or scored it otherwise: under other `eval` settings (BLEU's `tokenize`, say, which
+    `auto` now decides by the target language), on another validation set (`data.valid`, or for a text metric
+    another `train.valid_max_sentences`), or, for the loss, with another `train.label_smoothing`. Such scores do
+    not compare, so the next validation is the first of the new metric and the best so far. The plateau's rate
+    reductions already made stay.
 
     Args:
         saved: the checkpoint's config, as a dict.
     """
-    saved_train, saved_eval = saved.get("train", {}), saved.get("eval", {})
+    saved_train = saved.get("train", {})
     name = saved_train.get("early_stop_metric")
     if name not in METRICS:  # a checkpoint that does not say
         return
     before, now = stop_metric(name, valid_bleu=saved_train.get("valid_bleu", True)), early_stop_metric(cfg)
-    scoring = [f"eval.{key} {saved_eval[key]!r}, now {getattr(cfg.eval, key)!r}" for key in METRICS[now].reads
-               if key in saved_eval and saved_eval[key] != getattr(cfg.eval, key)] if before == now else []
+    scoring = _scored_otherwise(saved, cfg, METRICS[now]) if before == now else []
     if before == now and not scoring:
         return
     if ctx.is_main:
@@ -246,6 +247,25 @@ def restart_best(path: Path, saved: dict[str, Any], cfg: ExperimentConfig, progr
                     "checkpoint becomes best.pt", path, change, best, progress.bad_validations)
     progress.best_metric, progress.best_step, progress.bad_validations = None, -1, 0
     scheduler.best, scheduler.bad = None, 0
+
+
+def _scored_otherwise(saved: dict[str, Any], cfg: ExperimentConfig, metric: Metric) -> list[str]:
+    """The settings `metric`'s validation score reads that the checkpoint's config (`saved`) had otherwise, as
+    "KEY OLD, now NEW"; keys a checkpoint does not record are taken as unchanged."""
+    now = config_to_dict(cfg)
+    reads = [("eval", key) for key in metric.reads] + [("data", "valid")]
+    reads += [("train", "valid_max_sentences")] if metric.scorer is not None else [("train", "label_smoothing")]
+    changed = []
+    for section, key in reads:
+        if key not in saved.get(section, {}) or saved[section][key] == now[section][key]:
+            continue
+        old, new = saved[section][key], now[section][key]
+        if isinstance(old, dict) and isinstance(new, dict):  # a corpus: named by the keys that changed (its path)
+            changed += [f"{section}.{key}.{k} {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+                        if old.get(k) != new.get(k)]
+        else:
+            changed.append(f"{section}.{key} {old!r}, now {new!r}")
+    return changed
 
 
 def _in_use(config: dict[str, Any], section: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the sequence below, not computed by the loop.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -184,3 +185,28 @@ def test_a_run_resumed_with_another_bleu_tokenizer_picks_its_best_by_the_new_sco
     assert step3["bleu"] < first["best_metric"] and step3["best"]  # a 13a BLEU that char's best would have hidden
     assert (summary["best_step"], summary["best_metric"]) == (3, step3["bleu"])
     assert load_checkpoint(run / "best.pt")["progress"]["step"] == 3
+
+
+def test_a_run_resumed_on_another_validation_set_picks_its_best_by_that_set_alone(small_corpus, tmp_path, caplog):
+    """Two validations by the loss on the run's own set (20 updates), then one on a set whose German side is spelled
+    backwards, whose loss is far higher: compared with the first set's best, it would never be best. On its own set it
+    is the first score, so the best."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    other.mkdir()
+    (other / "valid.en").write_bytes((small_corpus / "valid.en").read_bytes())
+    german = (small_corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    (other / "valid.de").write_text("\n".join(line[::-1] for line in german) + "\n", encoding="utf-8")
+    keys = dict(valid_every=10, keep_last=10, early_stop_metric="loss")
+    first = train(tiny_cfg(small_corpus, run, max_steps=20, **keys))
+    moved = tiny_cfg(small_corpus, run, max_steps=21, **keys)
+    moved = dataclasses.replace(moved, data=dataclasses.replace(
+        moved.data, valid=dataclasses.replace(moved.data.valid, path=str(other / "valid"))))
+    with caplog.at_level("WARNING", logger="nmt"):
+        summary = train(moved)
+    [warning] = [r.getMessage() for r in caplog.records if "do not compare" in r.getMessage()]
+    assert warning.startswith(f"{run / 'ckpt_20.pt'} scored loss with data.valid.path {str(small_corpus / 'valid')!r}, "
+                              f"now {str(other / 'valid')!r}: their scores do not compare")
+    step21 = valid_records(run)[2]
+    assert step21["loss"] > first["best_metric"] and step21["best"]  # a score the first set's best would have hidden
+    assert summary["stop"] == "max_steps=21" and (summary["best_step"], summary["best_metric"]) == (21, step21["loss"])
+    assert load_checkpoint(run / "best.pt")["progress"]["step"] == 21
