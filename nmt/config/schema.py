@@ -353,7 +353,7 @@ class TrainConfig:
     valid_max_sentences: int = num(0, lo=0)
     """Decode at most this many validation sentences for BLEU (0: all)."""
     early_stop_metric: Literal[tuple(METRICS)] = "bleu"
-    """Metric that picks the best checkpoint (and, in `nmt experiment`, judges `averaged.pt` against it), drives early stopping and the plateau schedule (a text metric needs `valid_bleu`, else the loss is used; validation scores it besides `eval.metrics`); `loss` is the validation loss as training minimises it, label smoothing included. A run resumed with another metric than its checkpoint's starts its best, patience and plateau counts anew (with a warning): scores of two metrics do not compare."""
+    """Metric that picks the best checkpoint (and, in `nmt experiment`, judges `averaged.pt` against it), drives early stopping and the plateau schedule (a text metric needs `valid_bleu`, else the loss is used; validation scores it besides `eval.metrics`); `loss` is the validation loss as training minimises it, label smoothing included. A run resumed with another metric than its checkpoint's, or with other settings its score reads (`eval.tokenize`, `eval.lowercase`, `data.valid`, `valid_max_sentences`, `label_smoothing` for the loss), starts its best, patience and plateau counts anew (with a warning): such scores do not compare."""
     patience: int = num(0, lo=0)
     """Stop after this many validations without improvement (0: never)."""
     save_every: int = num(0, lo=0)
