@@ -507,6 +507,10 @@ class ExperimentConfig:
                 return (f"{where}.{key}: kind {spec.kind} does not read {key} ({key} is for kind "
                         f"{', '.join(kinds[:-1]) + ' and ' if len(kinds) > 1 else ''}{kinds[-1]}); remove it, or give "
                         "the kind that reads it")
+        for name in self.data.test:
+            if self.data.set_file_stem(name) == "valid":
+                return (f"data.test.{name}: `nmt eval --split valid` and its translations file (valid.hyp) name "
+                        "data.valid; rename the test set")
         positions, d = self.model.transformer.max_positions, self.decode
         if self.model.type == "transformer" and longest_source(positions, d.max_len_a, d.max_len_b) < 2:
             return (f"decode.max_len_a ({d.max_len_a:g}) and decode.max_len_b ({d.max_len_b}) allow outputs of more "

@@ -108,8 +108,10 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     data = cfg.data
     cache = run_dir / "cache"
     num_proc = data.num_proc or available_cores()
-    # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained.
-    load_split(data.valid, data, cache_dir=cache)
+    # Read the validation split first: a bad file fails in seconds, not after the tokenizer is trained. The test
+    # sets too, which training does not use: a mistyped one is found now, not by `nmt eval` after the run.
+    for spec in [data.valid] + ([] if prepared else list(data.test.values())):
+        load_split(spec, data, cache_dir=cache)
     corpora = data.train_corpora
     if prepared:
         if tokenizer is None:

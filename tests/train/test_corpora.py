@@ -107,3 +107,30 @@ def test_a_corpus_key_that_its_kind_does_not_read_is_refused_for_training(small_
     raw["data"]["valid"] = {"kind": "disk", "path": str(tmp_path / "saved"), "split": "validation"}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
     assert load_config(tmp_path / "c.yaml", training=True).data.valid.split == "validation"  # the kinds that read them
+
+
+def test_a_test_set_that_cannot_be_read_stops_training_before_it_starts(small_corpus, tmp_path):
+    """Training does not use the test sets, but `nmt eval --split test` does after the run: a mistyped path is
+    found at the start, naming the set, with nothing trained."""
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["test"]["mistyped"] = {"kind": "text", "path": str(small_corpus / "tset")}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run = nmt("train", str(tmp_path / "c.yaml"))
+    assert run.returncode == 2, run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith(f"nmt: error: data.test.mistyped: text corpus not found: tried {small_corpus / 'tset.en'}")
+    assert not list((tmp_path / "run").glob("*.pt")) and not (tmp_path / "run" / "spm.model").exists()
+
+
+def test_a_test_set_named_valid_is_refused_for_training(small_corpus, tmp_path):
+    """`nmt eval --split valid` and the translations file valid.hyp name data.valid: a test set of that name could
+    not be picked, and its translations would overwrite the validation set's."""
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["data"]["test"] = {"valid": {"kind": "text", "path": str(small_corpus / "test")}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run = nmt("train", str(tmp_path / "c.yaml"))
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"nmt: error: {tmp_path / 'c.yaml'}: data.test.valid: `nmt eval --split valid` and its translations file "
+        "(valid.hyp) name data.valid; rename the test set"]
+    assert not (tmp_path / "run").exists()
