@@ -86,6 +86,11 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     if unused and is_main_process():  # every rank reads the parent; one says so
         log.warning("%s: the model and tokenizer are the parent's, so this config's %s %s not used", where,
                     "; ".join(unused), "is" if len(unused) == 1 else "are")
+    pair, parents = (cfg.data.src_lang, cfg.data.tgt_lang), (parent.data.src_lang, parent.data.tgt_lang)
+    if pair != parents and is_main_process():  # another pair or direction may be meant (a related language); said
+        log.warning("%s translates %s-%s, this config %s-%s: the parent's encoder learned to read %s and its decoder "
+                    "to write %s; if that is not meant, set data.src_lang and data.tgt_lang or choose another "
+                    "parent", where, *parents, *pair, parents[0], parents[1])
     if cfg.decode.coverage_penalty > 0 and not parent.model.has_attention:
         raise ConfigError(f"{where}: decode.coverage_penalty ({cfg.decode.coverage_penalty:g}) needs attention "
                           f"weights, and the parent model has no attention (its model.rnn.decoder is 'none'): set "

@@ -271,3 +271,22 @@ def test_settings_of_its_own_that_fine_tuning_leaves_unused_are_named(small_corp
     assert (f"train.init_from: {parent}: the model and tokenizer are the parent's, so this config's "
             "model.transformer.d_model: 64 (the parent's: 32); tokenizer.vocab_size: 300 (the parent's: 200) "
             "are not used") in caplog.text
+
+
+def test_a_parent_of_another_direction_is_warned_of(small_corpus, tmp_path, parent, caplog):
+    """The parent translates en-de; a child config of de-en would train its encoder, which learned English, on
+    German: allowed (a related pair may be meant), and said, naming both directions."""
+    import logging
+
+    from nmt.train.start import starting_point
+
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        starting_point(config_from_dict(child_raw(small_corpus, tmp_path / "a", parent)))
+    assert "translates" not in caplog.text
+    raw = child_raw(small_corpus, tmp_path / "b", parent)
+    raw["data"].update(src_lang="de", tgt_lang="en")
+    with caplog.at_level(logging.WARNING, logger="nmt"):
+        starting_point(config_from_dict(raw))
+    assert (f"train.init_from: {parent} translates en-de, this config de-en: the parent's encoder learned to read en "
+            "and its decoder to write de; if that is not meant, set data.src_lang and data.tgt_lang or choose "
+            "another parent") in caplog.text
