@@ -100,6 +100,8 @@ def _main(
         stream=sys.stderr,
     )
     logging.getLogger("datasets").setLevel(logging.WARNING)
+    for library in ("datasets", "huggingface_hub"):  # each prints its records itself: not a second time as ours
+        logging.getLogger(library).propagate = False
 
 
 @command()

@@ -78,3 +78,23 @@ def test_every_commands_help_names_the_flags_it_takes_after_its_name():
         shown = CliRunner().invoke(app, [name, "--help"], terminal_width=200)
         assert shown.exit_code == 0, name
         assert "-q/--quiet" in shown.output and "--debug" in shown.output, name
+
+
+def test_a_warning_of_the_hub_libraries_is_printed_once(tmp_path):
+    """`datasets` and `huggingface_hub` print their records with handlers of their own; the command line's logging
+    printed each a second time ("Retrying in 8s" twice per retry while an offline `kind: hf` waited for the hub).
+    The libraries are imported after the command line set its logging up, as a command does."""
+    script = (
+        "from nmt.cli import _main\n"
+        "_main(debug=False, quiet=False, version=False)\n"
+        "import logging, datasets, huggingface_hub\n"
+        "logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 8s [Retry 5/5].')\n"
+        "logging.getLogger('datasets.load').warning('no data files found')\n"
+        "logging.getLogger('nmt').warning('our own')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert [line for line in lines if "Retrying" in line] == ["Retrying in 8s [Retry 5/5]."]
+    assert [line for line in lines if "no data files" in line] == ["no data files found"]
+    assert "[nmt] our own" in lines
