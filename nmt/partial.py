@@ -146,11 +146,11 @@ def _report_stop(err: BaseException, output: str | Path) -> None:
     by = " by SIGTERM" if isinstance(err, Terminated) else " by SIGINT (Ctrl-C)" if isinstance(
         err, KeyboardInterrupt) else ""
     if kept.exists():
-        log.warning("stopped%s: the lines translated so far are kept in %s; the same command goes on after them "
-                    "(--restart starts over)", by, kept)
-    elif by:  # stopped before its first line, whose empty partial file `resumable_output` removed
-        log.warning("stopped%s before any line was translated: nothing was written to %s; the same command starts "
-                    "from the first line", by, output)
+        log.warning("stopped%s: the chunks of lines translated so far are kept in %s; the same command goes on "
+                    "after them (--restart starts over)", by, kept)
+    elif by:  # stopped in its first chunk, whose empty partial file `resumable_output` removed
+        log.warning("stopped%s before its first chunk of lines was translated (lines are kept a whole chunk at a "
+                    "time): nothing was written to %s; the same command starts from the first line", by, output)
 
 
 def _open_locked(part: Path, output: str | Path) -> int:

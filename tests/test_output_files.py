@@ -261,7 +261,7 @@ def test_a_signal_during_a_real_run_leaves_the_previous_output(tmp_path, checkpo
                          "the translation never started writing")
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
-    assert f"the lines translated so far are kept in {partial}; the same command goes on after them" in stderr
+    assert f"the chunks of lines translated so far are kept in {partial}; the same command goes on after them" in stderr
     assert out.read_text() == OLD
     assert partial.read_text().count("\n") > 0
     assert leftovers(tmp_path) == []
@@ -285,8 +285,8 @@ def test_a_signal_before_the_first_chunk_is_translated_says_nothing_was_kept(tmp
     stderr = signal_once(proc, signum, partial.exists, "the translation never started")
     assert proc.returncode == status, stderr
     assert stderr.splitlines() == [
-        f"[nmt] stopped by {name} before any line was translated: nothing was written to {out}; "
-        "the same command starts from the first line"], stderr
+        f"[nmt] stopped by {name} before its first chunk of lines was translated (lines are kept a whole chunk at a "
+        f"time): nothing was written to {out}; the same command starts from the first line"], stderr
     assert out.read_text() == OLD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "src.txt"]  # no partial, nor temporary file
 
