@@ -206,7 +206,8 @@ def evaluate(
     checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", help="Checkpoint to translate with.")] = None,
     split: Annotated[Optional[str], typer.Option(help="valid, test (all test sets) or a test set's name.")] = None,
     src: Annotated[Optional[Path], typer.Option(help="Source file to translate.")] = None,
-    ref: Annotated[Optional[Path], typer.Option(help="Reference file.")] = None,
+    ref: Annotated[Optional[list[Path]], typer.Option(
+        help="Reference file; repeat it for several references of each line.")] = None,
     hyp: Annotated[Optional[Path], typer.Option(help="Ready translations to score (no checkpoint needed).")] = None,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
@@ -224,7 +225,7 @@ def evaluate(
     from nmt.metrics import format_scores
 
     if hyp is not None:
-        if ref is None:
+        if not ref:
             raise UserError("--hyp needs --ref")
         unused = [flag for flag, value in (("--checkpoint", checkpoint), ("--src", src), ("--split", split),
                                            ("--beam", beam), ("--save-translations", save_translations))
@@ -236,11 +237,11 @@ def evaluate(
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
-        if split is not None and (src is not None or ref is not None):
+        if split is not None and (src is not None or ref):
             raise UserError(f"--split {split} and --src/--ref both choose what to score; give one of them")
         if save_translations is not None:
             check_folder_to_write(save_translations, "--save-translations")
-        results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref, beam=beam, device=device,
+        results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref or None, beam=beam, device=device,
                                       save_dir=save_translations, tokenize=tokenize)
     if as_json:
         typer.echo(json.dumps(results, indent=2))

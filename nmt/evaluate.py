@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from nmt.config import DataConfig, EvalConfig
-from nmt.data.text import read_parallel
+from nmt.data.text import read_parallel, reference_files
 from nmt.errors import DataError
 from nmt.fileio import write_lines
 from nmt.metrics import check_tokenizer, score
@@ -19,17 +20,21 @@ from nmt.metrics import check_tokenizer, score
 log = logging.getLogger(__name__)
 
 
-def score_files(hyp: str | Path, ref: str | Path, cfg: EvalConfig | None = None) -> dict[str, Any]:
-    """`score` of a file of translations against a file of references, line by line.
+def score_files(hyp: str | Path, ref: str | Path | Sequence[str | Path], cfg: EvalConfig | None = None
+                ) -> dict[str, Any]:
+    """`score` of a file of translations against a file of references, line by line, or against several (a list:
+    several references of each line).
 
     Raises:
         DataError: a missing file, invalid UTF-8, or files of different lengths
             (both names and both counts).
     """
-    hyps, refs = read_parallel(hyp, ref, "translations and references")
+    refs = reference_files(ref)
+    pairs = [read_parallel(hyp, one, "translations and references") for one in refs]
+    hyps = pairs[0][0]
     if not hyps:
-        raise DataError(f"{hyp} and {ref}: both empty, nothing to score")
-    return score(hyps, refs, cfg)
+        raise DataError(f"{hyp} and {refs[0]}: both empty, nothing to score")
+    return score(hyps, pairs[0][1], cfg, more_refs=[references for _, references in pairs[1:]])
 
 
 def evaluate_checkpoint(
@@ -37,7 +42,7 @@ def evaluate_checkpoint(
     *,
     split: str | None = None,
     src: str | Path | None = None,
-    ref: str | Path | None = None,
+    ref: str | Path | Sequence[str | Path] | None = None,
     beam: int | None = None,
     device: str = "auto",
     save_dir: str | Path | None = None,
@@ -55,7 +60,7 @@ def evaluate_checkpoint(
     from nmt.translate import Translator
 
     check_search_flags(beam=beam)  # this and the files are checked before the model loads
-    files = file_set(src, ref)
+    files = file_set(src, reference_files(ref))
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
     settings = cfg.eval if tokenize is None else dataclasses.replace(cfg.eval, tokenize=tokenize)
@@ -65,7 +70,8 @@ def evaluate_checkpoint(
     for name, scored in (files or eval_sets(cfg, split=split)).items():
         log.info("%s: translating %d sentences (beam %d)", name, len(scored.sources), beam or cfg.decode.beam)
         hyps = translator.translate(scored.sources, beam=beam)
-        results[name] = {**score(hyps, scored.references, settings), "beam": beam or cfg.decode.beam}
+        results[name] = {**score(hyps, scored.references, settings, more_refs=scored.more_references),
+                         "beam": beam or cfg.decode.beam}
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)  # once there is something to put in it: a failed eval makes none
             stem = Path(name).name if files else DataConfig.set_file_stem(name)

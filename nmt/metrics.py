@@ -153,45 +153,49 @@ def with_metrics(cfg: ScoreSettings | None, names: Sequence[str] = REPORTED, *, 
     return _Settings(cfg.tokenize, cfg.lowercase, tuple(dict.fromkeys([*names, *(cfg.metrics if besides else ())])))
 
 
-def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = None) -> dict[str, Any]:
-    """Corpus scores of `hyps` against one reference each: {name: score, name_signature: ..., sentences: n}.
+def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = None, *,
+          more_refs: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+    """Corpus scores of `hyps` against one reference each (`refs`), and as many more as `more_refs` gives (each a
+    reference per hypothesis, as sacreBLEU's `-r REF1 REF2`): {name: score, name_signature: ..., sentences: n}.
 
     Raises:
-        UserError: the two lists differ in length, or are empty; the tokenizer cannot be built here
+        UserError: the lists differ in length, or are empty; the tokenizer cannot be built here
             (`tokenizer_problem`).
     """
     cfg = cfg or DEFAULTS
-    if len(hyps) != len(refs):
-        raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: they must pair line by line")
+    for other in (refs, *more_refs):
+        if len(hyps) != len(other):
+            raise UserError(f"{len(hyps)} hypotheses but {len(other)} references: they must pair line by line")
     if not hyps:
         raise UserError("nothing to score: no hypotheses and no references (empty files?)")
-    hyps, refs = list(hyps), list(refs)
+    hyps, streams = list(hyps), [list(refs), *map(list, more_refs)]
     result: dict[str, Any] = {}
     for name in cfg.metrics:
         try:
             scorer = METRICS[name].scorer(bleu_tokenizer(cfg.tokenize), cfg.lowercase)
         except _TOKENIZER_ERRORS:
             raise UserError(f"eval.tokenize {cfg.tokenize!r}: {tokenizer_problem(cfg.tokenize)}") from None
-        result[name] = round(corpus_score(scorer, hyps, refs).score, 2)
+        result[name] = round(corpus_score(scorer, hyps, streams).score, 2)
         result[f"{name}_signature"] = str(scorer.get_signature())
     result["sentences"] = len(hyps)
     return result
 
 
-def corpus_score(scorer: SacreMetric, hyps: Sequence[str], refs: Sequence[str]) -> Any:
-    """`scorer.corpus_score(hyps, [refs])` computed `SCORE_CHUNK` sentences at a time, in bounded memory.
+def corpus_score(scorer: SacreMetric, hyps: Sequence[str], streams: Sequence[Sequence[str]]) -> Any:
+    """`scorer.corpus_score(hyps, streams)` (`streams`: one list of references per reference set) computed
+    `SCORE_CHUNK` sentences at a time, in bounded memory.
 
     A warning sacreBLEU gives about the text (BLEU's "lines that end in a tokenized period") is given once,
     not once per chunk; its count of 100 lines is then one chunk's.
     """
     if not (hasattr(scorer, "_extract_corpus_statistics") and hasattr(scorer, "_aggregate_and_compute")):
         # the two steps of corpus_score are sacreBLEU's own (2.x) methods: a release without them scores whole
-        return scorer.corpus_score(list(hyps), [list(refs)])
+        return scorer.corpus_score(list(hyps), [list(refs) for refs in streams])
     stats: list[Any] = []
     with _each_warning_once():
         for start in range(0, len(hyps), SCORE_CHUNK):
             end = start + SCORE_CHUNK
-            stats += scorer._extract_corpus_statistics(hyps[start:end], [refs[start:end]])
+            stats += scorer._extract_corpus_statistics(hyps[start:end], [refs[start:end] for refs in streams])
     return scorer._aggregate_and_compute(stats)
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import yaml
+from sacrebleu.metrics import BLEU
 
 from nmt.config import EvalConfig, load_config
 from nmt.data.eval_sets import EvalSet, eval_sets
@@ -112,6 +113,31 @@ def test_eval_sets_from_files_instead(two_test_sets, small_corpus):
         eval_sets(two_test_sets, src=src)
 
 
+def test_ready_translations_score_against_several_references_through_the_cli(tmp_path):
+    """`--ref` given twice scored against the last alone, silently; each is a reference of every line now."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    hyp, first, second = tmp_path / "hyp", tmp_path / "r1", tmp_path / "r2"
+    hyp.write_text("the cat sat on the mat\nhello world\n", encoding="utf-8")
+    first.write_text("the cat is on the mat\nhello there world\n", encoding="utf-8")
+    second.write_text("a cat sat on the mat\nhello world\n", encoding="utf-8")
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", "--hyp", str(hyp), "--ref", str(first), "--ref", str(second), "--json"])
+    assert result.exit_code == 0, result.output
+    both = __import__("json").loads(result.stdout)[str(hyp)]
+    lines = [read_lines(first), read_lines(second)]
+    assert both["bleu"] == round(BLEU().corpus_score(read_lines(hyp), lines).score, 2)
+    assert both == score_files(hyp, [first, second]) != score_files(hyp, second)
+    short = tmp_path / "short"
+    short.write_text("one line\n", encoding="utf-8")
+    result = runner.invoke(app, ["eval", "--hyp", str(hyp), "--ref", str(first), "--ref", str(short)])
+    assert isinstance(result.exception, DataError)
+    assert str(result.exception) == (f"{hyp} has 2 lines but {short} has 1: translations and references must pair "
+                                     "line by line")
+
+
 def test_eval_of_empty_source_and_reference_files_names_them_before_the_model_loads(tmp_path):
     """It loaded the model, translated nothing and then failed with a message that named no file."""
     from nmt.evaluate import evaluate_checkpoint
@@ -152,6 +178,17 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
     chars = __import__("json").loads(result.stdout)["test"]
     assert "tok:char" in chars["bleu_signature"]
     assert chars["bleu"] == score_files(out / "test.hyp", small_corpus / "test.de", EvalConfig(tokenize="char"))["bleu"]
+    # several references of each line, as sacreBLEU's -r REF1 REF2 scores them
+    result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--json", "--src",
+                                 str(small_corpus / "test.en"), "--ref", str(small_corpus / "test.de"), "--ref",
+                                 str(small_corpus / "valid.de"), "--save-translations", str(tmp_path / "two")])
+    assert result.exit_code == 0, result.output
+    two = __import__("json").loads(result.stdout)[str(small_corpus / "test.en")]
+    hyps = read_lines(tmp_path / "two" / "test.en.hyp")
+    refs = [read_lines(small_corpus / "test.de"), read_lines(small_corpus / "valid.de")]
+    assert two["bleu"] == round(BLEU().corpus_score(hyps, refs).score, 2) and "nrefs:2" in two["bleu_signature"]
+    assert two == score_files(tmp_path / "two" / "test.en.hyp", [small_corpus / "test.de", small_corpus / "valid.de"]) \
+        | {"beam": two["beam"]}
     # an eval that fails makes no folder
     result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "nope",
                                  "--save-translations", str(tmp_path / "never")])

@@ -51,6 +51,22 @@ def test_a_large_set_is_scored_a_chunk_of_references_at_a_time_to_sacrebleus_sco
     assert analysed == ([40] * 5 + [30]) * 3  # for each metric: five full chunks, then the last 30 references
 
 
+def test_several_references_of_each_line_score_as_sacrebleus_one_call_in_chunks(monkeypatch):
+    """A second reference that is the hypothesis itself on every third line: each metric scores as sacreBLEU's
+    `corpus_score(hyps, [refs, second])`, chunks or not, higher than against the first reference alone."""
+    monkeypatch.setattr(metrics, "SCORE_CHUNK", 40)
+    hyps, refs = _toy_pairs(230)
+    second = [h if i % 3 == 0 else r for i, (h, r) in enumerate(zip(hyps, refs))]
+    scores, one = score(hyps, refs, more_refs=[second]), score(hyps, refs)
+    for name in TEXT_METRICS:
+        scorer = METRICS[name].scorer("13a", False)
+        assert scores[name] == round(scorer.corpus_score(hyps, [refs, second]).score, 2)
+        assert "nrefs:2" in scores[f"{name}_signature"] and "nrefs:1" in one[f"{name}_signature"]
+    assert scores["bleu"] > one["bleu"] and scores["chrf"] > one["chrf"] and scores["ter"] < one["ter"]
+    with pytest.raises(UserError, match="230 hypotheses but 229 references"):
+        score(hyps, refs, more_refs=[second[:-1]])
+
+
 def test_a_sacrebleu_without_the_steps_of_corpus_score_scores_the_whole_set_in_one_call():
     """The chunks use two of sacreBLEU 2.x's own methods; a scorer without them still scores, in one call."""
 
@@ -61,7 +77,7 @@ def test_a_sacrebleu_without_the_steps_of_corpus_score_scores_the_whole_set_in_o
     hyps, refs = _toy_pairs(120)
     for name in TEXT_METRICS:
         scorer = METRICS[name].scorer("13a", False)
-        assert metrics.corpus_score(OneCall(scorer), hyps, refs).score == scorer.corpus_score(hyps, [refs]).score
+        assert metrics.corpus_score(OneCall(scorer), hyps, [refs]).score == scorer.corpus_score(hyps, [refs]).score
 
 
 def test_sacrebleus_warning_about_the_text_comes_once_however_many_chunks(monkeypatch, caplog):

@@ -28,12 +28,15 @@ class EvalSet:
             as read for files given by name.
         kept: the row (from 0) of each pair among the set's `rows`.
         rows: the rows of the set, those left out included.
+        more_references: further references of each source, a list per reference file after the first
+            (files given by name only).
     """
 
     sources: list[str]
     references: list[str]
     kept: list[int]
     rows: int
+    more_references: tuple[list[str], ...] = ()
 
     def hyp_lines(self, hyps: Sequence[str]) -> list[str]:
         """The translations `hyps` of the pairs scored, one line per row of the set: empty at a row left out."""
@@ -58,7 +61,7 @@ def eval_sets(cfg: ExperimentConfig, *, split: str | None = None, src: str | Pat
         DataError: a file that cannot be read, sources and references of different lengths, or a set
             without a pair to score.
     """
-    files = file_set(src, ref)
+    files = file_set(src, [] if ref is None else [ref])
     if files:
         return files
     data = cfg.data
@@ -115,13 +118,16 @@ def _scored_pairs(sources: Sequence[str | None], targets: Sequence[str | None], 
     return EvalSet([src[i] for i in kept], [tgt[i] for i in kept], kept, len(src))
 
 
-def file_set(src: str | Path | None, ref: str | Path | None) -> EvalSets | None:
-    """{src: the set} of `--src` and `--ref`, every line scored as read, or None when neither is given."""
-    if src is None and ref is None:
+def file_set(src: str | Path | None, refs: Sequence[str | Path] = ()) -> EvalSets | None:
+    """{src: the set} of `--src` and its `--ref` files (several: several references of each line), every line
+    scored as read, or None when neither is given."""
+    if src is None and not refs:
         return None
-    if src is None or ref is None:
+    if src is None or not refs:
         raise UserError("--src and --ref go together: give both, or neither to use --split")
-    sources, references = read_parallel(src, ref)
+    pairs = [read_parallel(src, ref) for ref in refs]
+    sources = pairs[0][0]
     if not sources:  # found before a model loads, naming the files
-        raise DataError(f"{src} and {ref}: both empty, nothing to score")
-    return {str(src): EvalSet(sources, references, list(range(len(sources))), len(sources))}
+        raise DataError(f"{src} and {refs[0]}: both empty, nothing to score")
+    more = tuple(references for _, references in pairs[1:])
+    return {str(src): EvalSet(sources, pairs[0][1], list(range(len(sources))), len(sources), more)}

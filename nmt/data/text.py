@@ -117,6 +117,11 @@ def read_parallel(src: str | Path, ref: str | Path, what: str = "sources and ref
     return a, b
 
 
+def reference_files(ref: str | Path | Sequence[str | Path] | None) -> list[str | Path]:
+    """`ref` as a list of files: one path, several (several references of each line), or none."""
+    return [] if ref is None else [ref] if isinstance(ref, (str, Path)) else list(ref)
+
+
 def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[list[str]]:
     """The lines of a pipe in chunks of those that have arrived (at most `max_lines`), decoded as `decode_lines` does.
 
