@@ -77,6 +77,8 @@ CASES = [
     ("data-all-empty", "train {all_empty}", 2, ["data.train", "no joint training text"], None),
     ("data-empty-files", "train {zero_bytes}", 2, ["data.train (", "zero", "empty, no pairs to read"], None),
     ("data-empty-jsonl", "train {zero_jsonl}", 2, ["data.train (", "zero.jsonl): empty, no pairs to read"], None),
+    ("data-empty-valid", "train {zero_valid}", 2, ["data.valid (", "zero): empty, no pairs to read; give a corpus"],
+     None),
     ("data-parquet-no-rows", "train {parquet_no_rows}", 2, ["no_rows.parquet: empty, a parquet file of no rows"], SUB),
     ("data-not-parquet", "train {not_parquet}", 2, ["src2.txt: cannot read as parquet: ArrowInvalid: Parquet magic bytes"],
      SUB),
@@ -236,6 +238,7 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     lines("zero.en", []), lines("zero.de", []), lines("zero.jsonl", [])
     config("zero_bytes", data("train", path=str(d / "zero")))
     config("zero_jsonl", lambda c: c["data"].__setitem__("train", {"kind": "jsonl", "path": str(d / "zero.jsonl")}))
+    config("zero_valid", data("valid", path=str(d / "zero")))
     config("no_corpus", lambda c: c["data"].pop("train"))
     pq.write_table(pa.table({"en": pa.array([], pa.string()), "de": pa.array([], pa.string())}), d / "no_rows.parquet")
     config("parquet_no_rows", lambda c: c["data"].__setitem__("train", {"kind": "parquet",

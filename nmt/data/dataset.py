@@ -253,6 +253,8 @@ def prepare_split(
             f", {report['ratio']} with a length ratio above data.max_ratio={data_cfg.max_ratio}"
         )
     where = f"{name} ({spec.path})"
+    if report["pairs"] == 0:
+        raise DataError(f"{where}: empty, no pairs to read; give a corpus that holds sentence pairs")
     if report["kept"] == 0:
         settings = [key for key, n in (("data.max_len", report["too_long"]), ("data.max_ratio", report["ratio"])) if n]
         hint = f"; raise {' or '.join(settings)}" if settings else ""
