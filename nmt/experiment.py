@@ -132,6 +132,18 @@ def _stale(averaged: Path, run_dir: Path) -> bool:
     return True
 
 
+def _say_if_another_runs(out: Path, run_dir: Path) -> None:
+    """Warn when `out` holds the results of a run in another directory than `run_dir`: two configs of one file name
+    (`a/exp.yaml`, `b/exp.yaml`) write one results file, and the second would replace the first's unsaid."""
+    try:
+        earlier = json.loads(out.read_text(encoding="utf-8"))["checkpoint"]
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or not a results file of ours
+        return
+    if Path(earlier).resolve().parent != run_dir.resolve():
+        log.warning("%s held the results of the run in %s, not this one's (%s): replaced; give nmt experiment "
+                    "--name to keep both", out, Path(earlier).parent, run_dir)
+
+
 def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path = "results",
                    restart: bool = False, device: str | None = None,
                    overrides: Sequence[str] = ()) -> dict[str, Any] | None:
@@ -201,6 +213,7 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
         "test": tests,
     }
     out = Path(results_dir) / f"{name}.json"
+    _say_if_another_runs(out, run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = (json.dumps(result, indent=2) + "\n").encode("utf-8")
     write_atomic(out, lambda f: f.write(text))  # a crash leaves the earlier results whole

@@ -139,6 +139,23 @@ def test_experiment_resumes_instead_of_retraining(experiment_result, tiny_config
     assert train_steps == sorted(set(train_steps))  # no step trained twice
 
 
+def test_results_of_another_run_under_the_same_name_are_replaced_with_a_warning(experiment_result, tiny_config_file,
+                                                                               tmp_path, caplog):
+    """Two configs of one file name (`a/exp.yaml`, `b/exp.yaml`) write one results file: the second replaced the
+    first's unsaid. The same run scored again replaces its own results without a word."""
+    results, other = tmp_path / "results", tmp_path / "other_run"
+    args = ["experiment", str(tiny_config_file), "--name", "tiny", "--results", str(results), "--set",
+            "train.max_steps=4", "--set", "decode.beam=1"]
+    with caplog.at_level("WARNING", logger="nmt"):
+        assert runner.invoke(app, args).exit_code == 0
+        assert "held the results" not in caplog.text
+        out = runner.invoke(app, args + ["--set", f"run_dir={other}"])
+    assert out.exit_code == 0, out.output
+    assert (f"{results / 'tiny.json'} held the results of the run in {tmp_path / 'run'}, not this one's ({other}): "
+            "replaced; give nmt experiment --name to keep both") in caplog.text
+    assert json.loads((results / "tiny.json").read_text(encoding="utf-8"))["checkpoint"].startswith(str(other))
+
+
 def test_results_render_into_readme_between_markers(experiment_result, tmp_path):
     results = tmp_path / "results"
     readme = tmp_path / "README.md"
