@@ -9,6 +9,7 @@ import contextlib
 import glob
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from nmt.data.text import READ_ERRORS, decode_lines, open_binary
 from nmt.data.textfiles import file_stamp, is_glob
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 def load_tsv(path: str, spec: CorpusConfig, *, src_lang: str, tgt_lang: str, cache: str | None) -> Dataset:
@@ -42,6 +45,11 @@ def load_tsv(path: str, spec: CorpusConfig, *, src_lang: str, tgt_lang: str, cac
         if max(columns) >= width:
             raise DataError(f"{path}:1: {width} tab-separated fields, so no column {max(columns)} "
                             f"(src_field and tgt_field count from 0)")
+        cells = [first.split("\t")[c] for c in columns]
+        if {cell.strip().lower() for cell in cells} & {src_lang, tgt_lang, "src", "tgt", "source", "target"}:
+            log.warning("%s:1 reads like a header row (%r, %r), and is read as a pair: src_field and tgt_field are "
+                        "column numbers, for a file without one; give them as the column names if it is one",
+                        path, *cells)
     # a tuple: `from_generator` would shard a list over processes
     kwargs = dict(path=path, columns=columns, header=header, stamp=file_stamp(path))
     return _from_generator(_read_tsv, kwargs, cache)

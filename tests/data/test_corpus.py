@@ -196,6 +196,21 @@ def test_tsv_without_a_header_reads_columns_by_number_from_the_first_line(tmp_pa
         load(tmp_path, "tsv", tmp_path / "c.tsv")
 
 
+def test_a_header_row_read_by_column_numbers_is_warned_of(tmp_path: Path, caplog) -> None:
+    """Column numbers say the file has no header: a first row that names the languages is then a pair, and said."""
+    write_lines(tmp_path / "c.tsv", ["de\ten", *(f"{d}\t{e}" for d, e in PAIRS)])
+    with caplog.at_level("WARNING", logger="nmt"):
+        read = pairs(load(tmp_path, "tsv", tmp_path / "c.tsv", src_field=0, tgt_field=1))
+    assert read == [("de", "en"), *PAIRS]
+    assert (f"{tmp_path / 'c.tsv'}:1 reads like a header row ('de', 'en'), and is read as a pair: src_field and "
+            "tgt_field are column numbers") in caplog.text
+    caplog.clear()
+    write_lines(tmp_path / "d.tsv", [f"{d}\t{e}" for d, e in PAIRS])
+    with caplog.at_level("WARNING", logger="nmt"):
+        assert pairs(load(tmp_path, "tsv", tmp_path / "d.tsv", src_field=0, tgt_field=1)) == PAIRS
+    assert "header" not in caplog.text
+
+
 def test_tsv_without_a_header_names_the_line_with_the_wrong_field_count(tmp_path: Path) -> None:
     write_lines(tmp_path / "c.tsv", ["a\tb", "c\td", "e\tf\tg"])
     with pytest.raises(DataError, match=r"c\.tsv:3: 3 tab-separated fields, line 1 has 2"):
