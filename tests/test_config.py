@@ -336,6 +336,28 @@ def test_a_transformer_whose_decode_lengths_outgrow_its_positions_is_refused_bef
     assert load_config(config(3, 10), ["model.type=rnn"], training=True).model.type == "rnn"  # no position table
 
 
+def test_a_rule_across_keys_that_a_set_item_breaks_names_that_item(tmp_path):
+    """Each `--set` item is checked against the schema alone; a rule across keys (a weight on the validation set,
+    a separate vocabulary under tied embeddings) was blamed on the file, whose own keys keep it. The item that
+    breaks it is named, among others that do not; a file that breaks it itself is named alone."""
+    from tests.conftest import tiny_config_dict
+
+    raw = tiny_config_dict(tmp_path / "corpus", tmp_path / "run")
+    raw["model"]["tie_embeddings"] = "all"
+    path = write(tmp_path, yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["train.lr=0.001", "data.valid.weight=3"])
+    assert str(err.value) == (f"--set 'data.valid.weight=3' (on {path}): data: valid.weight: weights apply to training "
+                              "corpora only; remove it")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["tokenizer.joint=false", "train.lr=0.001"])
+    assert str(err.value).startswith(f"--set 'tokenizer.joint=false' (on {path}): model.tie_embeddings 'all' needs ")
+    raw["data"]["valid"]["weight"] = 3
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, yaml.safe_dump(raw)), ["train.lr=0.001"])
+    assert str(err.value).startswith(f"{path}: data: valid.weight: ")
+
+
 def test_compile_dynamic_false_is_accepted_and_unused_without_compile(small_corpus, tmp_path):
     """`compile_dynamic` is read only when compiling, as `compile_mode` is: a config that keeps compile settings for
     `--set train.compile=true` trains without compile, free batch shapes and all; with compile, false still needs
@@ -350,5 +372,5 @@ def test_compile_dynamic_false_is_accepted_and_unused_without_compile(small_corp
     assert train(load_config(path, training=True))["step"] == 1
     with pytest.raises(ConfigError) as err:
         load_config(path, ["train.compile=true"], training=True)
-    assert str(err.value) == (f"{path}: train: compile_dynamic false compiles a graph per batch shape, so it needs "
-                              "batch_shapes static (one shape per length bucket), not free")
+    assert str(err.value) == (f"--set 'train.compile=true' (on {path}): train: compile_dynamic false compiles a graph "
+                              "per batch shape, so it needs batch_shapes static (one shape per length bucket), not free")

@@ -103,6 +103,15 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, train
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        cfg = _validated(raw, overrides, path, training=training)
+    except ConfigError as err:
+        raise _blame_overrides(err, raw, overrides, path, training=training) from None
+    return cfg
+
+
+def _validated(raw: dict[str, Any], overrides: typing.Sequence[str], path: Path, *, training: bool) -> ExperimentConfig:
+    """The config of the file's `raw` mapping with `overrides` applied, checked as `load_config` says."""
     cfg = config_from_dict(apply_overrides(raw, overrides), source=str(path), in_yaml=True)
     problem = tokenizer_problem(cfg.eval.tokenize)  # here, not at the first validation of a training run
     if problem:
@@ -113,6 +122,27 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, train
     if problem:
         raise ConfigError(f"{path}: {problem}")
     return cfg
+
+
+def _blame_overrides(err: ConfigError, raw: dict[str, Any], overrides: typing.Sequence[str], path: Path, *,
+                     training: bool) -> ConfigError:
+    """`err`, a rule across keys broken (no one item's own check sees it), naming the `--set` items that break it
+    where the file alone keeps it: those that break it alone, else all of them."""
+    prefix = f"{path}: "
+    if not overrides or not str(err).startswith(prefix):
+        return err
+
+    def breaks(items: typing.Sequence[str]) -> bool:
+        try:
+            _validated(raw, items, path, training=training)
+        except ConfigError:
+            return True
+        return False
+
+    if breaks([]):  # the file's own problem
+        return err
+    items = [item for item in overrides if breaks([item])] or list(overrides)
+    return ConfigError(f"{' '.join(_set_item(item) for item in items)} (on {path}): {str(err)[len(prefix):]}")
 
 
 def _parse_yaml(text: str) -> Any:
