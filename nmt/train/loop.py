@@ -364,7 +364,8 @@ class _Loop:
             "event": "train", "step": p.step, "epoch": p.epoch,
             "updates": w.steps,  # that the line's figures average: fewer than log_every after step 1 and a resume
             "loss": round(loss / max(tokens, 1), 4), "ppl": round(perplexity(nll, max(tokens, 1)), 2),
-            "lr": lr, "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
+            "lr": float(f"{lr:.6g}"),  # the schedule's float, not its last bits (0.00030000000000000003)
+            "grad_norm": round(float(w.grad_norm) / max(w.steps, 1), 4),
             "tokens_per_s": round(float(w.update_tokens) / seconds, 1),
             "tokens_per_update": round(float(w.update_tokens) / max(w.steps, 1), 1),
             # the share of the target positions computed that held a real token (the rest: padding, `bench/batch_shapes.py`)

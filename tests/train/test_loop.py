@@ -132,6 +132,14 @@ def test_plateau_schedule_lowers_the_rate_when_bleu_stalls(small_corpus, tmp_pat
     assert [r["lr"] for r in records(run, "train")] == pytest.approx([1e-12, 1e-12, 5e-13], rel=1e-9, abs=0)
 
 
+def test_the_logged_rate_is_the_schedule_s_to_six_digits(small_corpus, tmp_path):
+    """The warm-up's thirds of 1e-3, and the rate itself, as a reader writes them: 0.00030000000000000003 was the
+    float's last bits, not a figure."""
+    run = tmp_path / "run"
+    train(tiny_cfg(small_corpus, run, schedule="constant", lr=1e-3, warmup_steps=3, max_steps=4))
+    assert [r["lr"] for r in records(run, "train")] == [0.000333333, 0.000666667, 0.001, 0.001]
+
+
 def test_plateau_counts_no_validation_during_warm_up(small_corpus, tmp_path):
     """BLEU stalls from the first validation on, but the rate rises to train.lr over the warm-up uncut."""
     run = tmp_path / "run"
