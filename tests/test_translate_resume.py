@@ -134,6 +134,7 @@ def test_a_line_cut_off_by_a_kill_is_translated_again(doc, checkpoints, monkeypa
     assert out.read_text() == expected
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_real_run_then_the_same_command(tmp_path, checkpoints, monkeypatch):
     src, out, partial = tmp_path / "src.txt", tmp_path / "out.txt", tmp_path / "out.txt.partial"
     src.write_text(SOURCE * 500)

@@ -19,6 +19,7 @@ from nmt.train.loop import train
 from tests.train.helpers import nmt_process, same_weights, tiny_cfg, wait_for, weights, write_cfg
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_resume_is_bitwise_exact(small_corpus, tmp_path):
     """20 uninterrupted updates equal 10, a SIGKILL, and 10 more after resuming (CPU, fp32, dropout on)."""
     killed = tmp_path / "killed"

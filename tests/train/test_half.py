@@ -208,6 +208,7 @@ def test_half_training_on_the_copy_learns_a_batch_as_fp32_does():
         assert curves[half][-1] == pytest.approx(curves["fp32"][-1], rel=0.05)
 
 
+@pytest.mark.slow
 def test_a_compiled_bf16_copy_gives_the_eager_copys_loss_and_gradients():
     """`train.compile` compiles the objective over the bf16 copy: same loss and gradients as eager."""
     batch = collate(_batch(4))

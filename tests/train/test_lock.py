@@ -32,6 +32,7 @@ def refused(proc, timeout: float = 60.0) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_a_second_training_exits_2_naming_the_first_which_then_finishes(small_corpus, tmp_path):
     run = tmp_path / "run"
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=40, save_every=20)
@@ -55,6 +56,7 @@ def test_a_second_training_exits_2_naming_the_first_which_then_finishes(small_co
     assert train_steps(run) == list(range(1, 41))  # one writer: no step twice, none lost
 
 
+@pytest.mark.slow
 def test_a_killed_trainings_lock_is_taken_over_and_the_run_resumes(small_corpus, tmp_path):
     run = tmp_path / "run"
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=100_000, save_every=2, num_workers=1)
@@ -139,6 +141,7 @@ def _lock_rank(rank: int, world_size: int, port: int, cfg, out: str) -> None:
         shutdown_distributed()
 
 
+@pytest.mark.slow
 def test_every_rank_is_refused_when_rank_0_cannot_lock(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run")
     held = RunLock.acquire(tmp_path / "run")

@@ -97,6 +97,7 @@ def test_signals_to_a_training_process_exit_with_130_and_143(small_corpus, tmp_p
         assert load_checkpoint(run / f"ckpt_{saved}.pt")["progress"]["step"] == saved
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_process_group_leaves_the_dataloader_workers_running_until_the_checkpoint(small_corpus,
                                                                                                  tmp_path):
     """torchrun stops a worker by sending SIGTERM to its process group (and Slurm's scancel to every process of
@@ -131,6 +132,7 @@ cli.main()
 """
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_final_validation_keeps_it_and_its_checkpoint(small_corpus, tmp_path):
     """A run that reached max_steps between validations validates once more, then stops: a signal there
     (as `max_time` and a scheduler's SIGTERM meet) lets that validation and its checkpoint finish."""
@@ -168,6 +170,7 @@ cli.main()
 """
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_validation_where_fine_tuning_starts_keeps_it_and_stops_after_one_update(
         small_corpus, tmp_path):
     """The parent's scores at step 0 are a validation like the others: a scheduler's SIGTERM there lets it and

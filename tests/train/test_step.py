@@ -94,6 +94,7 @@ def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
     assert counters["frames"]["ok"] - frames == len(shapes), "one graph per distinct shape, none for one seen before"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, pytest.param(True, marks=pytest.mark.slow)])  # symbolic sizes: 20 s
 def test_a_compiled_model_with_sentences_side_by_side_gives_the_eager_loss(dynamic):
     """`model.transformer.attention_pack`: how many sentences share a row follows each batch's size and lengths
@@ -161,6 +162,7 @@ def test_training_compiles_a_recurrent_model_one_step_at_a_time_for_every_target
     assert counters["frames"]["ok"] - frames == 2, "a new target length or batch size compiled the step again"
 
 
+@pytest.mark.slow
 def test_a_copy_of_a_compiled_recurrent_model_steps_its_own_decoder(fresh_compiler):
     model = compile_model(_rnn(), backend="aot_eager", in_place=True)
     twin = copy.deepcopy(model)  # shares the compiled function, as deepcopy does
@@ -188,6 +190,7 @@ def test_a_recurrent_model_compiled_per_batch_shape_may_keep_two_step_graphs_per
                                       attention="general"),
                                  dict(decoder="luong", attention="dot", local_window=2)],
                          ids=["bahdanau", "luong-lstm-input-feeding", "luong-local"])
+@pytest.mark.slow
 def test_a_compiled_decoder_step_gives_the_eager_losses_and_gradients_and_leaves_search_eager(rnn, fresh_compiler):
     eager = Objective(_rnn(**rnn), pad_id=PAD_ID, smoothing=0.1)
     compiled = Objective(compile_model(copy.deepcopy(eager.model), backend="aot_eager", in_place=True),
