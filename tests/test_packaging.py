@@ -170,6 +170,7 @@ def test_every_extra_that_a_message_or_the_readme_names_exists():
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["translate --attention-plot", "analyze --plot", "analyze --report"])
 def test_a_plot_without_matplotlib_is_refused_before_any_translating(flag, plain_python, trained_plain, small_corpus,
                                                                      tmp_path):

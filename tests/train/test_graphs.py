@@ -568,6 +568,7 @@ def _train(corpus, run_dir, *, recorded: bool, max_steps: int, accumulate: int =
         run.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("accumulate", "precision"), [(1, "fp32"), (2, "fp32"), (1, "fp16")])
 def test_a_run_of_recorded_updates_logs_validates_saves_and_resumes_as_an_eager_run(small_corpus, tmp_path,
                                                                                    accumulate, precision):

@@ -39,7 +39,7 @@ def test_each_precision_trains_on_cpu(precision, small_corpus, tmp_path, caplog)
     assert {v.dtype for v in ckpt["model"].values() if v.is_floating_point()} == {torch.float32}  # master weights
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])  # bf16: 10 s on AVX2
 def test_stop_and_resume_is_bitwise_exact(precision, small_corpus, tmp_path):
     """8 updates (accumulating 2 batches, crossing an epoch, with dropout) equal 4, stop, then 4 more.
 

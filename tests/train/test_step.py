@@ -62,6 +62,7 @@ def _same_loss_and_gradients(eager: Objective, compiled: torch.nn.Module, batche
         assert torch.allclose(c.grad, p.grad, rtol=1e-4, atol=1e-6 * (1 + float(p.grad.abs().max()))), name
 
 
+@pytest.mark.slow
 def test_compiled_objective_gives_the_eager_loss_and_gradients_and_takes_new_shapes_without_recompiling():
     batch = _batch()
     eager = Objective(_model(), pad_id=PAD_ID, smoothing=0.1)
@@ -78,6 +79,7 @@ def test_compiled_objective_gives_the_eager_loss_and_gradients_and_takes_new_sha
     assert counters["frames"]["total"] == frames, "a new batch shape compiled the objective again"
 
 
+@pytest.mark.slow
 def test_a_static_compile_gives_each_batch_shape_its_graph_and_the_eager_loss():
     """`train.compile_dynamic: false`: a graph per static batch shape, never more than the shapes there are."""
     eager = Objective(_model(), pad_id=PAD_ID, smoothing=0.1)
