@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import DataConfig, EvalConfig
-from nmt.data.text import read_parallel, reference_files
-from nmt.errors import DataError
+from nmt.data.text import read_scored, reference_files
 from nmt.fileio import write_lines
 from nmt.metrics import check_tokenizer, score
 
@@ -29,12 +28,8 @@ def score_files(hyp: str | Path, ref: str | Path | Sequence[str | Path], cfg: Ev
         DataError: a missing file, invalid UTF-8, or files of different lengths
             (both names and both counts).
     """
-    refs = reference_files(ref)
-    pairs = [read_parallel(hyp, one, "translations and references") for one in refs]
-    hyps = pairs[0][0]
-    if not hyps:
-        raise DataError(f"{hyp} and {refs[0]}: both empty, nothing to score")
-    return score(hyps, pairs[0][1], cfg, more_refs=[references for _, references in pairs[1:]])
+    hyps, (first, *more) = read_scored(hyp, reference_files(ref), "translations and references")
+    return score(hyps, first, cfg, more_refs=more)
 
 
 def evaluate_checkpoint(

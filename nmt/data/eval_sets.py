@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nmt.config import ExperimentConfig
 from nmt.data.corpus import load_pairs
-from nmt.data.text import normalize_spaces, read_parallel
+from nmt.data.text import normalize_spaces, read_scored
 from nmt.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,5 @@ def file_set(src: str | Path | None, refs: Sequence[str | Path] = ()) -> EvalSet
         return None
     if src is None or not refs:
         raise UserError("--src and --ref go together: give both, or neither to use --split")
-    pairs = [read_parallel(src, ref) for ref in refs]
-    sources = pairs[0][0]
-    if not sources:  # found before a model loads, naming the files
-        raise DataError(f"{src} and {refs[0]}: both empty, nothing to score")
-    more = tuple(references for _, references in pairs[1:])
-    return {str(src): EvalSet(sources, pairs[0][1], list(range(len(sources))), len(sources), more)}
+    sources, (first, *more) = read_scored(src, refs, "sources and references")
+    return {str(src): EvalSet(sources, first, list(range(len(sources))), len(sources), tuple(more))}

@@ -106,20 +106,25 @@ def check_pairing(a: str | Path, a_lines: Sequence[str], b: str | Path, b_lines:
         raise DataError(f"{a} has {len(a_lines)} lines but {b} has {len(b_lines)}: {what} must pair line by line")
 
 
-def read_parallel(src: str | Path, ref: str | Path, what: str = "sources and references") -> tuple[list[str], list[str]]:
-    """The lines of two files that pair line by line.
-
-    Raises:
-        DataError: a file is missing or unreadable, or they differ in length.
-    """
-    a, b = read_lines(src), read_lines(ref)
-    check_pairing(src, a, ref, b, what)
-    return a, b
-
-
 def reference_files(ref: str | Path | Sequence[str | Path] | None) -> list[str | Path]:
     """`ref` as a list of files: one path, several (several references of each line), or none."""
     return [] if ref is None else [ref] if isinstance(ref, (str, Path)) else list(ref)
+
+
+def read_scored(path: str | Path, refs: Sequence[str | Path], what: str) -> tuple[list[str], list[list[str]]]:
+    """The lines of `path` (sources or translations) and of each of its reference files `refs` (at least one), read
+    once each.
+
+    Raises:
+        DataError: a file is missing or unreadable, a reference file has another number of lines, or all are empty.
+    """
+    lines, streams = read_lines(path), []
+    for ref in refs:
+        streams.append(read_lines(ref))
+        check_pairing(path, lines, ref, streams[-1], what)
+    if not lines:  # found before a model loads, naming the files
+        raise DataError(f"{path} and {refs[0]}: both empty, nothing to score")
+    return lines, streams
 
 
 def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[list[str]]:
