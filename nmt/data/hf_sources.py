@@ -9,10 +9,13 @@ import contextlib
 import glob
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import datasets
+import huggingface_hub.constants
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -24,6 +27,12 @@ from nmt.data.fields import TEXT_TYPES, select_fields
 from nmt.data.textfiles import is_glob
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+# How long the hub's address may take to answer a connection before it counts as unreachable. Offline,
+# huggingface_hub retries each request with a growing wait: about 25 s before a dataset's load fails.
+HUB_PROBE_SECONDS = 5.0
 
 
 def load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_lang: str,
@@ -101,23 +110,63 @@ def load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
         raise DataError(f"kind hf, path {path!r}: a file format of datasets, not a dataset; read such files with "
                         "kind: jsonl, tsv or parquet, or give kind hf the folder that holds them")
     csv = Path(path).is_dir() and _read_as_csv(path, spec.hf_config, cache_dir)
+    unreachable = None if Path(path).is_dir() else hub_unreachable()
+    if unreachable:
+        log.warning("the hub cannot be reached (%s): looking for %s in the datasets cache only", unreachable,
+                    hf_source(path))
     try:
         # pandas, which reads CSV for datasets, ends a line at a lone '\r' too: a sentence holding one
         # would be cut in two, its second half paired with the next column's text
-        ds = datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir,
-                                   **({"lineterminator": "\n"} if csv else {}))
+        with _offline(bool(unreachable)):
+            ds = datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir,
+                                       **({"lineterminator": "\n"} if csv else {}))
     except Exception as err:  # network, auth, format and split errors all end here
         config = f", config {spec.hf_config!r}" if spec.hf_config else ""
         if Path(path).is_dir():  # a local folder: the hub was never asked
             raise DataError(f"{hf_source(path)}{config}, split {split!r}: its data files could not be loaded as a "
                             f"dataset: {_short(err)}") from None
+        why = (f"the hub cannot be reached ({unreachable}) and the datasets cache does not hold it" if unreachable
+               else _short(err))
         raise DataError(
-            f"{hf_source(path)}{config}, split {split!r} could not be loaded: {_short(err)}. "
+            f"{hf_source(path)}{config}, split {split!r} could not be loaded: {why}. "
             "Without access to the hub, download it on another machine "
             "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
             "and use kind: disk (or parquet, jsonl) with path: DIR"
         ) from None
     return _without_cr_endings(ds) if csv else ds
+
+
+def hub_unreachable() -> str | None:
+    """Why the hub's address (`HF_ENDPOINT`) takes no connection within `HUB_PROBE_SECONDS`, or None where it
+    does, where offline mode is on already (`HF_HUB_OFFLINE`), or where a proxy is set, which the hub's
+    requests go through and this probe does not."""
+    proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    if huggingface_hub.constants.HF_HUB_OFFLINE or any(os.environ.get(name) for name in proxies):
+        return None
+    url = urlsplit(huggingface_hub.constants.ENDPOINT)
+    if not url.hostname:
+        return None
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((url.hostname, port), timeout=HUB_PROBE_SECONDS).close()
+    except OSError as err:  # no name resolution, no route, refused, timed out
+        return f"{url.hostname}:{port}: {err.strerror or err or type(err).__name__}"
+    return None
+
+
+@contextlib.contextmanager
+def _offline(on: bool) -> Iterator[None]:
+    """Offline mode for the block where `on`: `datasets` looks in its cache only, without asking the hub.
+    Both libraries read `HF_HUB_OFFLINE` once, on import, so their copies are set."""
+    if not on:
+        yield
+        return
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
 def hf_source(path: str) -> str:

@@ -6,6 +6,8 @@ import gzip
 import json
 import os
 import re
+import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -382,6 +384,51 @@ def test_hf_unreachable_fails_fast_and_suggests_local_files(tmp_path: Path, monk
     message = str(info.value)
     assert "hub dataset 'no-such-user/no-such-corpus'" in message and "could not be loaded" in message
     assert "save_to_disk" in message and "kind: disk" in message
+
+
+@pytest.fixture
+def hub_refuses(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The hub's address is a local port that nothing listens on, offline mode off and no proxy: what a
+    machine without network access sees. Returns that address as `hub_unreachable` names it."""
+    with socket.socket() as sock:  # a free port, closed again: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return f"127.0.0.1:{port}"
+
+
+def test_an_unreachable_hub_fails_at_once_and_says_so(tmp_path: Path, hub_refuses: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Without network access, huggingface_hub retried each request with growing waits: a `kind: hf` run
+    took about 25 s to fail, and the error named only the library's exception. The hub is now asked for a
+    connection first; where it takes none, the dataset is looked for in the cache only."""
+    start = time.monotonic()
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "hf", "no-such-user/no-such-corpus")
+    assert time.monotonic() - start < 10  # no retries: a refused connection is answered at once
+    message = str(info.value)
+    assert message.startswith(f"hub dataset 'no-such-user/no-such-corpus', split 'train' could not be loaded: the "
+                              f"hub cannot be reached ({hub_refuses}: Connection refused) and the datasets cache "
+                              "does not hold it. Without access to the hub, download it on another machine")
+    assert "looking for hub dataset 'no-such-user/no-such-corpus' in the datasets cache only" in caplog.text
+    assert datasets.config.HF_HUB_OFFLINE is False  # offline mode was on for that load only
+
+
+def test_an_unreachable_hub_still_loads_a_dataset_from_the_cache(tmp_path: Path, hub_refuses: str) -> None:
+    """A hub dataset loaded once, on a machine that later has no network access, loads from the cache,
+    as `datasets` loads it in offline mode. The cache is written as a download of `u/corpus` leaves it:
+    the prepared Arrow files under CACHE/u___corpus/CONFIG/VERSION/HASH."""
+    from datasets.packaged_modules.csv.csv import Csv
+    (tmp_path / "train.csv").write_text("de,en\n" + "".join(f"{d},{e}\n" for d, e in PAIRS), encoding="utf-8")
+    builder = Csv(cache_dir=str(tmp_path / "build"), dataset_name="corpus", hash="0" * 16,
+                  data_files={"train": str(tmp_path / "train.csv")})
+    builder.download_and_prepare()
+    shutil.copytree(builder.cache_dir, tmp_path / "cache" / "u___corpus" / "default" / "0.0.0" / ("0" * 16))
+    assert pairs(load(tmp_path, "hf", "u/corpus")) == PAIRS
 
 
 # --------------------------------------------------------------------------- cleaning
