@@ -77,7 +77,11 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path, tiny_config_file):
 
 def test_subprocess_pipeline(tiny_config_file, small_corpus, tmp_path):
     nmt = [sys.executable, "-m", "nmt", "--quiet"]
-    subprocess.run([*nmt, "train", str(tiny_config_file)], check=True, capture_output=True)
+    # --quiet after the command name works as well as before it (`hoist_global_flags`)
+    trained = subprocess.run([sys.executable, "-m", "nmt", "train", str(tiny_config_file), "--quiet"],
+                             capture_output=True, text=True)
+    assert trained.returncode == 0, trained.stderr
+    assert "[nmt]" not in trained.stderr
     ckpt = str(tmp_path / "run" / "best.pt")
     src = (small_corpus / "test.en").read_text()
     proc = subprocess.run([*nmt, "translate", "-c", ckpt], input=src, capture_output=True, text=True, check=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,22 +18,37 @@ from nmt.experiment import better_checkpoint, pick_checkpoint
 from nmt.results import END, START, main, results_table
 from nmt.runtime import hardware
 from nmt.translate import Translator
+from tests.conftest import tiny_config_dict
 
 runner = CliRunner()
 
 
-@pytest.fixture
-def experiment_result(tiny_config_file, tmp_path) -> dict:
-    results = tmp_path / "results"
-    out = runner.invoke(app, ["experiment", str(tiny_config_file), "--name", "tiny", "--results", str(results),
+def run_experiment(config: Path, results: Path) -> dict:
+    """`nmt experiment CONFIG --name tiny` for 4 updates, scored with beam 1: its results file, read back."""
+    out = runner.invoke(app, ["experiment", str(config), "--name", "tiny", "--results", str(results),
                               "--set", "train.max_steps=4", "--set", "decode.beam=1"])
     assert out.exit_code == 0, out.output
     assert out.stdout.splitlines()[-1] == f"wrote {results / 'tiny.json'}"
     return json.loads((results / "tiny.json").read_text(encoding="utf-8"))
 
 
-def test_experiment_records_scores_cost_and_overrides(experiment_result, small_corpus, tmp_path):
-    r = experiment_result
+@pytest.fixture
+def experiment_result(tiny_config_file, tmp_path) -> dict:
+    """A run of its own in `tmp_path` (run/, results/), for a test that trains or scores it again."""
+    return run_experiment(tiny_config_file, tmp_path / "results")
+
+
+@pytest.fixture(scope="module")
+def shared_experiment(small_corpus, tmp_path_factory) -> tuple[Path, dict]:
+    """One run that the tests which only read its files share: its folder (run/, results/) and its results."""
+    folder = tmp_path_factory.mktemp("experiment")
+    config = folder / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(small_corpus, folder / "run")), encoding="utf-8")
+    return folder, run_experiment(config, folder / "results")
+
+
+def test_experiment_records_scores_cost_and_overrides(shared_experiment):
+    tmp_path, r = shared_experiment
     assert r["experiment"] == "tiny" and r["direction"] == "en-de" and r["model"] == "transformer"
     assert r["steps"] == 4 and r["stopped_by"] == "max_steps=4" and r["beam"] == 1
     assert r["checkpoint"] == str(tmp_path / "run" / "best.pt") and r["valid_by_checkpoint"] == {}
@@ -156,8 +172,9 @@ def test_results_of_another_run_under_the_same_name_are_replaced_with_a_warning(
     assert json.loads((results / "tiny.json").read_text(encoding="utf-8"))["checkpoint"].startswith(str(other))
 
 
-def test_results_render_into_readme_between_markers(experiment_result, tmp_path):
-    results = tmp_path / "results"
+def test_results_render_into_readme_between_markers(shared_experiment, tmp_path):
+    folder, experiment_result = shared_experiment
+    results = folder / "results"
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nbefore\n\n{START}\nold table\n{END}\n\nafter\n", encoding="utf-8")
     main(["--results", str(results), "--readme", str(readme)])
@@ -174,7 +191,8 @@ def test_results_render_into_readme_between_markers(experiment_result, tmp_path)
     assert readme.read_text(encoding="utf-8") == text  # rendering twice changes nothing
 
 
-def test_results_without_overrides_have_no_notes(experiment_result):
+def test_results_without_overrides_have_no_notes(shared_experiment):
+    experiment_result = shared_experiment[1]
     plain = {**experiment_result, "overrides": []}
     assert "Settings changed" not in results_table([plain])
     assert "Settings changed" in results_table([experiment_result])
@@ -188,8 +206,9 @@ def test_results_need_the_markers(tmp_path):
 
 
 
-def test_results_print_the_table_where_there_is_no_readme(experiment_result, tmp_path, monkeypatch, capsys):
+def test_results_print_the_table_where_there_is_no_readme(shared_experiment, monkeypatch, capsys):
     """A user's own experiments, outside the checkout: no README.md to render into, the table is wanted on stdout."""
+    tmp_path = shared_experiment[0]
     monkeypatch.chdir(tmp_path)  # holds results/tiny.json and no README.md
     main(["--print"])
     table = capsys.readouterr().out
@@ -230,7 +249,8 @@ def test_hardware_names_the_machines_that_trained_not_the_one_that_scored(experi
     assert rerun(6) == f"1x NVIDIA H200 + {hardware(torch.device('cpu'))}"
 
 
-def test_one_experiment_run_twice_names_each_runs_hardware(experiment_result):
+def test_one_experiment_run_twice_names_each_runs_hardware(shared_experiment):
+    experiment_result = shared_experiment[1]
     gpu = {**experiment_result, "hardware": "1x NVIDIA H200", "overrides": ["--set train.device=cuda"]}
     table = results_table([experiment_result, gpu])
     rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
