@@ -10,6 +10,7 @@ import glob
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -137,9 +138,10 @@ def load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
 
 
 def hub_unreachable() -> str | None:
-    """Why the hub's address (`HF_ENDPOINT`) takes no connection within `HUB_PROBE_SECONDS`, or None where it
-    does, where offline mode is on already (`HF_HUB_OFFLINE`), or where a proxy is set, which the hub's
-    requests go through and this probe does not."""
+    """Why the hub's address (`HF_ENDPOINT`) takes no connection within `HUB_PROBE_SECONDS` in all, or None where
+    it does, where offline mode is on already (`HF_HUB_OFFLINE`), or where a proxy is set, which the hub's
+    requests go through and this probe does not. Each address the name resolves to is tried in turn, within
+    that one budget: a firewall that drops packets costs 5 seconds, not 5 per address."""
     proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
     if huggingface_hub.constants.HF_HUB_OFFLINE or any(os.environ.get(name) for name in proxies):
         return None
@@ -147,11 +149,23 @@ def hub_unreachable() -> str | None:
     if not url.hostname:
         return None
     port = url.port or (80 if url.scheme == "http" else 443)
+    deadline = time.monotonic() + HUB_PROBE_SECONDS
     try:
-        socket.create_connection((url.hostname, port), timeout=HUB_PROBE_SECONDS).close()
-    except OSError as err:  # no name resolution, no route, refused, timed out
-        return f"{url.hostname}:{port}: {err.strerror or err or type(err).__name__}"
-    return None
+        addresses = socket.getaddrinfo(url.hostname, port, type=socket.SOCK_STREAM)
+    except OSError as err:  # the name does not resolve
+        return f"{url.hostname}:{port}: {err.strerror or err}"
+    why = "timed out"
+    for family, kind, proto, _, address in addresses:
+        if (left := deadline - time.monotonic()) <= 0:
+            break
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(left)
+            try:
+                sock.connect(address)
+                return None
+            except OSError as err:  # no route, refused, timed out
+                why = err.strerror or str(err) or type(err).__name__
+    return f"{url.hostname}:{port}: {why}"
 
 
 @contextlib.contextmanager
