@@ -13,8 +13,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from nmt.models import build_model
 from nmt.train.loop import train
 from nmt.translate import Translator
 from tests.conftest import tiny_config_dict
+from tests.test_errors import run_in_process
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'nmt[export]')")
 spm = pytest.importorskip("sentencepiece")
@@ -236,7 +235,7 @@ def test_an_export_that_fills_the_disk_says_so_and_leaves_nothing(trained, small
     assert list(small_disk.iterdir()) == []
 
 
-def test_rnn_checkpoint_and_bad_options_get_one_line(small_corpus, tmp_path, trained):
+def test_rnn_checkpoint_and_bad_options_get_one_line(small_corpus, tmp_path, trained, monkeypatch):
     d = tiny_config_dict(small_corpus, tmp_path / "run", model_type="rnn")
     cfg = config_from_dict(d)
     tokenizer = train_tokenizer(cfg.tokenizer, _lines(small_corpus, "train", "en"), _lines(small_corpus, "train", "de"))
@@ -249,9 +248,8 @@ def test_rnn_checkpoint_and_bad_options_get_one_line(small_corpus, tmp_path, tra
         (["-c", str(trained), "--format", "onnx"], "--format 'onnx': not one of ctranslate2"),
         (["-c", str(trained), "--quantization", "int3"], "--quantization 'int3': not one of"),
         (["-c", str(tmp_path / "missing.pt")], "checkpoint not found"),
-    ]:
-        proc = subprocess.run([sys.executable, "-m", "nmt", "export", *args, "-o", str(tmp_path / "out")],
-                              capture_output=True, text=True)
-        assert proc.returncode == 2, proc.stderr
-        assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    ]:  # through the console entry point, as `nmt export ARGS` runs them
+        status, stderr = run_in_process(["export", *args, "-o", str(tmp_path / "out")], None, monkeypatch)
+        assert status == 2, stderr
+        assert needle in stderr and len(stderr.strip().splitlines()) == 1
         assert not (tmp_path / "out").exists()
