@@ -236,3 +236,15 @@ def test_a_gpu_number_past_the_machine_s_gpus_names_how_many_there_are():
         pick_device(f"cuda:{count}")
     if count:
         assert pick_device("cuda:0") == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("where", ["yaml", "set"])
+def test_a_nul_character_in_a_text_value_is_refused_with_its_key(tmp_path, where):
+    # The OS refuses it in a path: a run_dir holding one stopped training with "ValueError: embedded null byte"
+    # (exit 1), and in a language code it made a file name with a NUL.
+    yaml_text, overrides = ('run_dir: "runs/a\\0b"\n', []) if where == "yaml" else ("train:\n  lr: 0.1\n", ["run_dir=runs/a\0b"])
+    path = write(tmp_path, yaml_text)
+    with pytest.raises(ConfigError, match=r"run_dir: 'runs/a\\x00b' holds a NUL character \(\\0\); remove it$"):
+        load_config(path, overrides)
+    with pytest.raises(ConfigError, match=r"data.src_lang: 'e\\x00n' holds a NUL character"):
+        load_config(write(tmp_path, 'data:\n  src_lang: "e\\0n"\n'))

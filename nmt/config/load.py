@@ -412,6 +412,8 @@ def _convert(tp: Any, value: Any, keypath: str, source: str, *, in_yaml: bool) -
         hint = ("; YAML reads an unquoted yes, no, on, off, true or false as a boolean: put the text in quotes"
                 if tp is str and isinstance(value, bool) else "")
         raise ConfigError(f"{source}: {keypath}: expected {tp.__name__}, got {_describe(value)}{hint}")
+    if tp is str and "\0" in value:  # no path, language code or name holds one; the OS refuses it in a path
+        raise ConfigError(f"{source}: {keypath}: {shorten(repr(value))} holds a NUL character (\\0); remove it")
     return value
 
 
