@@ -248,3 +248,10 @@ def test_a_nul_character_in_a_text_value_is_refused_with_its_key(tmp_path, where
         load_config(path, overrides)
     with pytest.raises(ConfigError, match=r"data.src_lang: 'e\\x00n' holds a NUL character"):
         load_config(write(tmp_path, 'data:\n  src_lang: "e\\0n"\n'))
+
+
+def test_a_huge_num_workers_is_refused_at_load(tmp_path):
+    # The DataLoader started worker processes one after another, without end, for train.num_workers=99999999999.
+    with pytest.raises(ConfigError, match=r"train.num_workers: 99999999999 must be in \[0, 256\]$"):
+        load_config(write(tmp_path, "train:\n  lr: 0.1\n"), ["train.num_workers=99999999999"])
+    assert load_config(write(tmp_path, "train:\n  num_workers: 256\n")).train.num_workers == 256

@@ -309,7 +309,7 @@ class TrainConfig:
     """Token budget of one batch, per process: its rows times its longest pair's longer side, padding within the batch included. Static batch shapes count lengths as rounded up (`pad_to_multiple`, `length_buckets`); free ones count them as they are, so that short sentences keep full batches, and then hold up to (rounded length / length) times the budget in padded positions (a batch of 9-token pairs padded to 16: 1.78x), which a budget sized to a GPU's memory must leave room for."""
     accumulate: int = num(1, lo=1)
     """Batches whose gradients are summed before one update; an update sees up to `max_tokens * accumulate * processes` tokens."""
-    num_workers: int = num(0, lo=0)
+    num_workers: int = num(0, lo=0, hi=256)
     """Background processes that collate batches (0: the training process does it); on CUDA batches are pinned and copied asynchronously. Taking a batch from a worker costs the training process about 1.3 ms on a 2-core CPU, so workers pay only where building one costs more (large batches of large corpora; `bench/batch_speed.py`)."""
     max_steps: int = num(100_000, lo=0)
     """Stop after this many updates (0: no limit)."""
