@@ -336,6 +336,16 @@ def test_a_transformer_whose_decode_lengths_outgrow_its_positions_is_refused_bef
     assert load_config(config(3, 10), ["model.type=rnn"], training=True).model.type == "rnn"  # no position table
 
 
+def test_an_empty_run_dir_is_refused_for_training(tmp_path):
+    # "" trained into the working directory, its checkpoints and caches among the files there.
+    path = write(tmp_path, "data: {train: {path: corpus/train}, valid: {path: corpus/valid}}\n")
+    with pytest.raises(ConfigError, match=r"--set 'run_dir=\"\"' \(on .*exp.yaml\): run_dir: '' names no folder; give one \(`.`"):
+        load_config(path, ['run_dir=""'], training=True)
+    with pytest.raises(ConfigError, match=r"exp.yaml: run_dir: ' ' names no folder"):
+        load_config(write(tmp_path, "run_dir: ' '\ndata: {train: {path: a}, valid: {path: b}}\n"), training=True)
+    assert load_config(path, ["run_dir=."], training=True).run_dir == "."
+
+
 def test_a_rule_across_keys_that_a_set_item_breaks_names_that_item(tmp_path):
     """Each `--set` item is checked against the schema alone; a rule across keys (a weight on the validation set,
     a separate vocabulary under tied embeddings) was blamed on the file, whose own keys keep it. The item that

@@ -498,6 +498,8 @@ class ExperimentConfig:
         """What keeps this config from training, or None. (A config can be valid without training: a
         checkpoint's config translates without corpora, and those checkpoints trained before `nmt train`
         refused a coverage penalty without attention translate with the penalty left out.)"""
+        if not self.run_dir.strip():  # else the run's files land among the working directory's own
+            return f"run_dir: {self.run_dir!r} names no folder; give one (`.` for the working directory)"
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
