@@ -62,6 +62,9 @@ CASES = [
     ("config-rnn-heads-divide", "train {tiny} --set model.type=rnn --set model.rnn.attention=multihead "
      "--set model.rnn.attention_heads=3", 2,
      ["model.rnn: hidden_size (32) must be divisible by attention_heads (3) for multihead attention"], None),
+    ("config-padding-past-positions", "train {tiny} --set train.pad_to_multiple=2048", 2,
+     ["train.pad_to_multiple (2048) pads a batch of data.max_len (64) tokens to 2048 positions, more than "
+      "model.transformer.max_positions (1024) holds"], None),
     ("set-unknown-section", "train {tiny} --set trian.lr=1", 2,
      ["--set 'trian.lr=1': unknown key 'trian'; did you mean 'train'?"], None),
     ("set-wrong-type", "train {tiny} --set train.lr=fast", 2, ["--set 'train.lr=fast': train.lr: expected float"], None),

@@ -284,6 +284,21 @@ def batch_padding(tc: TrainConfig, device: torch.device, model: ModelConfig | No
                    pack=pack if static else 0)
 
 
+def padding_problem(cfg: ExperimentConfig, device: torch.device) -> str | None:
+    """Why a Transformer's batches, padded as `batch_padding` pads them on `device`, could be longer than its
+    positions hold, or None: a pair of `data.max_len` tokens is padded to its length bucket."""
+    if cfg.model.type != "transformer":
+        return None
+    positions, max_len, multiple = cfg.model.transformer.max_positions, cfg.data.max_len, cfg.train.pad_to_multiple
+    longest = int(batch_padding(cfg.train, device).rounding(max_len))
+    if longest <= positions:
+        return None
+    given = f"train.pad_to_multiple ({multiple})" if multiple else f"train.pad_to_multiple (0: 8 on {device.type})"
+    return (f"{given} pads a batch of data.max_len ({max_len}) tokens to {longest} positions, more than "
+            f"model.transformer.max_positions ({positions}) holds; lower pad_to_multiple, or raise max_positions "
+            f"to {longest}")
+
+
 def collated_batches(ds, batch_lists: Sequence[list[int]], *, padding: Padding = Padding()) -> Iterator[Batch]:
     """Collated batches for lists of row indices, in this process (ids gathered straight from Arrow)."""
     ids = IdColumns(ds)

@@ -39,7 +39,7 @@ from nmt.errors import ConfigError, NodeError
 from nmt.kernels import compile_model, enable_fast_math, warn_if_slow_precision
 from nmt.models import build_model, count_parameters
 from nmt.runtime import HALF_DTYPES, grad_scaler, pick_device, seed_everything
-from nmt.train.data import RunData, batch_padding, build_sampler, prepare_run
+from nmt.train.data import RunData, batch_padding, build_sampler, padding_problem, prepare_run
 from nmt.train.faults import check_free_space
 from nmt.train.graphs import EAGER_USES, UpdateGraphs, check_update_graphs, resolve_update_graphs
 from nmt.train.half import HalfCopy
@@ -248,6 +248,8 @@ def build_run(cfg: ExperimentConfig, *, restart: bool = False) -> Run:
         graphs, why_not = resolve_update_graphs(cfg.train, device, ctx, cfg.model.type)
         given, cfg = cfg, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=graphs))
         tc = cfg.train
+        if (problem := padding_problem(cfg, device)) is not None:  # else the first long batch stops the run
+            raise ConfigError(problem)
         if tc.cuda_graphs:  # before the data is prepared: the model is checked when the step is (`prepare_step`)
             check_update_graphs(tc, device, ctx)
         enable_fast_math(device)

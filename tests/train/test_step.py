@@ -13,14 +13,14 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt.config import ModelConfig, TrainConfig, TransformerConfig
+from nmt.config import DataConfig, ExperimentConfig, ModelConfig, TrainConfig, TransformerConfig
 from nmt.data.collate import Padding, collate
 from nmt.data.tokenizer import PAD_ID
 from nmt.decode import greedy_search
 from nmt.distributed import Dist
 from nmt.errors import UserError
 from nmt.kernels import compile_model
-from nmt.train.data import batch_padding
+from nmt.train.data import batch_padding, padding_problem
 from nmt.train.loop import skipped_update_message
 from nmt.train.loss import Objective
 from nmt.train.optim import build_optimizer, build_scheduler
@@ -304,6 +304,22 @@ def test_batch_padding_resolves_auto_by_device_compile_mode_and_update_graphs():
     assert batch_padding(TrainConfig(), cuda, packed) == Padding(multiple=8)
     assert batch_padding(updates, cuda, replace(packed, type="rnn")).pack == 0
     assert batch_padding(updates, cuda, ModelConfig()).pack == 0
+
+
+def test_padding_past_a_transformers_positions_is_a_problem_named_before_training():
+    # A pair of max_len tokens padded past max_positions stopped training at its first such batch with
+    # "ValueError: positions 0..2047 are outside [0, max_positions (1024))" and exit 1.
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    fits = ExperimentConfig(data=DataConfig(max_len=100), model=ModelConfig(transformer=TransformerConfig(max_positions=100)))
+    assert padding_problem(fits, cpu) is None
+    assert padding_problem(fits, cuda) == (
+        "train.pad_to_multiple (0: 8 on cuda) pads a batch of data.max_len (100) tokens to 104 positions, more than "
+        "model.transformer.max_positions (100) holds; lower pad_to_multiple, or raise max_positions to 104")
+    assert padding_problem(replace(fits, train=TrainConfig(pad_to_multiple=4)), cuda) is None
+    wide = replace(fits, train=TrainConfig(pad_to_multiple=2048))
+    assert padding_problem(wide, cpu).startswith("train.pad_to_multiple (2048) pads a batch of data.max_len (100) "
+                                                 "tokens to 2048 positions")
+    assert padding_problem(replace(wide, model=replace(wide.model, type="rnn")), cpu) is None  # no position table
 
 
 @pytest.mark.parametrize("fused", [True, False])
