@@ -255,3 +255,9 @@ def test_a_huge_num_workers_is_refused_at_load(tmp_path):
     with pytest.raises(ConfigError, match=r"train.num_workers: 99999999999 must be in \[0, 256\]$"):
         load_config(write(tmp_path, "train:\n  lr: 0.1\n"), ["train.num_workers=99999999999"])
     assert load_config(write(tmp_path, "train:\n  num_workers: 256\n")).train.num_workers == 256
+
+
+def test_a_vocab_size_beyond_sentencepieces_int32_is_refused_at_load(tmp_path):
+    # sentencepiece failed with 'cannot parse "99999999999" as int', naming neither the key nor what to do.
+    with pytest.raises(ConfigError, match=r"tokenizer.vocab_size: 99999999999 must be in \[8, 2147483647\]$"):
+        load_config(write(tmp_path, "tokenizer:\n  vocab_size: 99999999999\n"))

@@ -151,7 +151,7 @@ class TokenizerConfig:
 
     type: Literal["bpe", "unigram"] = "bpe"
     """sentencepiece model type."""
-    vocab_size: int = num(8000, lo=8)
+    vocab_size: int = num(8000, lo=8, hi=2**31 - 1)
     """Vocabulary size (per side when `joint` is false), special symbols included."""
     joint: bool = True
     """One vocabulary for both languages (needed for `model.tie_embeddings: all`)."""
