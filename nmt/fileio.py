@@ -90,6 +90,20 @@ def check_folder_to_write(folder: str | Path, option: str) -> None:
                         f"give another {option}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{option} {folder}: {existing} is not writable; give another {option}")
+    # What permissions do not tell (root's, a read-only or virtual file system such as /proc): make it and write
+    # in it, then remove the folders made here, so that a refused or failed run leaves none behind.
+    made = [p for p in (path.absolute(), *path.absolute().parents) if not p.exists()]  # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        raise UserError(f"{option} {folder}: cannot write there ({err.strerror}); give another {option}") from None
+    finally:
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def remove_stale_temporaries(folder: str | Path) -> None:

@@ -172,6 +172,8 @@ CASES = [
      ["--split test and --src/--ref both choose what to score; give one of them"], None),
     ("experiment-results-a-file", "experiment {tiny} --results {src2}", 2,
      ["--results", "src2.txt: a file, not a folder; give a folder"], None),
+    ("experiment-results-unwritable", "experiment {tiny} --results /proc/nmt-results", 2,  # root may write anywhere
+     ["--results /proc/nmt-results: ", "; give another --results"], None),  # but there: refused before training
     ("experiment-no-test-sets", "experiment {tiny} --set data.test={{}} --results {dir}/results", 2,
      ["data.test: no test sets, and nmt experiment scores them after training", "or use nmt train"], None),
     ("eval-hyp-save-translations", "eval --hyp {hyp3} --ref {hyp3} --save-translations {dir}/out", 2,

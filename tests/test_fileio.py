@@ -9,8 +9,11 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from nmt.data.text import read_lines
-from nmt.fileio import write_atomic, write_lines
+from nmt.errors import UserError
+from nmt.fileio import check_folder_to_write, write_atomic, write_lines
 
 
 @contextmanager
@@ -64,3 +67,15 @@ def test_a_file_of_lines_ends_each_with_a_newline_and_of_no_lines_is_empty(tmp_p
     write_lines(tmp_path / "some.hyp", ["ein Hund", "", "grün"])
     assert (tmp_path / "some.hyp").read_bytes() == "ein Hund\n\ngrün\n".encode()
     assert read_lines(tmp_path / "some.hyp") == ["ein Hund", "", "grün"]
+
+
+def test_check_folder_to_write_leaves_no_folder_and_refuses_where_nothing_can_be_made(tmp_path):
+    # Root passes every permission check: `nmt experiment --results /proc/x` trained, then failed to write its
+    # results with "FileNotFoundError" and exit 1.
+    check_folder_to_write(tmp_path / "a" / "b", "--results")
+    assert list(tmp_path.iterdir()) == []  # the probe's folders are gone again
+    (tmp_path / "kept").mkdir()
+    check_folder_to_write(tmp_path / "kept", "--results")
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"]
+    with pytest.raises(UserError, match=r"^--results /proc/nmt-x: .*; give another --results$"):
+        check_folder_to_write("/proc/nmt-x", "--results")
