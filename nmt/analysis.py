@@ -53,6 +53,7 @@ def length_buckets(sources: Sequence[str], n_buckets: int) -> list[np.ndarray]:
     between = np.flatnonzero(np.diff(lengths[order])) + 1  # positions where a longer length starts
     if not len(between):
         return [order] if len(order) else []
+    n_buckets = min(n_buckets, len(order))  # as many as sentences already cut between every two lengths
     targets = np.arange(1, n_buckets) * len(order) / n_buckets
     cuts = between[np.abs(between[None, :] - targets[:, None]).argmin(axis=1)] if len(targets) else between[:0]
     return [chunk for chunk in np.split(order, np.unique(cuts)) if len(chunk)]

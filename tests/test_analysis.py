@@ -21,6 +21,14 @@ def test_buckets_are_equal_sized_and_ordered_by_length():
         length_buckets(sources, 0)
 
 
+def test_more_buckets_than_sentences_give_one_a_length_without_an_array_of_that_many():
+    # `nmt analyze --buckets 99999999999` failed with "MemoryError: Unable to allocate 745. GiB" and exit 1.
+    sources = ["a " * n for n in [5, 1, 9, 3, 7, 2, 5]]
+    one_a_length = [[1], [5], [3], [0, 6], [4], [2]]
+    for n in (6, 7, 100, 99_999_999_999):
+        assert [sorted(b.tolist()) for b in length_buckets(sources, n)] == one_a_length
+
+
 def test_bleu_by_length_scores_each_bucket_separately():
     sources = ["a b", "a b c", "a b c d e f g h", "a b c d e f g h i"]
     refs = ["the cat sat on the mat", "a dog ran in the park", "birds fly over the sea today", "it rains in the north now"]
