@@ -30,7 +30,7 @@ except ImportError:  # numpy 1
 from nmt.config import ExperimentConfig, config_from_dict
 from nmt.data.tokenizer import PAD_ID, Tokenizer
 from nmt.errors import CheckpointError, ConfigError, headline
-from nmt.fileio import write_atomic
+from nmt.fileio import not_a_file, write_atomic
 from nmt.models import build_model
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: is a folder, not a checkpoint; give a .pt file in it (e.g. best.pt)")
+    if kind := not_a_file(path):
+        raise CheckpointError(f"{path}: {kind}, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     if not_torch := _not_a_torch_file(path):

@@ -72,6 +72,15 @@ def write_gzip(raw: BinaryIO, write: Callable[[BinaryIO], Any]) -> None:
         write(packed)
 
 
+def not_a_file(path: str | Path) -> str | None:
+    """What `path` is where it exists but is no regular file to read ("a folder", "a pipe, a socket or a device");
+    None for a file or nothing there, so that a message says so rather than "not found"."""
+    p = Path(path)
+    if p.is_dir():
+        return "a folder"
+    return "a pipe, a socket or a device" if p.exists() and not p.is_file() else None
+
+
 def check_folder_to_write(folder: str | Path, option: str) -> None:
     """Refuse, before any work, an output folder that could not be made or written: a file of its name, a
     file on the way to it, or a nearest existing folder that is not writable.

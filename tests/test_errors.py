@@ -122,6 +122,13 @@ CASES = [
     # folders, empty files and out-of-range options (issue #17)
     ("config-is-folder", "train {dir}", 2, ["is a folder, not a config file"], None),
     ("translate-ckpt-folder", "translate -c {dir}", 2, ["is a folder, not a checkpoint", "best.pt"], None),
+    # a path that exists but is no file is named for what it is, not "not found"
+    ("translate-ckpt-device", "translate -c /dev/null", 2, ["/dev/null: a pipe, a socket or a device, not a checkpoint file"],
+     None),
+    ("data-text-side-a-folder", "train {text_folder}", 2, ["data.train: {dir}/folder.en: a folder, not a text file"], None),
+    ("data-jsonl-a-folder", "train {jsonl_folder}", 2, ["data.train: {elsewhere}: a folder, not a file"], None),
+    ("config-tokenizer-model-a-folder", "train {tiny} --set tokenizer.model={dir}", 2,
+     ["tokenizer.model: {dir}: a folder, not a sentencepiece model file"], None),
     ("eval-empty-files", "eval --hyp {empty} --ref {empty2}", 2, ["empty.txt and", "empty2.txt: both empty"], None),
     ("translate-max-tokens-negative", "translate -c {misfit} -i {src2} --max-tokens -5", 2,  # before the model loads
      ["--max-tokens: -5 must be >= 0"], None),
@@ -244,6 +251,9 @@ def bad(small_corpus, tmp_path_factory) -> dict[str, str]:
     config("zero_bytes", data("train", path=str(d / "zero")))
     config("zero_jsonl", lambda c: c["data"].__setitem__("train", {"kind": "jsonl", "path": str(d / "zero.jsonl")}))
     config("zero_valid", data("valid", path=str(d / "zero")))
+    (d / "folder.en").mkdir(), lines("folder.de", de)
+    config("text_folder", data("train", path=str(d / "folder")))
+    config("jsonl_folder", data("train", kind="jsonl", path=str(d / "elsewhere")))
     config("no_corpus", lambda c: c["data"].pop("train"))
     pq.write_table(pa.table({"en": pa.array([], pa.string()), "de": pa.array([], pa.string())}), d / "no_rows.parquet")
     config("parquet_no_rows", lambda c: c["data"].__setitem__("train", {"kind": "parquet",

@@ -24,6 +24,7 @@ from nmt.data.text import READ_ERRORS, decode_lines, open_binary
 from nmt.data.textfiles import file_stamp, is_glob
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
+from nmt.fileio import not_a_file
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ def text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:
         hit = next((c for c in candidates if Path(c).is_file()), None)
         found.append(hit)
         tried += [] if hit else candidates
+    if odd := next(((c, kind) for c in tried if (kind := not_a_file(c))), None):
+        raise DataError(f"{odd[0]}: {odd[1]}, not a text file")
     if tried:
         raise DataError(f"text corpus not found: tried {', '.join(tried)}{_suffix_hint(prefix, langs)}"
                         f"{_path_hint(prefix)}")
@@ -184,6 +187,8 @@ def text_files(prefix: str, langs: tuple[str, str]) -> tuple[str, str]:
 
 
 def _require_file(path: str) -> None:
+    if kind := not_a_file(path):
+        raise DataError(f"{path}: {kind}, not a file")
     if not Path(path).is_file():
         raise DataError(f"{path}: file not found{_path_hint(path)}")
 

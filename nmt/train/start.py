@@ -22,6 +22,7 @@ from nmt.config import ExperimentConfig, TokenizerConfig, config_from_dict, conf
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.distributed import is_main_process
 from nmt.errors import CheckpointError, ConfigError
+from nmt.fileio import not_a_file
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ def _set_aside(section: str, given: Any, parent: Any) -> list[str]:
 
 def _sentencepiece_file(path: Path) -> Tokenizer:
     where = f"tokenizer.model: {path}"
+    if kind := not_a_file(path):
+        raise ConfigError(f"{where}: {kind}, not a sentencepiece model file")
     if not path.is_file():
         raise ConfigError(f"{where}: file not found")
     try:
