@@ -128,7 +128,24 @@ def prepare_run(cfg: ExperimentConfig, run_dir: Path, *, tokenizer: Tokenizer | 
     if cfg.model.type == "transformer":
         _say_pairs_past_positions(valid, cfg.model.transformer.max_positions)
     weighted = [(len(split), spec.weight) for (split, _), spec in zip(parts, corpora)]
+    _check_epoch_size(weighted, [where for where, _ in data.corpora()])
     return RunData(tokenizer, train, valid, reports, train_parts=weighted)
+
+
+MAX_EPOCH_PAIRS = 10**9
+"""The most pairs the training corpora's weights may make an epoch of: its row list takes 8 bytes a pair."""
+
+
+def _check_epoch_size(weighted: list[tuple[int, float]], names: list[str]) -> None:
+    """Refuse weights that make an epoch too large to list (a mistyped `weight: 99999999999`), before the first one
+    is drawn; `names` are the corpora's key paths, `data.train` or `data.train[i]`, in order."""
+    pairs = sum(rows * weight for rows, weight in weighted)
+    if pairs <= MAX_EPOCH_PAIRS:
+        return
+    i = max(range(len(weighted)), key=lambda k: weighted[k][0] * weighted[k][1])
+    rows, weight = weighted[i]
+    raise DataError(f"{names[i]}.weight ({weight:g}) takes its {rows} pairs {weight:g} times an epoch, which would "
+                    f"hold {pairs:.3g} pairs, more than the {MAX_EPOCH_PAIRS:,} an epoch may; lower the weight")
 
 
 def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | None, *, cache: Path,

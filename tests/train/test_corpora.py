@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import config_from_dict, load_config
+from nmt.errors import DataError
 from nmt.train.data import prepare_run
 from tests.conftest import tiny_config_dict
 
@@ -59,6 +61,17 @@ def test_the_corpora_are_one_split_in_order_with_their_weights(small_corpus, tmp
     en = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()
     sources = data.tokenizer.decode_tgt([ids[:-1] for ids in data.train[first:]["src_ids"]])
     assert sources == [line for line in en if line in sources] and len(sources) == second
+
+
+def test_a_weight_that_makes_an_epoch_too_large_to_list_is_refused_naming_it(small_corpus, tmp_path):
+    # weight: 99999999999 failed when the first epoch was drawn, with "MemoryError:" and exit 1.
+    raw = two_corpora(small_corpus, tmp_path)
+    raw["data"]["train"][1]["weight"] = 99999999999
+    (tmp_path / "run").mkdir()
+    with pytest.raises(DataError, match=r"^data.train\[1\].weight \(1e\+11\) takes its \d+ pairs 1e\+11 times an "
+                                        r"epoch, which would hold [\d.e+]+ pairs, more than the 1,000,000,000 an epoch "
+                                        r"may; lower the weight$"):
+        prepare_run(config_from_dict(raw), tmp_path / "run")
 
 
 def test_a_weight_on_the_validation_set_is_refused_in_one_line(small_corpus, tmp_path):
