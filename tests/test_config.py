@@ -165,6 +165,8 @@ REFUSED_YAML = [
     ("mega-unknown-key", f"model:\n  ? {MEGA}\n  : 1\n", r"unknown key 'model.xxx+ \.\.\. \(1000008 characters\) \.\.\. xxx+'; known keys: type"),
     ("mega-test-set-name", f"data:\n  test:\n    ? {MEGA}\n    : 3\n",
      r"data.test.xxx+ \.\.\. \(1000000 characters\) \.\.\. xxx+: expected a mapping, got int 3$"),
+    ("nested-past-the-recursion-limit", "train: " + "[" * 5000 + "]" * 5000 + "\n",  # was RecursionError, exit 1
+     r"exp.yaml: YAML syntax error: lists or mappings nested too deeply to parse; a config nests a few levels$"),
 ]
 
 
@@ -183,6 +185,8 @@ REFUSED_OVERRIDES = [
     ("duplicate-key", "data.test={a: {path: x}, a: {path: y}}", r"^--set '.*': duplicate key 'a' \(first at line 1\)"),
     ("mega-value", f"train.max_steps={MEGA}", r"^--set 'train.max_steps=xxx+ \.\.\. \(1000018 characters\) .*"
                                              r"expected int, got str 'xxx+ \.\.\. \(1000002 characters\)"),
+    ("nested-past-the-recursion-limit", "train.lr=" + "[" * 5000 + "]" * 5000,  # was RecursionError, exit 1
+     r"^--set 'train.lr=\[\[+ \.\.\. \(\d+ characters\) \.\.\. \]+': train.lr: expected float, got str '\[\[+ "),
 ]
 
 

@@ -146,7 +146,10 @@ def _blame_overrides(err: ConfigError, raw: dict[str, Any], overrides: typing.Se
 
 
 def _parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain data only
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain data only
+    except RecursionError:  # PyYAML composes nested collections by recursion
+        raise yaml.YAMLError("lists or mappings nested too deeply to parse; a config nests a few levels") from None
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
