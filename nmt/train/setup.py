@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -109,8 +110,15 @@ def build_trainable(cfg: ExperimentConfig, tokenizer: Tokenizer, device: torch.d
     """The config's model (or `model`) on `device` with its loss, optimizer, schedule and scaler, unwrapped."""
     tc = cfg.train
     if model is None:
-        model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size,
-                            tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID)
+        try:
+            model = build_model(cfg.model, src_vocab_size=tokenizer.src_vocab_size,
+                                tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=PAD_ID)
+        except RuntimeError as err:  # torch's CPU allocator: "can't allocate memory: you tried to allocate N bytes"
+            asked = re.search(r"can't allocate memory: you tried to allocate (\d+) bytes", str(err))
+            if asked is None:
+                raise
+            raise NodeError(f"model.{cfg.model.type}: its sizes make a model too large for this machine's memory (one "
+                            f"weight alone would take {int(asked.group(1)) / 2**30:.1f} GiB); make it smaller") from None
     model.to(device)
     optimizer = build_optimizer(model, tc, device)
     return Trainable(model=model, objective=Objective(model, pad_id=PAD_ID, smoothing=tc.label_smoothing),

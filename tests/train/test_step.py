@@ -322,6 +322,19 @@ def test_padding_past_a_transformers_positions_is_a_problem_named_before_trainin
     assert padding_problem(replace(wide, model=replace(wide.model, type="rnn")), cpu) is None  # no position table
 
 
+def test_a_model_too_large_for_memory_is_one_line_naming_its_section():
+    # Its weights failed to allocate with "RuntimeError: [enforce fail at alloc_cpu.cpp:127] ..." and exit 1.
+    from types import SimpleNamespace
+
+    from nmt.errors import NodeError
+    from nmt.train.setup import build_trainable
+
+    huge = ExperimentConfig(model=ModelConfig(transformer=TransformerConfig(d_model=32, heads=2, ff_dim=10**11)))
+    with pytest.raises(NodeError, match=r"^model.transformer: its sizes make a model too large for this machine's "
+                                        r"memory \(one weight alone would take \d+\.\d GiB\); make it smaller$"):
+        build_trainable(huge, SimpleNamespace(src_vocab_size=50, tgt_vocab_size=50), torch.device("cpu"))
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_non_finite_update_leaves_weights_and_adam_state_alone(fused):
     model = _model()
