@@ -92,16 +92,31 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer | None:
-        """The tokenizer saved in `directory`, or None when there is none."""
+        """The tokenizer saved in `directory`, or None when there is none.
+
+        Raises:
+            DataError: a model file there that sentencepiece cannot read (emptied or overwritten).
+        """
         directory = Path(directory)
-        if (directory / "spm.model").is_file():
-            return cls(src_model=(directory / "spm.model").read_bytes())
-        if (directory / "spm.src.model").is_file() and (directory / "spm.tgt.model").is_file():
-            return cls(
-                src_model=(directory / "spm.src.model").read_bytes(),
-                tgt_model=(directory / "spm.tgt.model").read_bytes(),
-            )
-        return None
+        names = (["spm.model"] if (directory / "spm.model").is_file() else
+                 ["spm.src.model", "spm.tgt.model"] if all((directory / n).is_file() for n in ("spm.src.model",
+                                                                                                "spm.tgt.model"))
+                 else [])
+        models = []
+        for name in names:
+            data = (directory / name).read_bytes()
+            problem = None if data else "an empty file"  # which loads, and fails at its first use
+            try:
+                spm.SentencePieceProcessor(model_proto=data)
+            except RuntimeError as err:
+                problem = str(err).strip()
+            if problem:
+                raise DataError(f"{directory / name}: not a sentencepiece model ({problem}), damaged since the run "
+                                "wrote it: restore it, or start the run over with --restart")
+            models.append(data)
+        if not models:
+            return None
+        return cls(src_model=models[0], tgt_model=models[1] if len(models) > 1 else None)
 
 
 def train_tokenizer(

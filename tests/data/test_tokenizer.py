@@ -84,6 +84,19 @@ def test_load_from_an_empty_folder_gives_none(tmp_path: Path) -> None:
     assert Tokenizer.load(tmp_path) is None
 
 
+@pytest.mark.parametrize(("content", "why"), [(b"", "an empty file"), (b"junk", "INTERNAL: ")])
+def test_a_damaged_model_in_the_run_directory_names_the_file_and_what_to_do(
+    separate: Tokenizer, tmp_path: Path, content: bytes, why: str
+) -> None:
+    # Resuming a run whose spm.model was emptied or overwritten failed with "RuntimeError: INTERNAL: ..." and exit 1.
+    separate.save(tmp_path)
+    (tmp_path / "spm.tgt.model").write_bytes(content)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path / 'spm.tgt.model'))}: not a sentencepiece model "
+                                        rf"\({why}.*\), damaged since the run wrote it: restore it, or start the run "
+                                        r"over with --restart$"):
+        Tokenizer.load(tmp_path)
+
+
 def test_vocab_too_large_for_the_text_names_the_setting(corpus: tuple[list[str], list[str]]) -> None:
     with pytest.raises(DataError, match=r"tokenizer\.vocab_size \(5000\) is too large"):
         train_tokenizer(TokenizerConfig(vocab_size=5000), corpus[0][:50], corpus[1][:50])
