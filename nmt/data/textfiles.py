@@ -23,6 +23,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,9 @@ import pyarrow.compute as pc
 from datasets import Dataset
 
 from nmt.data.text import READ_ERRORS, open_binary
-from nmt.errors import DataError
+from nmt.errors import DataError, headline
+
+log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 1 << 22
 """Bytes read from a file at a time (4 MiB)."""
@@ -84,21 +87,26 @@ def read_text_shards(shards: Sequence[tuple[str, str]], cache_dir: str | None) -
     stamps = [(file_stamp(s), file_stamp(t)) for s, t in shards]
     key = hashlib.sha256(json.dumps([FORMAT, stamps]).encode()).hexdigest()[:24]
     path = folder / f"text-pairs-{key}.arrow"
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        # A name no other writer has, even a process of the same id on another node sharing the folder.
-        fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-        tmp = Path(name)
+    if path.is_file():
         try:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
-                for src_path, tgt_path in shards:
-                    for src, tgt in _aligned(src_path, tgt_path):
-                        writer.write_batch(pa.record_batch([src, tgt], schema=SCHEMA))
-            os.replace(tmp, path)  # whole or absent: a killed run leaves no half file behind
-        finally:
-            tmp.unlink(missing_ok=True)
-            pa.default_memory_pool().release_unused()  # the blocks' buffers, kept by the allocator otherwise
+            return Dataset.from_file(str(path))
+        except (pa.ArrowException, OSError) as err:  # written whole (below), so damaged since: read the text again
+            log.warning("%s: unreadable cache (%s); reading the corpus again", path, headline(err))
+            path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    # A name no other writer has, even a process of the same id on another node sharing the folder.
+    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            for src_path, tgt_path in shards:
+                for src, tgt in _aligned(src_path, tgt_path):
+                    writer.write_batch(pa.record_batch([src, tgt], schema=SCHEMA))
+        os.replace(tmp, path)  # whole or absent: a killed run leaves no half file behind
+    finally:
+        tmp.unlink(missing_ok=True)
+        pa.default_memory_pool().release_unused()  # the blocks' buffers, kept by the allocator otherwise
     return Dataset.from_file(str(path))
 
 

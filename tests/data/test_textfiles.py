@@ -164,6 +164,21 @@ def test_the_cache_is_written_beside_another_nodes_temporary_file_of_the_same_pr
     assert sorted(p.name for p in cache.iterdir()) == sorted([final.name, other.name])
 
 
+@pytest.mark.parametrize("damage", [b"", b"junk"])
+def test_a_damaged_cache_is_read_again_from_the_text(tmp_path: Path, caplog, damage: bytes) -> None:
+    # A cache file emptied or overwritten since it was written whole stopped nmt train with "ArrowInvalid: Expected to
+    # read 1802401130 metadata bytes, but only read 1" and exit 1.
+    de, en = toy_corpus(12, seed=5)
+    write_lines(tmp_path / "c.de", de)
+    write_lines(tmp_path / "c.en", en)
+    shards = [(str(tmp_path / "c.de"), str(tmp_path / "c.en"))]
+    final = Path(textfiles.read_text_shards(shards, str(tmp_path / "cache")).cache_files[0]["filename"])
+    final.write_bytes(damage)
+    again = textfiles.read_text_shards(shards, str(tmp_path / "cache"))
+    assert again["src"][:] == de and again["tgt"][:] == en
+    assert f"{final}: unreadable cache (" in caplog.text and "reading the corpus again" in caplog.text
+
+
 def test_a_shard_with_different_line_counts_is_named(tmp_path: Path) -> None:
     write_lines(tmp_path / "a.de", ["x", "y"])
     write_lines(tmp_path / "a.en", ["x", "y"])
