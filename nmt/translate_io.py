@@ -16,6 +16,7 @@ import logging
 import os
 import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count, islice
@@ -286,6 +287,11 @@ def check_output(output: str | Path, input: str | Path | None = None) -> None:
         raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another -o")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{output}: output folder {folder} is not writable; choose another -o")
+    try:  # what permissions do not tell: root's, a read-only or virtual file system such as /proc
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise UserError(f"{output}: output folder {folder} cannot be written ({err.strerror}); choose another -o"
+                        ) from None
     if not path.exists():
         return
     out_stat = path.stat()

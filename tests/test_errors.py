@@ -158,6 +158,8 @@ CASES = [
      ["/new/: output is a folder; give a file name"], None),
     ("average-output-nowhere", "average {good} {misfit} -o {dir}/nowhere/avg.pt", 2,
      ["avg.pt: output folder", "nowhere does not exist"], None),
+    ("average-output-unwritable", "average {good} {misfit} -o /proc/avg.pt", 2,  # root passes the permission check
+     ["/proc/avg.pt: output folder /proc ", "; choose another -o"], None),
     ("eval-save-translations-file", "eval -c {good} --split test --save-translations {src2}", 2,
      ["--save-translations", "src2.txt: a file, not a folder"], None),
     ("translate-attention-plot-under-file", "translate -c {good} -i {src2} --attention-plot {src2}/plots", 2,
