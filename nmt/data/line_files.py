@@ -125,11 +125,16 @@ def _json_objects(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
             continue
         try:
             obj = json.loads(line)
+            flat = _flatten(obj) if isinstance(obj, dict) else None
         except json.JSONDecodeError as err:
             raise DataError(f"{path}:{lineno}: invalid JSON: {err.msg} (column {err.colno})") from None
-        if not isinstance(obj, dict):
+        except ValueError as err:  # Python's limit on the digits of an integer it converts
+            raise DataError(f"{path}:{lineno}: a JSON number too long to read ({str(err).split(';')[0]})") from None
+        except RecursionError:  # `json` and `_flatten` descend by recursion
+            raise DataError(f"{path}:{lineno}: JSON nested too deeply to read") from None
+        if flat is None:
             raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        yield lineno, _flatten(obj)
+        yield lineno, flat
 
 
 def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -263,6 +263,14 @@ def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
     write_lines(tmp_path / "c.jsonl", ['{"src": "x", "tgt": "y"}'])
     with pytest.raises(DataError, match=r"columns found: 'src', 'tgt'"):
         load(tmp_path, "jsonl", tmp_path / "c.jsonl")
+    # These two stopped nmt train with "ValueError: Exceeds the limit (4300 digits) ..." and "RecursionError", exit 1.
+    write_lines(tmp_path / "d.jsonl", ['{"de": "x", "en": "y"}', '{"de": "x", "en": "y", "id": 1' + "0" * 5000 + "}"])
+    with pytest.raises(DataError, match=r"d\.jsonl:2: a JSON number too long to read \(Exceeds the limit \(4300 digits\) "
+                                        r"for integer string conversion: value has 5001 digits\)$"):
+        load(tmp_path, "jsonl", tmp_path / "d.jsonl")
+    write_lines(tmp_path / "e.jsonl", ['{"de": "x", "en": "y", "n": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+    with pytest.raises(DataError, match=r"e\.jsonl:1: JSON nested too deeply to read$"):
+        load(tmp_path, "jsonl", tmp_path / "e.jsonl")
 
 
 # --------------------------------------------------------------------------- Arrow sources
