@@ -82,7 +82,7 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     except KeyError as err:
         raise CheckpointError(f"{where}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None
     except ConfigError as err:
-        raise CheckpointError(f"{where}: {err} (a checkpoint of another nmt version?)") from None
+        raise CheckpointError(f"train.init_from: {err} (a checkpoint of another nmt version?)") from None  # names path
     unused = [*_set_aside("model", cfg.model, parent.model), *_set_aside("tokenizer", cfg.tokenizer, parent.tokenizer)]
     if unused and is_main_process():  # every rank reads the parent; one says so
         log.warning("%s: the model and tokenizer are the parent's, so this config's %s %s not used", where,

@@ -101,6 +101,18 @@ def test_a_missing_parent_is_one_clear_error(small_corpus, tmp_path):
         train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "missing.pt")))
 
 
+def test_a_parent_whose_stored_config_does_not_load_is_named_once(small_corpus, tmp_path, parent):
+    from nmt.checkpoint import save_checkpoint
+
+    payload = load_checkpoint(parent)
+    payload["config"]["train"]["lr"] = "fast"
+    save_checkpoint(payload, tmp_path / "odd.pt")
+    with pytest.raises(CheckpointError) as err:  # its path was written twice: "train.init_from: P: P: stored config"
+        train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "odd.pt")))
+    assert str(err.value) == (f"train.init_from: {tmp_path / 'odd.pt'}: stored config: train.lr: expected float, got "
+                              "str 'fast' (a checkpoint of another nmt version?)")
+
+
 def test_a_coverage_penalty_is_refused_for_a_parent_without_attention(small_corpus, tmp_path):
     """The child's own config has no model section, so only the parent's decoder tells that the penalty has no
     attention weights to read: refused when the parent is read, before the run directory is made."""
