@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from nmt.errors import headline, shorten
+from nmt.errors import UserError, headline, shorten
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,11 @@ class MetricsLog:
                 log.warning("train.tensorboard: %s, so this run writes metrics.jsonl but no TensorBoard event files; "
                             "install it with: pip install 'nmt[tensorboard]' (or set train.tensorboard: false)", why)
             else:
-                self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+                folder = run_dir / "tensorboard"
+                if folder.exists() and not folder.is_dir():  # SummaryWriter's makedirs: a bare FileExistsError
+                    raise UserError(f"{folder}: a file, where the run writes its TensorBoard folder; move it away, or "
+                                    "set train.tensorboard: false")
+                self.writer = SummaryWriter(str(folder), purge_step=resume_step + 1)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:

@@ -56,3 +56,15 @@ def test_lines_read_from_the_end_are_the_files_lines_reversed(tmp_path, text, bl
     path.write_bytes(text)
     with open(path, "rb") as f:
         assert list(_lines_from_the_end(f, len(text), block=block)) == expected[::-1]
+
+
+def test_a_file_where_the_tensorboard_folder_goes_is_one_line_with_the_way_out(tmp_path):
+    # SummaryWriter's makedirs stopped nmt train with "FileExistsError: [Errno 17] File exists" and exit 1.
+    pytest.importorskip("torch.utils.tensorboard")
+    from nmt.errors import UserError
+
+    (tmp_path / "tensorboard").write_text("not a folder\n")
+    with pytest.raises(UserError, match=r"tensorboard: a file, where the run writes its TensorBoard folder; move it "
+                                        r"away, or set train.tensorboard: false$"):
+        MetricsLog(tmp_path, resume_step=0)
+    MetricsLog(tmp_path, resume_step=0, tensorboard=False).close()
