@@ -320,6 +320,8 @@ def prepare_run_dir(run_dir: Path, restart: bool) -> None:
         raise UserError(f"run_dir {run_dir}: not writable ({err.strerror}); choose another run_dir") from None
     remove_stale_temporaries(run_dir)
     aside = run_dir / REPLACED
+    if restart and aside.exists() and not aside.is_dir():  # else mkdir's bare FileExistsError below
+        raise UserError(f"{aside}: a file, where --restart sets the earlier run aside; move it away")
     if aside.is_dir():  # a --restart that never started: what it wrote since is no run
         if restart:
             for p in _run_outputs(run_dir):

@@ -144,3 +144,15 @@ def test_a_resume_on_other_training_data_says_so(small_corpus, tmp_path, caplog)
     with caplog.at_level(logging.WARNING, logger="nmt"):  # the same data: nothing to say
         train(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 4, "save_every": 4}}))
     assert "trained with another" not in caplog.text
+
+
+def test_a_file_named_like_the_restarts_folder_is_refused_in_one_line(tmp_path):
+    # --restart failed on it with a bare "FileExistsError: [Errno 17] File exists: '.../.replaced'" and exit 1.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / REPLACED).write_text("a note\n")
+    (run / "ckpt_2.pt").write_bytes(b"the earlier run")
+    with pytest.raises(UserError, match=rf"{REPLACED}: a file, where --restart sets the earlier run aside; move it away$"):
+        prepare_run_dir(run, restart=True)
+    assert (run / "ckpt_2.pt").read_bytes() == b"the earlier run"
+    prepare_run_dir(run, restart=False)  # a plain start does not use it
