@@ -16,8 +16,49 @@ from typing import Any
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
+FIELDS = ("experiment", "direction", "model", "parameters", "steps", "train_seconds", "tokens_per_s", "hardware",
+          "stopped_by", "test")
+"""What the table reads of each results file."""
+
+
 def load_results(directory: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(directory).glob("*.json"))]
+    """The results files of `directory`, in name order.
+
+    Raises:
+        SystemExit: naming a file that is not one `nmt experiment` writes (damaged, or another tool's).
+    """
+    results = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+            problem = _problem(result)
+        except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            problem = f"{type(err).__name__}: {err}"
+        if problem:
+            raise SystemExit(f"{path}: not a results file of nmt experiment ({problem}); move it out of {directory}, "
+                             "or run its experiment again")
+        results.append(result)
+    return results
+
+
+def _problem(result: Any) -> str | None:
+    """What keeps `result` from being a row of the table, or None."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not isinstance(result, dict):
+        return f"a JSON {type(result).__name__}, not an object"
+    if missing := [key for key in FIELDS if key not in result]:
+        return f"no {', '.join(missing)}"
+    if not (number(result["parameters"]) and number(result["train_seconds"]) and isinstance(result["test"], dict)):
+        return "parameters and train_seconds must be numbers, test a mapping of test sets"
+    for name, scores in result["test"].items():
+        by_length = scores.get("by_length", [{}]) if isinstance(scores, dict) else None
+        if not (isinstance(scores, dict) and number(scores.get("bleu")) and number(scores.get("chrf"))
+                and isinstance(by_length, list) and by_length and isinstance(by_length[-1], dict)
+                and (by_length[-1].get("bleu") is None or number(by_length[-1]["bleu"]))):
+            return f"test set {name!r} lacks the numbers bleu, chrf and by_length"
+    return None
 
 
 def results_table(results: list[dict[str, Any]]) -> str:

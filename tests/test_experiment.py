@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,30 @@ def test_results_need_the_markers(tmp_path):
     with pytest.raises(SystemExit, match="markers"):
         main(["--results", str(tmp_path / "results"), "--readme", str(readme)])
 
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"{bad", r"JSONDecodeError: Expecting property name"),
+    (b"\xff\xfe", r"UnicodeDecodeError: "),
+    (b"[1]", r"a JSON list, not an object"),
+    (b'{"experiment": "x"}', r"no direction, model, parameters, steps, train_seconds, tokens_per_s, hardware, "
+                             r"stopped_by, test"),
+    (b'{"experiment": "x", "direction": "de-en", "model": "m", "parameters": 1, "steps": 1, "train_seconds": 1, '
+     b'"tokens_per_s": null, "hardware": "cpu", "stopped_by": "max_steps", "test": {"t": {"bleu": "high"}}}',
+     r"test set 't' lacks the numbers bleu, chrf and by_length"),
+])
+def test_a_results_file_the_table_cannot_read_is_named_in_one_line(tmp_path, capsys, content, why):
+    # `python -m nmt.results` showed a traceback (KeyError, TypeError, JSONDecodeError, a format code's ValueError).
+    good = {"experiment": "a", "direction": "de-en", "model": "m", "parameters": 10**6, "steps": 3, "train_seconds": 60,
+            "tokens_per_s": None, "hardware": "cpu", "stopped_by": "max_steps", "test": {"t": {"bleu": 1, "chrf": 2}}}
+    (tmp_path / "a.json").write_text(json.dumps(good), encoding="utf-8")
+    main(["--print", "--results", str(tmp_path)])
+    assert "| a | de-en | m | 1.0M | t | 1.0 | 2.0 |" in capsys.readouterr().out
+    (tmp_path / "b.json").write_bytes(content)
+    with pytest.raises(SystemExit, match=rf"^{re.escape(str(tmp_path / 'b.json'))}: not a results file of nmt "
+                                         rf"experiment \({why}.*\); move it out of {re.escape(str(tmp_path))}, or "
+                                         r"run its experiment again$"):
+        main(["--print", "--results", str(tmp_path)])
 
 
 def test_results_print_the_table_where_there_is_no_readme(shared_experiment, monkeypatch, capsys):
