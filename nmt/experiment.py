@@ -20,7 +20,7 @@ from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
 from nmt.distributed import is_main_process
-from nmt.errors import CheckpointError, UserError
+from nmt.errors import CheckpointError, UserError, shorten
 from nmt.fileio import write_atomic, write_lines
 from nmt.metrics import METRICS, score, with_metrics
 from nmt.runtime import hardware, pick_device
@@ -168,6 +168,9 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     `overrides` are the `--set` options `cfg` was loaded with; the JSON records them so that a
     number trained with a shorter budget than its config says is never mistaken for the full run.
     """
+    if not name or name in (".", "..") or "/" in name or "\0" in name:  # before training, not when writing its results
+        raise UserError(f"--name {shorten(repr(name))}: not a file name; the results go to {results_dir}/<name>.json, "
+                        "which the results table reads (python -m nmt.results): give a name without '/'")
     if not cfg.data.test:  # found out before training, not after it
         raise UserError("data.test: no test sets, and nmt experiment scores them after training: add them to "
                         "the config (data.test: {NAME: {kind: text, path: PREFIX}}), or use nmt train")

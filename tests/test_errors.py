@@ -183,6 +183,8 @@ CASES = [
      ["--results", "src2.txt: a file, not a folder; give a folder"], None),
     ("experiment-results-unwritable", "experiment {tiny} --results /proc/nmt-results", 2,  # root may write anywhere
      ["--results /proc/nmt-results: ", "; give another --results"], None),  # but there: refused before training
+    ("experiment-name-a-path", "experiment {tiny} --name ../elsewhere --results {dir}/results", 2,  # was written there
+     ["--name '../elsewhere': not a file name; the results go to {dir}/results/<name>.json"], None),
     ("experiment-no-test-sets", "experiment {tiny} --set data.test={{}} --results {dir}/results", 2,
      ["data.test: no test sets, and nmt experiment scores them after training", "or use nmt train"], None),
     ("eval-hyp-save-translations", "eval --hyp {hyp3} --ref {hyp3} --save-translations {dir}/out", 2,

@@ -199,6 +199,20 @@ def test_results_without_overrides_have_no_notes(shared_experiment):
     assert "Settings changed" in results_table([experiment_result])
 
 
+@pytest.mark.parametrize("name", ["", ".", "..", "../elsewhere", "a/b", "a\0b"])
+def test_a_name_that_is_no_file_name_is_refused_before_training(small_corpus, tmp_path, name):
+    # "a\0b" trained, then failed to write its results with "ValueError: embedded null byte", exit 1; "../elsewhere"
+    # wrote them outside --results, and "a/b" into a subfolder that the results table does not read.
+    from nmt.config import config_from_dict
+    from nmt.errors import UserError
+    from nmt.experiment import run_experiment
+
+    cfg = config_from_dict(tiny_config_dict(small_corpus, tmp_path / "run"))
+    with pytest.raises(UserError, match=r"^--name .*: not a file name; the results go to results/<name>.json"):
+        run_experiment(cfg, name)
+    assert not (tmp_path / "run").exists()
+
+
 def test_results_need_the_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n", encoding="utf-8")
