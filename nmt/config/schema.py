@@ -155,8 +155,8 @@ class TokenizerConfig:
     """Vocabulary size (per side when `joint` is false), special symbols included."""
     joint: bool = True
     """One vocabulary for both languages (needed for `model.tie_embeddings: all`)."""
-    character_coverage: float = num(1.0, lo=0, hi=1, lo_open=True)
-    """Share of characters covered by the vocabulary; rarer ones map to <unk>."""
+    character_coverage: float = num(1.0, lo=0.98, hi=1)
+    """Share of characters covered by the vocabulary; rarer ones map to <unk>. sentencepiece takes 0.98 to 1."""
     max_sentences: int = num(1_000_000, lo=1)
     """At most this many sentence pairs train the tokenizer: all of them when there are no more, else as many drawn at random, the same for the same `train.seed`."""
     normalization: Literal["nmt_nfkc", "nfkc", "identity"] = "nmt_nfkc"
