@@ -106,7 +106,7 @@ def _main(
 
 @command()
 def train(
-    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    config: Annotated[Path, typer.Argument(readable=False, help="Experiment YAML file.")],
     overrides: SetOption = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard an earlier run in run_dir and start over.")] = False,
 ) -> None:
@@ -129,7 +129,7 @@ def train(
 @stops_cleanly_on_sigterm
 def translate(
     checkpoint: Annotated[list[Path], typer.Option(
-        "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several (mean of probabilities).")],
+        "--checkpoint", "-c", readable=False, help="Trained checkpoint (.pt); repeat to ensemble several (mean of probabilities).")],
     input: Annotated[str, typer.Option("--input", "-i", help="Input file (.gz: decompressed), or - for standard input (a terminal: interactive).")] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Output file (.gz: compressed), or - for standard output.")] = "-",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam, or --nbest where larger; 1 when sampling).")] = None,
@@ -203,12 +203,12 @@ def translate(
 @command("eval")
 @stops_cleanly_on_sigterm
 def evaluate(
-    checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", help="Checkpoint to translate with.")] = None,
+    checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", readable=False, help="Checkpoint to translate with.")] = None,
     split: Annotated[Optional[str], typer.Option(help="valid, test (all test sets) or a test set's name.")] = None,
-    src: Annotated[Optional[Path], typer.Option(help="Source file to translate.")] = None,
+    src: Annotated[Optional[Path], typer.Option(readable=False, help="Source file to translate.")] = None,
     ref: Annotated[Optional[list[Path]], typer.Option(
-        help="Reference file; repeat it for several references of each line.")] = None,
-    hyp: Annotated[Optional[Path], typer.Option(help="Ready translations to score (no checkpoint needed).")] = None,
+        readable=False, help="Reference file; repeat it for several references of each line.")] = None,
+    hyp: Annotated[Optional[Path], typer.Option(readable=False, help="Ready translations to score (no checkpoint needed).")] = None,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: the checkpoint's decode.beam).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
@@ -253,7 +253,7 @@ def evaluate(
 @command()
 @stops_cleanly_on_sigterm
 def average(
-    paths: Annotated[list[Path], typer.Argument(help="Checkpoints to average; with --last, one run directory.")],
+    paths: Annotated[list[Path], typer.Argument(readable=False, help="Checkpoints to average; with --last, one run directory.")],
     output: Annotated[Optional[str], typer.Option(  # text: Path() would drop the slash of `-o folder/`
         "--output", "-o", help="Where to write the averaged checkpoint (with --last, default RUN_DIR/averaged.pt).")] = None,
     last: Annotated[Optional[int], typer.Option(
@@ -284,7 +284,7 @@ def average(
 
 @command()
 def experiment(
-    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    config: Annotated[Path, typer.Argument(readable=False, help="Experiment YAML file.")],
     overrides: SetOption = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard an earlier run in run_dir and start over.")] = False,
     name: Annotated[Optional[str], typer.Option(help="Experiment name (default: the config file's name).")] = None,
@@ -317,8 +317,8 @@ def experiment(
 def analyze(
     checkpoints: Annotated[list[str], typer.Option("--checkpoint", "-c", help="NAME=CKPT or CKPT (repeatable).")],
     split: Annotated[Optional[str], typer.Option(help="Test set of the first checkpoint's config (default: its first).")] = None,
-    src: Annotated[Optional[Path], typer.Option(help="Source file instead of a split.")] = None,
-    ref: Annotated[Optional[Path], typer.Option(help="Reference file instead of a split.")] = None,
+    src: Annotated[Optional[Path], typer.Option(readable=False, help="Source file instead of a split.")] = None,
+    ref: Annotated[Optional[Path], typer.Option(readable=False, help="Reference file instead of a split.")] = None,
     buckets: Annotated[int, typer.Option(help="Source-length buckets: at most this many, of whole lengths, as equal in size as the lengths allow.")] = 3,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: each checkpoint's decode.beam).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length PNG here.")] = None,
@@ -369,7 +369,7 @@ def analyze(
 @command()
 @stops_cleanly_on_sigterm
 def export(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Transformer checkpoint (.pt).")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", readable=False, help="Transformer checkpoint (.pt).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to create for the exported model.")],
     format: Annotated[str, typer.Option("--format", help="Target: ctranslate2.")] = "ctranslate2",
     quantization: Annotated[Optional[str], typer.Option(
@@ -386,7 +386,7 @@ def export(
 @command()
 def serve(
     checkpoint: Annotated[list[Path], typer.Option(
-        "--checkpoint", "-c", help="Trained checkpoint (.pt); repeat to ensemble several.")],
+        "--checkpoint", "-c", readable=False, help="Trained checkpoint (.pt); repeat to ensemble several.")],
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0, or :: for IPv6 too: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8080,
     beam: Annotated[Optional[int], typer.Option(help="Default beam size (default: the checkpoint's decode.beam).")] = None,

@@ -413,3 +413,18 @@ def test_an_unreadable_input_file_is_one_line_before_the_model_loads(bad, unread
     status, stderr = run_in_process(["translate", "-c", bad["good"], "-i", str(unreadable)], None, monkeypatch)
     assert status == 2, stderr
     assert stderr == f"nmt: error: {unreadable}: cannot read the input file (Permission denied)\n"
+
+
+@pytest.mark.parametrize(("command", "message"), [
+    ("train {path}", "{path}: cannot read the config file (Permission denied)"),
+    ("translate -c {path}", "{path}: not a checkpoint: cannot be read (Permission denied)"),
+    ("eval --hyp {path} --ref {path}", "{path}: cannot read: [Errno 13] Permission denied: '{path}'"),
+    ("average {good} {path} -o {dir}/avg.pt", "{path}: not a checkpoint: cannot be read (Permission denied)"),
+])
+def test_an_unreadable_file_named_on_the_command_line_is_one_line(bad, unreadable, monkeypatch, command, message):
+    # click's own check of a path option answered with its four-line usage error ("Invalid value for '--checkpoint'
+    # / '-c': path ... is not readable"), and the config file, once read, with "PermissionError" and exit 1.
+    status, stderr = run_in_process(command.format(path=unreadable, **bad).split(), None, monkeypatch)
+    assert status == 2, stderr
+    assert stderr == f"nmt: error: {message.format(path=unreadable)}\n"
+

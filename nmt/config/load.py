@@ -89,7 +89,10 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, train
     if not path.is_file():
         resolved = "" if path.is_absolute() else f" (resolved to {path.resolve()})"
         raise ConfigError(f"{path}: config file not found{resolved}")
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:  # the CLI leaves the check to here, for one line rather than click's usage error
+        raise ConfigError(f"{path}: cannot read the config file ({err.strerror})") from None
     try:
         raw = _parse_yaml(data.decode("utf-8"))
     except _Refused as err:
