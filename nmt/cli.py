@@ -335,11 +335,13 @@ def analyze(
         plot_bleu_by_length,
         write_report,
     )
+    from nmt.decode.options import check_search_flags
     from nmt.fileio import check_folder_to_write
     from nmt.plot import require_matplotlib
 
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
+    check_search_flags(beam=beam)  # before any model loads, naming the option
     chosen = _sentence_numbers(sentences)
     if report is not None:
         require_matplotlib("--report")

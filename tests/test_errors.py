@@ -190,6 +190,7 @@ CASES = [
     ("eval-hyp-save-translations", "eval --hyp {hyp3} --ref {hyp3} --save-translations {dir}/out", 2,
      ["--save-translations does not apply to --hyp"], None),
     ("eval-beam-zero-before-loading", "eval -c {misfit} --split test --beam 0", 2, ["--beam: 0 must be >= 1"], None),
+    ("analyze-beam-zero-before-loading", "analyze -c {misfit} --beam 0", 2, ["--beam: 0 must be >= 1"], None),
     ("analyze-sentence-past-the-end", "analyze -c {good} --report {dir}/report --sentences 0,30", 2,
      ["--sentences 30: test has 30 sentences, numbered 0 to 29"], None),
     ("translate-input-utf8-before-progress", "translate -c {good} -i {src_utf8}", 2, ["src_utf8.txt:6: invalid UTF-8"],
