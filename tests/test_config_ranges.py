@@ -10,6 +10,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+from operator import attrgetter
 
 import pytest
 import torch
@@ -259,6 +260,15 @@ def test_a_huge_num_workers_is_refused_at_load(tmp_path):
     with pytest.raises(ConfigError, match=r"train.num_workers: 99999999999 must be in \[0, 256\]$"):
         load_config(write(tmp_path, "train:\n  lr: 0.1\n"), ["train.num_workers=99999999999"])
     assert load_config(write(tmp_path, "train:\n  num_workers: 256\n")).train.num_workers == 256
+
+
+@pytest.mark.parametrize("key", ["model.transformer.encoder_layers", "model.transformer.decoder_layers",
+                                 "model.rnn.encoder_layers", "model.rnn.decoder_layers"])
+def test_a_huge_layer_count_is_refused_at_load(tmp_path, key):
+    # Building 99999999999 small layers ran for hours, silent, before memory ran out.
+    with pytest.raises(ConfigError, match=rf"{key}: 99999999999 must be in \[1, 1000\]$"):
+        load_config(write(tmp_path, "train:\n  lr: 0.1\n"), [f"{key}=99999999999"])
+    assert attrgetter(key)(load_config(write(tmp_path, "train:\n  lr: 0.1\n"), [f"{key}=1000"])) == 1000
 
 
 def test_a_vocab_size_beyond_sentencepieces_int32_is_refused_at_load(tmp_path):

@@ -102,6 +102,9 @@ def _number(x: float | None) -> str:
 
 PROB = {"lo": 0, "hi": 1, "hi_open": True}
 """A dropout-like probability: [0, 1)."""
+MAX_LAYERS = 1000
+"""Most layers an encoder or decoder may have: deeper than any published translation model stack (DeepNet's
+500 + 500), and few enough that a mistyped count fails to allocate instead of building modules for hours."""
 MAX_POSITIONS = 1 << 16
 """Longest position table a Transformer may ask for (65536: sinusoidal or learned, far beyond any sentence)."""
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from nmt.config.ranges import MAX_POSITIONS, PROB, DeviceNames, check_ranges, num
+from nmt.config.ranges import MAX_LAYERS, MAX_POSITIONS, PROB, DeviceNames, check_ranges, num
 from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS, bleu_tokenizer
 
 
@@ -179,9 +179,9 @@ class TransformerConfig:
     """Model width."""
     heads: int = num(8, lo=1)
     """Attention heads; must divide `d_model`."""
-    encoder_layers: int = num(6, lo=1)
+    encoder_layers: int = num(6, lo=1, hi=MAX_LAYERS)
     """Encoder layers."""
-    decoder_layers: int = num(6, lo=1)
+    decoder_layers: int = num(6, lo=1, hi=MAX_LAYERS)
     """Decoder layers."""
     ff_dim: int = num(2048, lo=1)
     """Hidden width of the position-wise feed-forward block."""
@@ -225,9 +225,9 @@ class RNNConfig:
     """Embedding width."""
     hidden_size: int = num(512, lo=1)
     """Hidden state width of the decoder (and of the encoder, summed over directions)."""
-    encoder_layers: int = num(1, lo=1)
+    encoder_layers: int = num(1, lo=1, hi=MAX_LAYERS)
     """Encoder layers."""
-    decoder_layers: int = num(1, lo=1)
+    decoder_layers: int = num(1, lo=1, hi=MAX_LAYERS)
     """Decoder layers."""
     bidirectional: bool = True
     """Bidirectional encoder."""
