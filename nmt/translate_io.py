@@ -25,7 +25,14 @@ from typing import Any, BinaryIO, TextIO
 
 from tqdm import tqdm
 
-from nmt.data.text import READ_ERRORS, available_lines, decode_lines, normalize_spaces, open_binary
+from nmt.data.text import (
+    READ_ERRORS,
+    available_lines,
+    decode_lines,
+    normalize_spaces,
+    open_binary,
+    read_problem,
+)
 from nmt.decode import SearchOptions
 from nmt.errors import OutputClosed, UserError
 from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
@@ -89,7 +96,7 @@ def translate_io(translator: Translator, options: SearchOptions, *, input: str =
             total = sum(1 for _ in decode_lines(raw, input))  # checks all of it before any translation
             raw.seek(0)
         except READ_ERRORS as err:  # a damaged or cut-short .gz
-            raise UserError(f"{input}: cannot read: {err}") from None
+            raise UserError(read_problem(input, err)) from None
         show = progress if progress is not None else (
             sys.stderr.isatty() and logging.getLogger().getEffectiveLevel() <= logging.INFO)
 

@@ -20,7 +20,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from nmt.config import CorpusConfig
 from nmt.data.fields import PAIR_FEATURES, resolve_fields
-from nmt.data.text import READ_ERRORS, decode_lines, open_binary
+from nmt.data.text import READ_ERRORS, decode_lines, open_binary, read_problem
 from nmt.data.textfiles import file_stamp, is_glob
 from nmt.data.textfiles import path_hint as _path_hint
 from nmt.errors import DataError
@@ -156,7 +156,7 @@ def _lines(path: str) -> Iterator[str]:
                 lines += 1
                 yield line
     except READ_ERRORS as err:
-        raise DataError(f"{path}: cannot read after line {lines}: {err}") from None
+        raise DataError(read_problem(path, err, lines)) from None
 
 
 def _suffix_hint(prefix: str, langs: tuple[str, str]) -> str:

@@ -18,6 +18,15 @@ from nmt.errors import DataError
 READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
+def read_problem(path: str | Path, err: BaseException, lines_before: int = 0) -> str:
+    """`PATH: cannot read[ after line N]: WHY` for one of `READ_ERRORS`: an OS error by its reason alone
+    ("Permission denied", where its text would repeat the path), a damaged or cut-short .gz by what gzip
+    says; the line number only where some lines were read."""
+    why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    after = f" after line {lines_before}" if lines_before else ""
+    return f"{path}: cannot read{after}: {why}"
+
+
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file (`.gz` allowed) or a pipe (`<(zcat f.gz)`), without line endings.
 
@@ -33,7 +42,7 @@ def read_lines(path: str | Path) -> list[str]:
         with open_binary(path) as f:
             return list(decode_lines(f, str(path)))
     except READ_ERRORS as err:
-        raise DataError(f"{path}: cannot read: {err}") from None
+        raise DataError(read_problem(path, err)) from None
 
 
 def open_binary(path: str | Path) -> BinaryIO:

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset
 
-from nmt.data.text import READ_ERRORS, open_binary
+from nmt.data.text import READ_ERRORS, open_binary, read_problem
 from nmt.errors import DataError, headline
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def line_blocks(path: str) -> Iterator[pa.Array]:
                         yield _split(carry, path, lines_before, last=True)
                     return
     except READ_ERRORS as err:
-        raise DataError(f"{path}: cannot read after line {lines_before}: {err}") from None
+        raise DataError(read_problem(path, err, lines_before)) from None
 
 
 def _split(data: bytes, path: str, lines_before: int, *, last: bool) -> pa.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -131,6 +132,21 @@ def test_invalid_utf8_in_a_later_block_names_the_line(tmp_path: Path, monkeypatc
     write_lines(tmp_path / "t.en", ["a"] * 5)
     with pytest.raises(DataError, match=r"t\.de:4: invalid UTF-8 at byte 2 of the line"):
         load(tmp_path, "text", str(tmp_path / "t"))
+
+
+@pytest.mark.parametrize(("block", "where"), [(1 << 22, ""), (8, r" after line [1-9]\d*")])
+def test_a_gzip_file_cut_short_is_named_with_the_lines_read_before(tmp_path: Path, monkeypatch, block: int,
+                                                                 where: str) -> None:
+    """Cut short within its first block, a file has no line to count: the message said "after line 0". In
+    blocks of 8 bytes, the lines of the blocks read whole are counted."""
+    monkeypatch.setattr(textfiles, "BLOCK_BYTES", block)
+    packed = gzip.compress("".join(f"line {i}\n" for i in range(2000)).encode(), mtime=0)
+    (tmp_path / "t.de.gz").write_bytes(packed[: len(packed) // 2])
+    write_lines(tmp_path / "t.en", ["a"] * 2000)
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "text", str(tmp_path / "t"))
+    assert re.fullmatch(re.escape(f"{tmp_path / 't.de.gz'}: cannot read") + where + re.escape(
+        ": Compressed file ended before the end-of-stream marker was reached"), str(info.value)), str(info.value)
 
 
 def test_shards_by_glob_and_by_list_read_in_order(tmp_path: Path) -> None:
