@@ -223,6 +223,17 @@ def test_a_corpus_path_takes_its_set_value_as_typed_unless_it_is_a_list(tmp_path
     assert (cfg.data.train.src_field, cfg.data.train.tgt_field) == (1, 0)
 
 
+def test_a_value_that_fits_no_member_of_a_union_names_every_member(tmp_path):
+    """`--set data.train.path=` (null) was refused as "expected a list", though text is the usual path."""
+    path = write(tmp_path, "data:\n  train: {kind: tsv, path: a.tsv}\n")
+    for item, expected in [("data.train.path=", "data.train.path: expected a list or str, got nothing (null)"),
+                           ("data.train.src_field=1.5", "data.train.src_field: expected str or int, got float 1.5"),
+                           ("data.train=x", "data.train: expected a mapping or a list, got str 'x'")]:
+        with pytest.raises(ConfigError) as err:
+            load_config(path, [item])
+        assert str(err.value).endswith(expected), str(err.value)
+
+
 def test_set_into_a_list_of_corpora_says_to_set_the_whole_list(tmp_path):
     path = write(tmp_path, "data:\n  train:\n    - {path: a}\n    - {path: b}\n")
     with pytest.raises(ConfigError, match=r"^--set 'data.train.weight=3': data.train is a list of 2 sections here, "

@@ -380,7 +380,11 @@ def _convert(tp: Any, value: Any, keypath: str, source: str, *, in_yaml: bool) -
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(_member_for(inner, value), value, keypath, source, in_yaml=in_yaml)
+        member = _member_for(inner, value)
+        if member is None:  # the first member's complaint ("expected a list") would hide that text also does
+            kinds = " or ".join(dict.fromkeys(map(_kind, inner)))
+            raise ConfigError(f"{source}: {keypath}: expected {kinds}, got {_describe(value)}")
+        return _convert(member, value, keypath, source, in_yaml=in_yaml)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value if value is not None else {}, keypath, source, in_yaml=in_yaml)
     if origin is Literal:
@@ -425,7 +429,7 @@ def _convert(tp: Any, value: Any, keypath: str, source: str, *, in_yaml: bool) -
 
 def _member_for(types_: list[Any], value: Any) -> Any:
     """The member of a union that `value` is written as: a list for a list type, a mapping for a
-    section, an int for int (not bool), else the first; errors then name the first member's kind."""
+    section, an int for int (not bool), a number for float; None where it is none of them."""
     def fits(tp: Any) -> bool:
         origin = typing.get_origin(tp)
         if origin is list:
@@ -434,9 +438,21 @@ def _member_for(types_: list[Any], value: Any) -> Any:
             return isinstance(value, dict)
         if tp is int:
             return isinstance(value, int) and not isinstance(value, bool)
+        if tp is float:
+            return isinstance(value, (int, float, str)) and not isinstance(value, bool)  # as _convert reads them
         return isinstance(tp, type) and isinstance(value, tp)
 
-    return next((tp for tp in types_ if fits(tp)), types_[0])
+    return next((tp for tp in types_ if fits(tp)), None)
+
+
+def _kind(tp: Any) -> str:
+    """How an error names what a type is written as: "a list", "a mapping", "str"."""
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        return "a list"
+    if dataclasses.is_dataclass(tp) or origin is dict:
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
 
 
 def _describe(value: Any) -> str:
