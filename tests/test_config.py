@@ -44,6 +44,16 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
         load_config(write(tmp_path, "train:\n  max_step: 3\n"))
 
 
+def test_an_unknown_key_with_no_close_one_lists_a_small_section_and_points_a_large_one_to_the_reference(tmp_path):
+    """train's 41 keys made a 600-character line (seen on a checkpoint's stored config)."""
+    with pytest.raises(ConfigError, match=r"unknown key 'eval.zzz'; known keys: tokenize, lowercase, metrics$"):
+        load_config(write(tmp_path, "eval:\n  zzz: 1\n"))
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "train:\n  zzz: 1\n"))
+    assert re.search(r"unknown key 'train.zzz'; `nmt config-reference` lists the \d\d keys of 'train'$",
+                     str(err.value)), str(err.value)
+
+
 def test_a_key_in_the_wrong_section_names_the_section_that_has_it(tmp_path):
     """A YAML indentation slip moves a key out of its section: the hint names where it belongs, not a look-alike
     key of the section it landed in ('valid' is close to 'eval')."""

@@ -291,6 +291,10 @@ def _set_item(item: str) -> str:
     return f"--set {shorten(repr(item), 100)}"
 
 
+MAX_LISTED_KEYS = 15
+"""The most keys an unknown key's message lists; a larger section is left to `nmt config-reference`."""
+
+
 def _suggest(key: Any, names: list[str], keypath: str, *, in_yaml: bool) -> str:
     """The hint after "unknown key": the key where another section has it (a YAML indentation slip puts `valid`
     at the top level or `kind` in `data`, which `in_yaml` names as the likely cause; a `--set` key has no
@@ -301,7 +305,11 @@ def _suggest(key: Any, names: list[str], keypath: str, *, in_yaml: bool) -> str:
         places = " or ".join(repr(p) for p in elsewhere[:3])
         return f"; did you mean {places}, a key of another section?{' (in YAML, check its indentation)' if in_yaml else ''}"
     close = difflib.get_close_matches(str(key), names, n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    if len(names) > MAX_LISTED_KEYS:  # train's 41 would make a line of 600 characters
+        return f"; `nmt config-reference` lists the {len(names)} keys of {keypath or 'the top level'!r}"
+    return f"; known keys: {', '.join(names)}"
 
 
 def _schema_paths(tp: Any, prefix: str = "") -> list[str]:
