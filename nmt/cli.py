@@ -2,7 +2,7 @@
 
 No logic lives here. Library modules are imported inside each command, the one
 place in `nmt` that defers them: they import torch (seconds), which `nmt --help` and
-a config error should not wait for. User errors (`nmt.errors.UserError`) become one line on
+a config error should not wait for. User errors (`nmt.errors.UserError`) and click's usage errors become one line on
 stderr and exit status 2; other failures exit 1; `--debug` shows tracebacks.
 """
 
@@ -453,6 +453,10 @@ def _wait_to_be_stopped() -> None:
     time.sleep(SILENT_EXIT_WAIT_S)
 
 
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+"""click's base of usage errors: click's own under older typer, typer's copy of click since."""
+
+
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
     with signals_after_imports():  # Ctrl-C while torch imports: stop once it has, not with a half-made module
@@ -465,7 +469,20 @@ def _run_app() -> None:
 
     keep_freed_memory()  # before any tensor: a CPU step's memory is reused, not faulted in anew
     try:
-        app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt")
+        # Not standalone: click's usage errors come here, to be one line like the library's own.
+        status = app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt", standalone_mode=False)
+        sys.exit(status if isinstance(status, int) else 0)  # a `typer.Exit(code)`, `--help` and ^C (130) return it
+    except _ClickException as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # `nmt` alone: its help, as click prints it
+            err.show()
+        else:  # an unknown command or option, a value of the wrong type, a missing argument
+            ctx = getattr(err, "ctx", None)
+            help_ = f" (see '{ctx.command_path} -h')" if ctx is not None else ""
+            typer.echo(f"nmt: error: {' '.join(err.format_message().split())}{help_}", err=True)
+        sys.exit(err.exit_code)
+    except typer.Abort:  # end of input at a prompt
+        typer.echo("nmt: aborted", err=True)
+        sys.exit(1)
     except UserError as err:
         if _state["debug"]:
             traceback.print_exc()

@@ -429,3 +429,25 @@ def test_an_unreadable_file_named_on_the_command_line_is_one_line(bad, unreadabl
     assert status == 2, stderr
     assert stderr == f"nmt: error: {message.format(path=unreadable)}\n"
 
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("translate --bogus", "No such option: --bogus (see 'nmt translate -h')"),
+    ("trian", "No such command 'trian'. Did you mean 'train'? (see 'nmt -h')"),
+    ("translate --beam five", "Invalid value for '--beam': "),
+    ("train", "Missing argument 'config'. (see 'nmt train -h')"),
+])
+def test_a_usage_error_is_one_line(args, message, monkeypatch):
+    """click's usage errors were four lines (usage, a hint, a blank line, the error), unlike every other error."""
+    status, stderr = run_in_process(args.split(), None, monkeypatch)
+    assert status == 2, stderr
+    assert stderr.startswith(f"nmt: error: {message}") and stderr.count("\n") == 1, stderr
+
+
+def test_nmt_alone_prints_its_help_and_help_exits_0(monkeypatch, capsys):
+    status, stderr = run_in_process([], None, monkeypatch)
+    assert status == 2 and stderr.startswith("Usage: nmt [OPTIONS] COMMAND") and "translate" in stderr, stderr
+    monkeypatch.setattr(sys, "argv", ["nmt", "translate", "-h"])
+    with pytest.raises(SystemExit) as ex:
+        cli.main()
+    assert ex.value.code == 0 and "Usage: nmt translate" in capsys.readouterr().out
