@@ -408,8 +408,8 @@ class TrainConfig:
 class DecodeConfig:
     """Search settings for `translate`, `eval` and validation BLEU."""
 
-    beam: int = num(5, lo=1)
-    """Beam size (1: greedy search)."""
+    beam: int = num(5, lo=1, hi=1000)
+    """Beam size (1: greedy search). Studies of search errors go up to 1000; a larger beam is most likely a typing slip, which would cost hours and memory before anything showed it."""
     length_penalty: float = num(1.0, lo=-5, hi=5)
     """GNMT length-penalty exponent alpha: scores are divided by ((5 + len) / 6) ** alpha, len counting the final end of sentence; 0 disables. Values used in practice lie between 0.6 and 2; beyond 5 the penalty of a long output leaves fp32's range."""
     max_len_a: float = num(1.5, lo=0, hi=MAX_POSITIONS)
