@@ -81,6 +81,19 @@ def not_a_file(path: str | Path) -> str | None:
     return "a pipe, a socket or a device" if p.exists() and not p.is_file() else None
 
 
+def write_problem(folder: str | Path) -> str | None:
+    """Why no file can be made in the existing `folder` ("Permission denied", "Read-only file system"), or None. Its
+    permissions first, then a file made and removed there: permissions pass everything for root, and say nothing
+    of a read-only or virtual file system such as /proc."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return os.strerror(errno.EACCES)
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def check_folder_to_write(folder: str | Path, option: str) -> None:
     """Refuse, before any work, an output folder that could not be made or written: a file of its name, a
     file on the way to it, or a nearest existing folder that is not writable.
@@ -99,20 +112,21 @@ def check_folder_to_write(folder: str | Path, option: str) -> None:
                         f"give another {option}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{option} {folder}: {existing} is not writable; give another {option}")
-    # What permissions do not tell (root's, a read-only or virtual file system such as /proc): make it and write
-    # in it, then remove the folders made here, so that a refused or failed run leaves none behind.
+    # Make it and write in it, then remove the folders made here, so that a refused or failed run leaves none behind.
     made = [p for p in (path.absolute(), *path.absolute().parents) if not p.exists()]  # deepest first
     try:
         path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
+        problem = write_problem(path)
     except OSError as err:
-        raise UserError(f"{option} {folder}: cannot write there ({err.strerror}); give another {option}") from None
+        problem = err.strerror
     finally:
         for p in made:
             try:
                 p.rmdir()
             except OSError:
                 break
+    if problem:
+        raise UserError(f"{option} {folder}: cannot write there ({problem}); give another {option}")
 
 
 def remove_stale_temporaries(folder: str | Path) -> None:

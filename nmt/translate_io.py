@@ -16,7 +16,6 @@ import logging
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count, islice
@@ -35,7 +34,7 @@ from nmt.data.text import (
 )
 from nmt.decode import SearchOptions
 from nmt.errors import OutputClosed, UserError
-from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip
+from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip, write_problem
 from nmt.partial import reports_a_stop, resumable_output
 from nmt.plot import plot_attention
 from nmt.translate import Translation, Translator
@@ -292,13 +291,9 @@ def check_output(output: str | Path, input: str | Path | None = None) -> None:
     folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
         raise UserError(f"{output}: output folder {folder} does not exist; create it or choose another -o")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{output}: output folder {folder} is not writable; choose another -o")
-    try:  # what permissions do not tell: root's, a read-only or virtual file system such as /proc
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as err:
-        raise UserError(f"{output}: output folder {folder} cannot be written ({err.strerror}); choose another -o"
-                        ) from None
+    problem = write_problem(folder)
+    if problem:
+        raise UserError(f"{output}: output folder {folder} cannot be written ({problem}); choose another -o")
     if not path.exists():
         return
     out_stat = path.stat()
