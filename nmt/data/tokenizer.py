@@ -102,21 +102,26 @@ class Tokenizer:
                  ["spm.src.model", "spm.tgt.model"] if all((directory / n).is_file() for n in ("spm.src.model",
                                                                                                 "spm.tgt.model"))
                  else [])
-        models = []
-        for name in names:
-            data = (directory / name).read_bytes()
-            problem = None if data else "an empty file"  # which loads, and fails at its first use
-            try:
-                spm.SentencePieceProcessor(model_proto=data)
-            except RuntimeError as err:
-                problem = str(err).strip()
-            if problem:
-                raise DataError(f"{directory / name}: not a sentencepiece model ({problem}), damaged since the run "
-                                "wrote it: restore it, or start the run over with --restart")
-            models.append(data)
-        if not models:
+        if not names:
             return None
-        return cls(src_model=models[0], tgt_model=models[1] if len(models) > 1 else None)
+        models = {name: (directory / name).read_bytes() for name in names}
+
+        def damaged(name: str, problem: str) -> DataError:
+            return DataError(f"{directory / name}: not a sentencepiece model ({problem}), damaged since the run "
+                             "wrote it: restore it, or start the run over with --restart")
+
+        for name, data in models.items():
+            if not data:  # which loads, and fails at its first use
+                raise damaged(name, "an empty file")
+        try:
+            return cls(src_model=models[names[0]], tgt_model=models[names[1]] if len(names) > 1 else None)
+        except RuntimeError:  # which of the files: each loaded alone
+            for name, data in models.items():
+                try:
+                    spm.SentencePieceProcessor(model_proto=data)
+                except RuntimeError as err:
+                    raise damaged(name, str(err).strip()) from None
+            raise
 
 
 def train_tokenizer(
