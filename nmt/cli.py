@@ -152,7 +152,7 @@ def translate(
     attention_layer: Annotated[int, typer.Option(help="Transformer decoder layer whose cross-attention is plotted.")] = -1,
     attention_head: Annotated[Optional[int], typer.Option(help="Transformer head to plot (default: mean over heads).")] = None,
     progress: Annotated[Optional[bool], typer.Option(
-        "--progress/--no-progress", help="Progress bar on stderr (default: for an input file, unless --quiet).")] = None,
+        "--progress/--no-progress", help="Progress bar on stderr (default: for an input file, when stderr is a terminal, unless --quiet).")] = None,
     restart: Annotated[bool, typer.Option(
         "--restart", help="Translate from the first line, discarding what a stopped run left in OUTPUT.partial.")] = False,
 ) -> None:
