@@ -162,7 +162,7 @@ def translate(
     --scores puts each translation's score (what they are ranked by) and a tab before it.
     Places the search could not fill (an empty line has one translation) are empty, at -inf.
     Standard input from a terminal is translated line by line as it is typed.
-    From -i FILE to -o FILE, a run that is stopped keeps its lines in FILE.partial and
+    From -i FILE to -o OUT, a run that is stopped keeps its lines in OUT.partial and
     the same command goes on after them.
     """
     from nmt.partial import reports_a_stop
