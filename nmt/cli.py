@@ -108,7 +108,7 @@ def _main(
 def train(
     config: Annotated[Path, typer.Argument(readable=False, help="Experiment YAML file.")],
     overrides: SetOption = None,
-    restart: Annotated[bool, typer.Option("--restart", help="Discard an earlier run in run_dir and start over.")] = False,
+    restart: Annotated[bool, typer.Option("--restart", help="Start over: an earlier run in run_dir is replaced once the new one has started (a start that fails leaves it as it was).")] = False,
 ) -> None:
     """Train a model; continues an interrupted run in the same run_dir.
 
@@ -286,7 +286,7 @@ def average(
 def experiment(
     config: Annotated[Path, typer.Argument(readable=False, help="Experiment YAML file.")],
     overrides: SetOption = None,
-    restart: Annotated[bool, typer.Option("--restart", help="Discard an earlier run in run_dir and start over.")] = False,
+    restart: Annotated[bool, typer.Option("--restart", help="Start over: an earlier run in run_dir is replaced once the new one has started (a start that fails leaves it as it was).")] = False,
     name: Annotated[Optional[str], typer.Option(help="Experiment name (default: the config file's name).")] = None,
     results: Annotated[Path, typer.Option(help="Folder for <name>.json.")] = Path("results"),
 ) -> None:
