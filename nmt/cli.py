@@ -204,7 +204,7 @@ def translate(
 @stops_cleanly_on_sigterm
 def evaluate(
     checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", readable=False, help="Checkpoint to translate with.")] = None,
-    split: Annotated[Optional[str], typer.Option(help="valid, test (all test sets) or a test set's name.")] = None,
+    split: Annotated[Optional[str], typer.Option(help="valid, test (all test sets; the default) or a test set's name.")] = None,
     src: Annotated[Optional[Path], typer.Option(readable=False, help="Source file to translate.")] = None,
     ref: Annotated[Optional[list[Path]], typer.Option(
         readable=False, help="Reference file; repeat it for several references of each line.")] = None,
