@@ -391,7 +391,7 @@ def serve(
         "--checkpoint", "-c", readable=False, help="Trained checkpoint (.pt); repeat to ensemble several.")],
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0, or :: for IPv6 too: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8080,
-    beam: Annotated[Optional[int], typer.Option(help="Default beam size (default: the checkpoint's decode.beam).")] = None,
+    beam: Annotated[Optional[int], typer.Option(help="Default beam size, 1 to 64 (default: the checkpoint's decode.beam).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...]}, GET /health."""
