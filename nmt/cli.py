@@ -31,6 +31,7 @@ from nmt.errors import (
     shorten,
 )
 from nmt.interrupts import signals_after_imports, stops_cleanly_on_sigterm
+from nmt.launch import launched_as
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -118,7 +119,7 @@ def train(
     from nmt.config import load_config
 
     cfg = load_config(config, overrides or [], training=True)  # before torch is imported: config errors in 0.5 s
-    from nmt.distributed import is_main_process
+    from nmt.launch import is_main_process
     from nmt.train.loop import train as run_training
     summary = run_training(cfg, restart=restart)
     if is_main_process():  # under torchrun, one summary line
@@ -433,8 +434,8 @@ def _printed_by_another_process(err: UserError) -> bool:
     (`NodeError`), which every process of a node meets and its local rank 0 prints."""
     if isinstance(err, RelayedError):
         return True
-    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return isinstance(err, ConfigError | NodeError) and torchrun and os.environ.get("LOCAL_RANK", "0") != "0"
+    size, _, local = launched_as()
+    return isinstance(err, ConfigError | NodeError) and size > 1 and local != 0
 
 
 # How long a process that leaves its error to another one, or met another one's failure, waits for torchrun to stop it
@@ -500,7 +501,7 @@ def _run_app() -> None:
     except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted
         sys.exit(err.exit_code)
     except Interrupted as err:  # SIGINT or SIGTERM during training (Ctrl-C elsewhere: typer exits 130 itself)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, every rank stops with the same news
+        if launched_as()[1] == 0:  # under torchrun, every rank stops with the same news
             typer.echo(f"nmt: {err}", err=True)
         sys.exit(err.exit_code)
     except UnicodeDecodeError as err:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ import torch.distributed as dist
 
 from nmt.config.ranges import CUDA_INDEX
 from nmt.errors import NodeError, PeerStopped, RelayedError, UserError
+from nmt.launch import check_rendezvous, launched_as, local_rank, local_world_size, rank, world_size
 
 T = TypeVar("T")
 
@@ -37,15 +37,6 @@ class Dist:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
-
-
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def local_world_size() -> int:
-    """Processes on this node: torchrun's LOCAL_WORLD_SIZE, else at least this process's LOCAL_RANK + 1."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank() + 1)))
 
 
 def check_gpus_per_node(local_rank: int, local_world_size: int, device_count: int) -> None:
@@ -67,11 +58,6 @@ def check_gpus_per_node(local_rank: int, local_world_size: int, device_count: in
                     f"or --set train.device=cpu to train on the CPU with gloo")
 
 
-def is_main_process() -> bool:
-    """Rank 0 of a torchrun job, or a lone process (reads the launcher's RANK, so it holds after teardown too)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def init_distributed(device_name: str = "auto") -> Dist:
     """Join the process group when launched by torchrun (RANK/WORLD_SIZE set): NCCL on GPUs, gloo on CPU.
 
@@ -79,12 +65,14 @@ def init_distributed(device_name: str = "auto") -> Dist:
         NodeError: NCCL with more processes on this node than GPUs (see `check_gpus_per_node`); a GPU by
             number (`cuda:N`), where each process takes the GPU of its LOCAL_RANK.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    size = world_size()
+    if size <= 1:
         return Dist()
+    rank()  # a RANK of another job's size fails here, not in the rendezvous
     if CUDA_INDEX.fullmatch(device_name):
-        raise NodeError(f"train.device: {device_name} names one GPU, but torchrun gives each of its {world_size} "
+        raise NodeError(f"train.device: {device_name} names one GPU, but torchrun gives each of its {size} "
                         f"processes the GPU of its LOCAL_RANK; set train.device: cuda (or auto)")
+    check_rendezvous()
     if not dist.is_initialized():
         use_nccl = device_name in ("auto", "cuda") and torch.cuda.is_available()
         if use_nccl:  # check before touching a GPU or waiting for the other ranks
@@ -247,8 +235,8 @@ def lost_peers_named() -> Iterator[None]:
         yield
     except RuntimeError as err:
         lost = any(words in str(err).lower() for words in LOST_PEER)
-        if not lost or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        size, this_rank, _ = launched_as()
+        if not lost or size <= 1:
             raise
-        rank = os.environ.get("RANK", "0")
-        raise PeerStopped(f"another process of this run stopped, and rank {rank} cannot go on without it; "
+        raise PeerStopped(f"another process of this run stopped, and rank {this_rank} cannot go on without it; "
                           f"that process's own message, or torchrun's report of how it ended, says why") from err

@@ -19,9 +19,9 @@ from nmt.checkpoint import latest_checkpoint, load_checkpoint, periodic_step
 from nmt.config import DataConfig, ExperimentConfig
 from nmt.data.eval_sets import eval_sets
 from nmt.decode import SearchOptions
-from nmt.distributed import is_main_process
 from nmt.errors import CheckpointError, UserError, shorten
 from nmt.fileio import write_atomic, write_lines
+from nmt.launch import is_main_process
 from nmt.metrics import METRICS, score, with_metrics
 from nmt.runtime import hardware, pick_device
 from nmt.train.loop import train

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from nmt.config.ranges import CUDA_INDEX, device_problem
-from nmt.distributed import check_gpus_per_node, local_rank, local_world_size
+from nmt.distributed import check_gpus_per_node, launched_as, local_rank, local_world_size
 from nmt.errors import NodeError, shorten
 from nmt.kernels import attention_kernels
 
@@ -68,7 +68,7 @@ def _local_gpu() -> torch.device:
 def hardware(device: torch.device) -> str:
     """A short description of what trained on `device`: its GPUs (one a process), or the CPU (and, under torchrun,
     how many processes)."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = launched_as()[0]
     if device.type == "cuda":  # the GPUs this run used, not all the machine has
         return f"{processes}x {torch.cuda.get_device_name(device)}"
     if device.type == "mps":

@@ -41,6 +41,7 @@ from nmt.train.faults import Interrupted
 from nmt.train.loop import train, train_run
 from nmt.train.setup import build_run
 from tests.conftest import ROOT
+from tests.test_experiment import run_experiment as experiment_on_the_command_line
 from tests.train.helpers import same_weights, tiny_cfg, weights, write_cfg
 
 
@@ -86,15 +87,55 @@ def group(monkeypatch) -> FakeGroup:
     fake = FakeGroup()
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: fake.backend is not None)
     monkeypatch.setattr(distributed.dist, "init_process_group", fake.join)
-    monkeypatch.setattr(distributed.dist, "get_rank", lambda: int(distributed.os.environ["RANK"]))
-    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: int(distributed.os.environ["WORLD_SIZE"]))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: int(os.environ["RANK"]))
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: int(os.environ["WORLD_SIZE"]))
     return fake
 
 
 def as_torchrun_rank(monkeypatch, rank: int, nproc: int) -> None:
     """The environment torchrun gives process `rank` of `--standalone --nproc_per_node nproc`."""
-    for key, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc}.items():
+    for key, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc,
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500}.items():
         monkeypatch.setenv(key, str(value))
+
+
+LAUNCHER = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize(("environment", "message"), [
+    ({"WORLD_SIZE": "abc"}, "environment variable WORLD_SIZE='abc': not a whole number of at least 0; unset it"),
+    ({"WORLD_SIZE": "0"}, "environment variable WORLD_SIZE=0: a job has at least 1 process"),
+    ({"WORLD_SIZE": "2"}, "environment variable WORLD_SIZE=2 is set but RANK is not: launch with torchrun"),
+    ({"WORLD_SIZE": "2", "RANK": "5"}, "environment variable RANK=5: a job of WORLD_SIZE=2 has ranks 0 to 1"),
+    ({"WORLD_SIZE": "2", "RANK": "-1"}, "environment variable RANK='-1': not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "WORLD_SIZE=2, but MASTER_ADDR and MASTER_PORT are not set: launch with torchrun"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"},
+     "environment variable MASTER_PORT='http': not a port (1 to 65535)"),
+])
+def test_a_torchrun_environment_torchrun_did_not_set_is_one_line_naming_the_variable(environment, message, monkeypatch,
+                                                                                      capsys, tiny_config_file):
+    """Left in a shell, or set by hand: once `int('abc')` ended with status 1 (and the error handler itself then
+    failed on it), and WORLD_SIZE=2 without MASTER_ADDR with torch's rendezvous ValueError, status 1."""
+    for key in LAUNCHER:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["nmt", "train", str(tiny_config_file)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert err.startswith("nmt: error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_a_stale_rank_without_a_job_is_a_lone_process_that_writes_its_results(monkeypatch, tiny_config_file, tmp_path):
+    """RANK=3 with no WORLD_SIZE trains alone (a job of one): once it counted as a rank other than 0, and
+    `nmt experiment` trained, then exited 0 without scoring the test sets or writing its results file."""
+    for key in LAUNCHER:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    experiment_on_the_command_line(tiny_config_file, tmp_path / "results")
+    assert (tmp_path / "results" / "tiny.json").is_file()
 
 
 def fake_gpus(monkeypatch, count: int) -> list[int]:

@@ -20,9 +20,9 @@ import torch
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ExperimentConfig, TokenizerConfig, config_from_dict, config_to_dict
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from nmt.distributed import is_main_process
 from nmt.errors import CheckpointError, ConfigError
 from nmt.fileio import not_a_file
+from nmt.launch import is_main_process
 
 log = logging.getLogger(__name__)
 
