@@ -178,6 +178,24 @@ def test_run_dir_expands_like_corpus_paths(tmp_path, monkeypatch, run_dir, expec
     assert load_config(write(tmp_path, "train:\n  lr: 0.1\n"), [f"run_dir={run_dir}"]).run_dir == cfg.run_dir
 
 
+@pytest.mark.parametrize("run_dir", ["$NMT_TEST_UNSET/run", "${NMT_TEST_UNSET}/run", "~/$NMT_TEST_UNSET"])
+def test_a_run_dir_with_an_unset_variable_is_refused_before_training_names_a_folder_after_it(
+        tmp_path, monkeypatch, tiny_config_file, run_dir):
+    """It once trained into a folder named `$NMT_TEST_UNSET` in the working directory, and said nothing."""
+    from tests.test_errors import run_in_process
+
+    monkeypatch.delenv("NMT_TEST_UNSET", raising=False)
+    monkeypatch.chdir(tmp_path)
+    status, err = run_in_process(["train", str(tiny_config_file), "--set", f"run_dir={run_dir}"], None, monkeypatch)
+    assert status == 2 and err.count("\n") == 1, err
+    assert "run_dir: '" in err and "environment variable NMT_TEST_UNSET is not set; set it, or give a default as " \
+        "${NMT_TEST_UNSET:-DEFAULT}" in err, err
+    assert not any(tmp_path.rglob("*NMT_TEST_UNSET*"))
+    # a checkpoint's config, which translates without training, still loads
+    assert load_config(write(tmp_path, f"run_dir: '{run_dir}'\n")).run_dir.endswith(("$NMT_TEST_UNSET/run", "}/run",
+                                                                                      "$NMT_TEST_UNSET"))
+
+
 @pytest.mark.parametrize("command", [
     ["translate", "-c", "model.pt"], ["eval", "-c", "model.pt"], ["analyze", "-c", "model.pt"],
 ])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from nmt.config.ranges import MAX_LAYERS, MAX_POSITIONS, PROB, DeviceNames, check_ranges, num
+from nmt.errors import shorten
 from nmt.metrics import DEFAULTS, METRICS, TEXT_METRICS, TOKENIZERS, bleu_tokenizer
 
 
@@ -500,6 +501,10 @@ class ExperimentConfig:
         refused a coverage penalty without attention translate with the penalty left out.)"""
         if not self.run_dir.strip():  # else the run's files land among the working directory's own
             return f"run_dir: {self.run_dir!r} names no folder; give one (`.` for the working directory)"
+        unset = unset_vars(self.run_dir)
+        if unset:  # else the run would go to a folder named `$NAME` in the working directory
+            return (f"run_dir: {shorten(repr(self.run_dir))}: environment variable {unset[0]} is not set; set it, "
+                    f"or give a default as ${{{unset[0]}:-DEFAULT}}")
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
@@ -527,6 +532,15 @@ class ExperimentConfig:
 
 
 _VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+_LEFT = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def unset_vars(expanded: str) -> list[str]:
+    """The variables that `expand_vars` left in `expanded` as they were written, since they are not set."""
+    names = [m.group(1) or m.group(2) for m in _LEFT.finditer(expanded)]
+    return [name for name in names if name not in os.environ]
 
 
 def expand_vars(text: str) -> str:
