@@ -353,8 +353,9 @@ def drop_replaced(run_dir: Path) -> None:
 
 
 def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path) -> None:
-    """Refuse to resume when the config changed what the weights mean. The checkpoint's config is read as
-    configs are, so that a key added since it was written (`tokenizer.normalization`) counts as its default."""
+    """Refuse to resume when the config changed what the weights mean: the model or tokenizer section, or the
+    language pair or its direction. The checkpoint's config is read as configs are, so that a key added since it
+    was written (`tokenizer.normalization`) counts as its default."""
     saved = config_to_dict(stored_config(payload.get("config", {}), path))
     now = config_to_dict(cfg)
     for section in ("model", "tokenizer"):
@@ -372,3 +373,9 @@ def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path)
         raise UserError(
             f"{path}: the run directory holds a run with a different {section} section ({difference}, the run's vs "
             f"this config's); use --restart to start over or choose another run_dir")
+    pair, now_pair = (saved["data"]["src_lang"], saved["data"]["tgt_lang"]), (cfg.data.src_lang, cfg.data.tgt_lang)
+    if pair != now_pair:  # the weights (and a separate tokenizer's models) are each side's language
+        raise UserError(
+            f"{path}: the run directory holds a run that translates {pair[0]} to {pair[1]}, and this config "
+            f"{now_pair[0]} to {now_pair[1]} (data.src_lang, data.tgt_lang); use --restart to start over, or start "
+            f"another run_dir from its weights with train.init_from")

@@ -96,6 +96,20 @@ def test_resuming_with_another_model_or_tokenizer_section_is_refused(small_corpu
     assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
 
 
+def test_resuming_in_the_other_direction_is_refused_and_leaves_the_run_as_it_was(small_corpus, trained, tmp_path):
+    """data.src_lang and data.tgt_lang swapped: the run once resumed, trained its en->de weights as de->en and saved
+    them as a de->en run, with a separate tokenizer's English model then cutting German sources, saying nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"}
+    raw = tiny_raw(small_corpus, run, max_steps=6)
+    raw["data"]["src_lang"], raw["data"]["tgt_lang"] = "de", "en"
+    with pytest.raises(UserError, match=r"ckpt_4\.pt: the run directory holds a run that translates en to de, and "
+                                        r"this config de to en \(data\.src_lang, data\.tgt_lang\); use --restart"):
+        train(config_from_dict(raw))
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
+
+
 def test_pairs_longer_than_the_models_positions_are_left_out_of_the_loss_and_said_so(small_corpus, tmp_path, caplog):
     """`max_positions` equal to `data.max_len` loads, and training pairs fit it, but validation pairs are not cut
     to `max_len`: the first validation failed on a longer one (`positions 0..88 are outside [0, max_positions
