@@ -400,6 +400,9 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise UserError(f"--port {port}: a port is a number from 0 to 65535 (0: any free one)")
+    if not host.strip():  # the socket would take '' for every interface: `--host "$HOST"` with HOST unset
+        raise UserError(f"--host {host!r}: names no address; give 127.0.0.1 for this machine alone, or 0.0.0.0 "
+                        "(:: for IPv6 too) to listen on every interface")
     run_server(checkpoint, host=host, port=port, beam=beam, device=device)
 
 

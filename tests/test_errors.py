@@ -169,6 +169,9 @@ CASES = [
     ("export-output-link", "export -c {good} -o {link} --force", 2, ["link: a symbolic link; give the folder"], None),
     ("serve-port-too-large", "serve -c {good} --port 70000", 2, ["--port 70000: a port is a number from 0 to 65535"],
      None),
+    # an empty host once listened on every interface, as a socket takes '', where the default is this machine alone
+    ("serve-host-empty", "serve -c {good} --host= --port 0", 2,
+     ["--host '': names no address; give 127.0.0.1 for this machine alone, or 0.0.0.0"], None),
     ("analyze-sentences-not-numbers", "analyze -c {good} --report {dir}/report --sentences x,1", 2,
      ["--sentences 'x,1': 'x' is not a sentence number"], None),
     ("analyze-sentences-negative", "analyze -c {good} --report {dir}/report --sentences -1", 2,
