@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,9 @@ from nmt.train.validate import early_stop_metric
 from nmt.translate import Translator
 
 log = logging.getLogger(__name__)
+
+NAME_MAX = 255
+"""The most bytes a file name may have on the common file systems (ext4, xfs, btrfs; APFS and NTFS count characters)."""
 
 
 def logged(metrics_file: Path) -> list[dict[str, Any]]:
@@ -171,6 +175,9 @@ def run_experiment(cfg: ExperimentConfig, name: str, *, results_dir: str | Path 
     if not name or name in (".", "..") or "/" in name or "\0" in name:  # before training, not when writing its results
         raise UserError(f"--name {shorten(repr(name))}: not a file name; the results go to {results_dir}/<name>.json, "
                         "which the results table reads (python -m nmt.results): give a name without '/'")
+    if len(os.fsencode(f"{name}.json")) > NAME_MAX:  # else refused by the file system after the whole run
+        raise UserError(f"--name {shorten(repr(name))}: too long for a file name (NAME.json may have at "
+                        f"most {NAME_MAX} bytes, the most file systems take); give a shorter name")
     if not cfg.data.test:  # found out before training, not after it
         raise UserError("data.test: no test sets, and nmt experiment scores them after training: add them to "
                         "the config (data.test: {NAME: {kind: text, path: PREFIX}}), or use nmt train")

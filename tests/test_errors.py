@@ -190,6 +190,9 @@ CASES = [
      ["--results /proc/nmt-results: ", "; give another --results"], None),  # but there: refused before training
     ("experiment-name-a-path", "experiment {tiny} --name ../elsewhere --results {dir}/results", 2,  # was written there
      ["--name '../elsewhere': not a file name; the results go to {dir}/results/<name>.json"], None),
+    ("experiment-name-too-long", "experiment {tiny} --name " + "n" * 251 + " --results {dir}/results", 2,  # once an
+     ["--name 'nnnnn", "(253 characters)", "too long for a file name (NAME.json may have at most 255 bytes"], None),
+    # OSError 'File name too long', status 1, after the whole run: its results lost
     ("experiment-no-test-sets", "experiment {tiny} --set data.test={{}} --results {dir}/results", 2,
      ["data.test: no test sets, and nmt experiment scores them after training", "or use nmt train"], None),
     ("eval-hyp-save-translations", "eval --hyp {hyp3} --ref {hyp3} --save-translations {dir}/out", 2,
