@@ -8,6 +8,7 @@ stderr and exit status 2; other failures exit 1; `--debug` shows tracebacks.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -515,5 +516,11 @@ def _run_app() -> None:
     except Exception as err:  # a runtime failure, not the user's input
         if _state["debug"]:
             raise
+        if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:  # a path given (any option, config, corpus)
+            named = isinstance(err.filename, str | bytes | os.PathLike)
+            where = shorten(os.fsdecode(err.filename)) if named else "a path given"
+            typer.echo(f"nmt: error: {where}: too long for the file system (a name in a path may have at most "
+                       f"255 bytes on most); give a shorter one", err=True)
+            sys.exit(2)
         typer.echo(f"nmt: error: {type(err).__name__}: {err} (run with --debug for the traceback)", err=True)
         sys.exit(1)

@@ -190,6 +190,13 @@ CASES = [
      ["--results /proc/nmt-results: ", "; give another --results"], None),  # but there: refused before training
     ("experiment-name-a-path", "experiment {tiny} --name ../elsewhere --results {dir}/results", 2,  # was written there
      ["--name '../elsewhere': not a file name; the results go to {dir}/results/<name>.json"], None),
+    # a name too long for the file system, in any path: once 'OSError: [Errno 36] File name too long', status 1
+    ("path-too-long-config", "train {dir}/" + "c" * 300 + ".yaml", 2,
+     ["cccc ... (", "cccc.yaml: too long for the file system", "give a shorter one"], None),
+    ("path-too-long-hyp", "eval --hyp {dir}/" + "h" * 300 + " --ref {src2}", 2,
+     ["hhhh ... (", "too long for the file system"], None),
+    ("path-too-long-output", "translate -c {good} -i {src2} -o {dir}/" + "o" * 300, 2,
+     ["oooo", "too long for the file system"], None),
     ("experiment-name-too-long", "experiment {tiny} --name " + "n" * 251 + " --results {dir}/results", 2,  # once an
      ["--name 'nnnnn", "(253 characters)", "too long for a file name (NAME.json may have at most 255 bytes"], None),
     # OSError 'File name too long', status 1, after the whole run: its results lost
