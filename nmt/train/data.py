@@ -234,14 +234,21 @@ def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Toke
     """The run directory's tokenizer, if this start is to keep it.
 
     A run that has checkpoints keeps its tokenizer, whatever the config now says: resuming refuses a changed
-    tokenizer section (`check_same_model`), and may go on with other corpora. Without a checkpoint the
+    tokenizer section (`check_same_model`), and may go on with other corpora; without its tokenizer it stops. Without a checkpoint the
     tokenizer is the leftover of a start that failed or was stopped before its first checkpoint, and is kept
     only when it was made exactly as this start would make it (`TOKENIZER_RECORD`); otherwise this start
     makes its own, so that a corrected config (another `tokenizer.vocab_size`, another corpus) is not
     trained with the models of the mistaken one.
     """
     tokenizer = Tokenizer.load(run_dir)
-    if tokenizer is None or periodic_checkpoints(run_dir) or (run_dir / "best.pt").exists():
+    trained = bool(periodic_checkpoints(run_dir)) or (run_dir / "best.pt").exists()
+    if tokenizer is None and trained and not given:  # a new one, made now, would not be the one the weights know
+        names = ["spm.model"] if cfg.tokenizer.joint else ["spm.src.model", "spm.tgt.model"]
+        missing = " and ".join(name for name in names if not (run_dir / name).is_file())
+        raise DataError(f"{run_dir}: its checkpoints were trained with the sentencepiece model{'s' * (len(names) - 1)} "
+                        f"{' and '.join(names)} there, and {missing} is missing: restore it, or start the run over "
+                        "with --restart")
+    if tokenizer is None or trained:
         return tokenizer
     try:
         record = json.loads((run_dir / TOKENIZER_RECORD).read_bytes())

@@ -110,6 +110,22 @@ def test_resuming_in_the_other_direction_is_refused_and_leaves_the_run_as_it_was
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
 
 
+def test_resuming_without_the_runs_sentencepiece_model_is_refused_not_trained_anew(small_corpus, trained, tmp_path):
+    """spm.model deleted beside the checkpoints: a start once trained a new one (here on another data.train, which a
+    resume may take) and went on training the checkpoint's weights with its other ids, saying nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    (run / "spm.model").unlink()
+    raw = tiny_raw(small_corpus, run, max_steps=6)
+    raw["data"]["train"]["path"] = raw["data"]["valid"]["path"]
+    with pytest.raises(UserError, match=r"/run: its checkpoints were trained with the sentencepiece model spm\.model "
+                                        r"there, and spm\.model is missing: restore it, or start the run over with "
+                                        r"--restart$"):
+        train(config_from_dict(raw))
+    assert not (run / "spm.model").exists()
+    assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
+
+
 def test_pairs_longer_than_the_models_positions_are_left_out_of_the_loss_and_said_so(small_corpus, tmp_path, caplog):
     """`max_positions` equal to `data.max_len` loads, and training pairs fit it, but validation pairs are not cut
     to `max_len`: the first validation failed on a longer one (`positions 0..88 are outside [0, max_positions
