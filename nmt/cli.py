@@ -401,9 +401,6 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise UserError(f"--port {port}: a port is a number from 0 to 65535 (0: any free one)")
-    if not host.strip():  # the socket would take '' for every interface: `--host "$HOST"` with HOST unset
-        raise UserError(f"--host {host!r}: names no address; give 127.0.0.1 for this machine alone, or 0.0.0.0 "
-                        "(:: for IPv6 too) to listen on every interface")
     run_server(checkpoint, host=host, port=port, beam=beam, device=device)
 
 
@@ -430,6 +427,28 @@ def hoist_global_flags(args: list[str]) -> list[str]:
     end = args.index("--") if "--" in args else len(args)
     flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
     return [*flags, *(a for a in args[:end] if a not in GLOBAL_FLAGS), *args[end:]]
+
+
+def check_no_empty_argument(args: list[str]) -> None:
+    """Refuse an empty argument (`-o "$OUT"` with OUT unset), naming its option. A path option would take it as
+    `.`, typer's reading of an empty path, and write into the working directory (`--results`, `--report`,
+    `--save-translations`), or an option say something of `.`; `serve --host ''` would listen on every interface.
+
+    Raises:
+        UserError: naming the option (or the argument's place) of the first empty argument.
+    """
+    end = args.index("--") if "--" in args else len(args)
+    for i, arg in enumerate(args[:end]):
+        if arg.startswith("--") and arg.endswith("=") and len(arg) > 3:
+            where = f"{arg[:-1]} ''"
+        elif arg == "" and i > 0 and args[i - 1].startswith("-"):
+            where = f"{args[i - 1]} ''"
+        elif arg == "":
+            where = f"the argument after {shorten(args[i - 1], 40)}" if i > 0 else "the first argument"
+        else:
+            continue
+        raise UserError(f"{where}: an empty value (a shell variable that is not set?); give the file, folder or "
+                        "value meant ('.' for the working directory)")
 
 
 def _printed_by_another_process(err: UserError) -> bool:
@@ -475,6 +494,7 @@ def _run_app() -> None:
     keep_freed_memory()  # before any tensor: a CPU step's memory is reused, not faulted in anew
     try:
         # Not standalone: click's usage errors come here, to be one line like the library's own.
+        check_no_empty_argument(sys.argv[1:])
         status = app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt", standalone_mode=False)
         sys.exit(status if isinstance(status, int) else 0)  # a `typer.Exit(code)`, `--help` and ^C (130) return it
     except _ClickException as err:

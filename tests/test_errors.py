@@ -169,9 +169,12 @@ CASES = [
     ("export-output-link", "export -c {good} -o {link} --force", 2, ["link: a symbolic link; give the folder"], None),
     ("serve-port-too-large", "serve -c {good} --port 70000", 2, ["--port 70000: a port is a number from 0 to 65535"],
      None),
-    # an empty host once listened on every interface, as a socket takes '', where the default is this machine alone
+    # an empty value (an unset shell variable): once --host '' listened on every interface, as a socket takes '',
+    # and an empty path was typer's '.': --results, --report and --save-translations wrote into the working directory
     ("serve-host-empty", "serve -c {good} --host= --port 0", 2,
-     ["--host '': names no address; give 127.0.0.1 for this machine alone, or 0.0.0.0"], None),
+     ["--host '': an empty value (a shell variable that is not set?); give the file, folder or value meant"], None),
+    ("experiment-results-empty", "experiment {tiny} --results=", 2, ["--results '': an empty value"], None),
+    ("analyze-report-empty", "analyze -c {good} --report=", 2, ["--report '': an empty value"], None),
     ("analyze-sentences-not-numbers", "analyze -c {good} --report {dir}/report --sentences x,1", 2,
      ["--sentences 'x,1': 'x' is not a sentence number"], None),
     ("analyze-sentences-negative", "analyze -c {good} --report {dir}/report --sentences -1", 2,
@@ -466,3 +469,18 @@ def test_nmt_alone_prints_its_help_and_help_exits_0(monkeypatch, capsys):
     with pytest.raises(SystemExit) as ex:
         cli.main()
     assert ex.value.code == 0 and "Usage: nmt translate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "where"), [
+    (["eval", "-c", "{good}", "--split", "test", "--save-translations", ""], "--save-translations ''"),
+    (["train", ""], "the argument after train"),
+])
+def test_an_empty_argument_is_refused_naming_its_option_and_nothing_is_written(args, where, bad, tmp_path,
+                                                                               monkeypatch):
+    """`--save-translations "$OUT"` with OUT unset wrote test.hyp into the working directory; `train ''` said
+    '.: is a folder, not a config file'."""
+    monkeypatch.chdir(tmp_path)
+    status, err = run_in_process([a.format(**bad) for a in args], None, monkeypatch)
+    assert status == 2 and err == f"nmt: error: {where}: an empty value (a shell variable that is not set?); give " \
+                                  "the file, folder or value meant ('.' for the working directory)\n"
+    assert list(tmp_path.iterdir()) == []
