@@ -333,6 +333,25 @@ def prepare_run_dir(run_dir: Path, restart: bool) -> None:
         aside.mkdir()
         for p in _run_outputs(run_dir):
             p.rename(aside / p.name)
+    _check_run_entries(run_dir)
+
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "best.pt", "averaged.pt", TOKENIZER_RECORD, "spm.model", "spm.src.model",
+             "spm.tgt.model")
+"""The files a run writes in its directory under fixed names (besides `ckpt_N.pt`, which a resume sets aside when
+unreadable, and the `tensorboard` folder, checked where it is made)."""
+
+
+def _check_run_entries(run_dir: Path) -> None:
+    """Refuse a folder where the run writes one of its files, and a file where it keeps its corpus cache: found
+    at the first write, such a thing ended the run with a bare IsADirectoryError or FileExistsError (status 1),
+    the one of best.pt only at the first validation."""
+    for name in RUN_FILES:
+        if (run_dir / name).is_dir():
+            raise UserError(f"{run_dir / name}: a folder, where the run writes its file {name}; move it away")
+    cache = run_dir / "cache"
+    if cache.exists() and not cache.is_dir():
+        raise UserError(f"{cache}: a file, where the run keeps its folder of prepared corpora; move it away")
 
 
 def restore_replaced(run_dir: Path) -> None:

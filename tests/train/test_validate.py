@@ -126,6 +126,25 @@ def test_resuming_without_the_runs_sentencepiece_model_is_refused_not_trained_an
     assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
 
 
+@pytest.mark.parametrize(("name", "message"), [
+    ("metrics.jsonl", "a folder, where the run writes its file metrics.jsonl; move it away"),
+    ("best.pt", "a folder, where the run writes its file best.pt; move it away"),
+    ("config.yaml", "a folder, where the run writes its file config.yaml; move it away"),
+    ("cache", "a file, where the run keeps its folder of prepared corpora; move it away"),
+])
+def test_a_folder_where_the_run_writes_a_file_is_refused_in_one_line(small_corpus, trained, tmp_path, name, message):
+    """Once a bare IsADirectoryError (FileExistsError for the cache), status 1; best.pt's only at the first
+    validation, after the run had trained on."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    entry = run / name
+    shutil.rmtree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
+    entry.write_text("x") if name == "cache" else entry.mkdir()
+    with pytest.raises(UserError, match=f"^{re.escape(str(entry))}: {re.escape(message)}$"):
+        train(tiny_cfg(small_corpus, run, max_steps=6))
+    assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
+
+
 def test_pairs_longer_than_the_models_positions_are_left_out_of_the_loss_and_said_so(small_corpus, tmp_path, caplog):
     """`max_positions` equal to `data.max_len` loads, and training pairs fit it, but validation pairs are not cut
     to `max_len`: the first validation failed on a longer one (`positions 0..88 are outside [0, max_positions
