@@ -71,6 +71,15 @@ CASES = [
     ("set-below-a-value", "train {tiny} --set train.lr.peak=1", 2, ["--set 'train.lr.peak=1': train.lr is a value"], None),
     # data (found when `nmt train` reads the corpus)
     ("data-missing", "train {missing_data}", 2, ["text corpus not found", "nope.en"], None),
+    # as corpus paths say it: once a bare 'checkpoint not found', 'file not found'
+    ("init-from-unset-variable", "train {tiny} --set train.init_from=$NMT_AUDIT_UNSET/parent.pt", 2,
+     ["train.init_from: $NMT_AUDIT_UNSET/parent.pt: checkpoint not found (an environment variable in it is not set)"],
+     None),
+    ("init-from-relative", "train {tiny} --set train.init_from=runs/parent.pt", 2,
+     ["train.init_from: runs/parent.pt: checkpoint not found (relative paths are read from the working directory "
+      "{elsewhere})"], None),
+    ("tokenizer-model-unset-variable", "train {tiny} --set tokenizer.model=$NMT_AUDIT_UNSET/spm.model", 2,
+     ["tokenizer.model: $NMT_AUDIT_UNSET/spm.model: file not found (an environment variable in it is not set)"], None),
     ("data-relative-elsewhere", "train {relative}", 2, ["text corpus not found: tried corpus/", "working directory {elsewhere}"], None),
     ("data-line-counts", "train {line_counts}", 2, ["short.en has 400 lines but", "short.de has 397"], None),
     ("data-utf8-train", "train {utf8_train}", 2, ["utf8.en:250: invalid UTF-8"], SUB),

@@ -19,6 +19,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ExperimentConfig, TokenizerConfig, config_from_dict, config_to_dict
+from nmt.data.textfiles import path_hint
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.fileio import not_a_file
@@ -74,7 +75,8 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     try:
         payload = load_checkpoint(path)
     except CheckpointError as err:  # "PATH: checkpoint not found" alone did not say which setting named PATH
-        raise CheckpointError(f"train.init_from: {err}") from None
+        hint = "" if path.exists() else path_hint(str(path))  # an unset variable, or the working directory
+        raise CheckpointError(f"train.init_from: {err}{hint}") from None
     try:
         parent = config_from_dict(payload["config"], source=f"{path}: stored config")
         tokenizer = Tokenizer.from_state(payload["tokenizer"])
@@ -129,7 +131,7 @@ def _sentencepiece_file(path: Path) -> Tokenizer:
     if kind := not_a_file(path):
         raise ConfigError(f"{where}: {kind}, not a sentencepiece model file")
     if not path.is_file():
-        raise ConfigError(f"{where}: file not found")
+        raise ConfigError(f"{where}: file not found{path_hint(str(path))}")
     try:
         tokenizer = Tokenizer(src_model=path.read_bytes())
     except (RuntimeError, OSError) as err:
