@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 from datasets import concatenate_datasets
 
-from nmt.checkpoint import periodic_checkpoints
+from nmt.checkpoint import load_checkpoint, periodic_checkpoints
 from nmt.config import (
     CorpusConfig,
     DataConfig,
@@ -48,7 +48,7 @@ from nmt.data.tokenizer import (
     warn_if_normalized,
     warn_if_unknown,
 )
-from nmt.errors import DataError, UserError
+from nmt.errors import CheckpointError, DataError, UserError
 from nmt.fileio import write_atomic
 
 log = logging.getLogger(__name__)
@@ -230,11 +230,37 @@ def _write_tokenizer_record(cfg: ExperimentConfig, run_dir: Path, *, given: bool
     write_atomic(run_dir / TOKENIZER_RECORD, lambda f: f.write(record))
 
 
+def _restored_tokenizer(cfg: ExperimentConfig, run_dir: Path) -> Tokenizer:
+    """The sentencepiece models of a run whose files of them are missing, saved back from its newest readable
+    checkpoint, which carries them.
+
+    Raises:
+        DataError: no checkpoint of the run can be read.
+    """
+    names = ["spm.model"] if cfg.tokenizer.joint else ["spm.src.model", "spm.tgt.model"]
+    missing = " and ".join(name for name in names if not (run_dir / name).is_file())
+    for path in [*reversed(periodic_checkpoints(run_dir)), run_dir / "best.pt"]:
+        try:
+            state = load_checkpoint(path).get("tokenizer")
+        except CheckpointError:
+            continue
+        if isinstance(state, dict):
+            tokenizer = Tokenizer.from_state(state)
+            tokenizer.save(run_dir)
+            log.warning("%s: %s missing; restored the run's sentencepiece models from %s, which carries them",
+                        run_dir, missing, path.name)
+            return tokenizer
+    raise DataError(f"{run_dir}: its checkpoints were trained with the sentencepiece model{'s' * (len(names) - 1)} "
+                    f"{' and '.join(names)} there, and {missing} is missing, nor does a readable checkpoint carry "
+                    "them: restore it, or start the run over with --restart")
+
+
 def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Tokenizer | None:
     """The run directory's tokenizer, if this start is to keep it.
 
     A run that has checkpoints keeps its tokenizer, whatever the config now says: resuming refuses a changed
-    tokenizer section (`check_same_model`), and may go on with other corpora; without its tokenizer it stops. Without a checkpoint the
+    tokenizer section (`check_same_model`), and may go on with other corpora; one whose tokenizer files are gone
+    takes them back from its checkpoints (`_restored_tokenizer`), never a new one. Without a checkpoint the
     tokenizer is the leftover of a start that failed or was stopped before its first checkpoint, and is kept
     only when it was made exactly as this start would make it (`TOKENIZER_RECORD`); otherwise this start
     makes its own, so that a corrected config (another `tokenizer.vocab_size`, another corpus) is not
@@ -243,11 +269,7 @@ def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Toke
     tokenizer = Tokenizer.load(run_dir)
     trained = bool(periodic_checkpoints(run_dir)) or (run_dir / "best.pt").exists()
     if tokenizer is None and trained and not given:  # a new one, made now, would not be the one the weights know
-        names = ["spm.model"] if cfg.tokenizer.joint else ["spm.src.model", "spm.tgt.model"]
-        missing = " and ".join(name for name in names if not (run_dir / name).is_file())
-        raise DataError(f"{run_dir}: its checkpoints were trained with the sentencepiece model{'s' * (len(names) - 1)} "
-                        f"{' and '.join(names)} there, and {missing} is missing: restore it, or start the run over "
-                        "with --restart")
+        return _restored_tokenizer(cfg, run_dir)
     if tokenizer is None or trained:
         return tokenizer
     try:

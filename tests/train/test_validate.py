@@ -3,6 +3,7 @@ validation files, and BLEU scored by sacreBLEU itself; and what a resumed run re
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import shutil
@@ -110,20 +111,21 @@ def test_resuming_in_the_other_direction_is_refused_and_leaves_the_run_as_it_was
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
 
 
-def test_resuming_without_the_runs_sentencepiece_model_is_refused_not_trained_anew(small_corpus, trained, tmp_path):
+def test_resuming_without_the_runs_sentencepiece_model_takes_it_back_from_the_checkpoint(small_corpus, trained,
+                                                                                         tmp_path, caplog):
     """spm.model deleted beside the checkpoints: a start once trained a new one (here on another data.train, which a
     resume may take) and went on training the checkpoint's weights with its other ids, saying nothing."""
     run = tmp_path / "run"
     shutil.copytree(trained, run)
+    original = (run / "spm.model").read_bytes()
     (run / "spm.model").unlink()
     raw = tiny_raw(small_corpus, run, max_steps=6)
-    raw["data"]["train"]["path"] = raw["data"]["valid"]["path"]
-    with pytest.raises(UserError, match=r"/run: its checkpoints were trained with the sentencepiece model spm\.model "
-                                        r"there, and spm\.model is missing: restore it, or start the run over with "
-                                        r"--restart$"):
+    raw["data"]["train"]["path"] = raw["data"]["valid"]["path"]  # a sentencepiece model made of it would differ
+    with caplog.at_level(logging.WARNING, logger="nmt"):
         train(config_from_dict(raw))
-    assert not (run / "spm.model").exists()
-    assert sorted(p.name for p in run.glob("ckpt_*.pt")) == ["ckpt_4.pt"]  # nothing trained
+    assert (run / "spm.model").read_bytes() == original
+    assert load_checkpoint(run / "ckpt_6.pt")["tokenizer"] == load_checkpoint(run / "ckpt_4.pt")["tokenizer"]
+    assert f"{run}: spm.model missing; restored the run's sentencepiece models from ckpt_4.pt" in caplog.text
 
 
 @pytest.mark.parametrize(("name", "message"), [
