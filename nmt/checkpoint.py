@@ -15,7 +15,7 @@ import logging
 import os
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    _refuse_duplicates([Path(p) for p in paths])
+    refuse_duplicates(paths, "average")
     try:
         return _average(paths, upgrade=False)
     except _LayoutsDiffer:
@@ -244,14 +244,21 @@ def first_difference(a: Any, b: Any, key: str) -> str | None:
     return None if a == b else f"{key}: {a!r} vs {b!r}"
 
 
-def _refuse_duplicates(paths: list[Path]) -> None:
+def refuse_duplicates(paths: Sequence[str | Path], use: str) -> None:
+    """Refuse a checkpoint given twice (by another name, a link to it included), which would count double in the
+    `use` ("average", "ensemble").
+
+    Raises:
+        CheckpointError: naming both names.
+    """
+    paths = [Path(p) for p in paths]
     for i, path in enumerate(paths):
         for earlier in paths[:i]:
             same = path.resolve() == earlier.resolve()
             if not same and path.exists() and earlier.exists():
                 same = os.path.samefile(path, earlier)
             if same:
-                raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the average")
+                raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the {use}")
 
 
 _SET_ASIDE = {

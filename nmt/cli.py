@@ -171,6 +171,7 @@ def translate(
 
     # torch's import and the model's loading take seconds: a signal then says what it left of OUTPUT, as one later does
     with reports_a_stop(input, output):
+        from nmt.checkpoint import refuse_duplicates
         from nmt.decode import Sampling
         from nmt.decode.options import check_search_flags
         from nmt.fileio import check_folder_to_write
@@ -190,6 +191,7 @@ def translate(
         except ValueError as err:
             raise UserError(str(err)) from None
         check_io(input, output, checkpoint)  # a missing input or a bad output fails before the model loads
+        refuse_duplicates(checkpoint, "ensemble")  # `-c A -c A` would weigh A twice against a third member
         if attention_plot is not None:
             require_matplotlib("--attention-plot")
             check_folder_to_write(attention_plot, "--attention-plot")
@@ -239,8 +241,11 @@ def evaluate(
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
+        from nmt.data.eval_sets import check_src_ref
+
         if split is not None and (src is not None or ref):
             raise UserError(f"--split {split} and --src/--ref both choose what to score; give one of them")
+        check_src_ref(src, ref)  # before the checkpoint loads
         if save_translations is not None:
             check_folder_to_write(save_translations, "--save-translations")
         results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref or None, beam=beam, device=device,
@@ -326,7 +331,7 @@ def analyze(
     plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length PNG here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write DIR/analysis.md with plots and attention heatmaps.")] = None,
-    sentences: Annotated[str, typer.Option(help="Test sentences (0-based, comma-separated) for --report heatmaps.")] = "0",
+    sentences: Annotated[Optional[str], typer.Option(help="Test sentences (0-based, comma-separated) for --report heatmaps (default: 0).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", callback=_check_device)] = "auto",
 ) -> None:
     """BLEU by source length for one or more models on one test set."""
@@ -337,6 +342,7 @@ def analyze(
         plot_bleu_by_length,
         write_report,
     )
+    from nmt.data.eval_sets import check_src_ref
     from nmt.decode.options import check_search_flags
     from nmt.fileio import check_folder_to_write
     from nmt.plot import require_matplotlib
@@ -344,7 +350,10 @@ def analyze(
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
     check_search_flags(beam=beam)  # before any model loads, naming the option
-    chosen = _sentence_numbers(sentences)
+    check_src_ref(src, [ref] if ref else [])
+    if sentences is not None and report is None:
+        raise UserError("--sentences chooses the heatmaps of --report; give --report DIR too")
+    chosen = _sentence_numbers(sentences or "0")
     if report is not None:
         require_matplotlib("--report")
         check_folder_to_write(report, "--report")

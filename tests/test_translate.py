@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+import shutil
 import struct
 import sys
 import threading
@@ -518,8 +519,9 @@ def test_cli_scores_and_nbest(checkpoints, sources):
 def test_cli_attention_plot_progress_and_ensemble(checkpoints, sources, tmp_path):
     src = tmp_path / "src.txt"
     src.write_text("\n".join(sources[:3]) + "\n", encoding="utf-8")
-    ckpt = str(checkpoints["rnn"])
-    result = cli("translate", "-c", ckpt, "-c", ckpt, "-i", str(src), "--attention-plot", str(tmp_path / "att"),
+    ckpt, copy = str(checkpoints["rnn"]), tmp_path / "rnn_copy.pt"
+    shutil.copyfile(ckpt, copy)  # the same file twice is refused
+    result = cli("translate", "-c", ckpt, "-c", str(copy), "-i", str(src), "--attention-plot", str(tmp_path / "att"),
                  "--progress")
     assert len(result.stdout.splitlines()) == 3
     assert "3/3" in result.stderr and "3/3" not in result.stdout

@@ -118,12 +118,21 @@ def _scored_pairs(sources: Sequence[str | None], targets: Sequence[str | None], 
     return EvalSet([src[i] for i in kept], [tgt[i] for i in kept], kept, len(src))
 
 
+def check_src_ref(src: str | Path | None, refs: Sequence[str | Path] | None) -> None:
+    """Refuse `--src` without `--ref` or the reverse, before any model loads.
+
+    Raises:
+        UserError: naming both options.
+    """
+    if (src is None) != (not refs):
+        raise UserError("--src and --ref go together: give both, or neither to use --split")
+
+
 def file_set(src: str | Path | None, refs: Sequence[str | Path] = ()) -> EvalSets | None:
     """{src: the set} of `--src` and its `--ref` files (several: several references of each line), every line
     scored as read, or None when neither is given."""
-    if src is None and not refs:
+    check_src_ref(src, refs)
+    if src is None:
         return None
-    if src is None or not refs:
-        raise UserError("--src and --ref go together: give both, or neither to use --split")
     sources, (first, *more) = read_scored(src, refs, "sources and references")
     return {str(src): EvalSet(sources, first, list(range(len(sources))), len(sources), tuple(more))}
