@@ -39,6 +39,7 @@ def test_hardware_names_the_device_that_trained_not_the_machine_s_first_gpu(monk
     cpu = runtime.hardware(torch.device("cpu"))  # on a machine with GPUs too: a CPU run is a CPU's result
     assert cpu.startswith(f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} thread")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")  # torchrun sets both; WORLD_SIZE alone is a lone process's stale variable
     assert f"CPU, {os.cpu_count()} cores, 2 processes x {torch.get_num_threads()} thread" in runtime.hardware(torch.device("cpu"))
 
 

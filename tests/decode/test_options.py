@@ -50,7 +50,7 @@ def test_sampling_gets_a_step_whose_draws_are_keyed_by_seed_line_and_step():
     (dict(strategy="diverse"), r"strategy \('diverse'\) must be one of"),
     (dict(cached=False, attention=True), "cached=False gives no attention"),
     (dict(min_len=-1), r"^min_len: -1 must be in \[0, 65536\]$"),
-    (dict(beam=0), r"^beam: 0 must be >= 1$"),
+    (dict(beam=0), r"^beam: 0 must be in \[1, 1000\]$"),
     (dict(max_len_a=float("nan")), r"^max_len_a: nan is not a finite number$"),
     (dict(length_penalty=float("nan")), r"^length_penalty: nan is not a finite number$"),
     (dict(length_penalty=1e308), r"^length_penalty: 1e\+308 must be in \[-5, 5\]$"),
