@@ -533,7 +533,7 @@ def _run_app() -> None:
         sys.exit(err.exit_code)
     except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted
         sys.exit(err.exit_code)
-    except Interrupted as err:  # SIGINT or SIGTERM during training (Ctrl-C elsewhere: typer exits 130 itself)
+    except Interrupted as err:  # SIGINT or SIGTERM in training or its preparation (Ctrl-C elsewhere: typer exits 130 itself)
         if launched_as()[1] == 0:  # under torchrun, every rank stops with the same news
             typer.echo(f"nmt: {err}", err=True)
         sys.exit(err.exit_code)

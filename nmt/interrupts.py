@@ -119,9 +119,10 @@ def signals_after_imports() -> Iterator[None]:
 
 
 @contextmanager
-def sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts(*, ends_process: bool = True) -> Iterator[None]:
     """While active, SIGTERM raises `Terminated`; a `Terminated` that leaves the block ends the process by
-    SIGTERM. Code inside may catch it as a `KeyboardInterrupt` and carry on (`nmt serve` drains its requests).
+    SIGTERM, or, with `ends_process` False, leaves it as it is, for the caller to say what stopped. Code inside
+    may catch it as a `KeyboardInterrupt` and carry on (`nmt serve` drains its requests).
 
     Installed only in the main thread (Python delivers signals there); elsewhere, as for a command run from a
     test's thread, it does nothing.
@@ -135,6 +136,8 @@ def sigterm_interrupts() -> Iterator[None]:
         if _settle(signal.SIGTERM):  # came during an import the block ended with: it stops the command still
             raise Terminated
     except Terminated:
+        if not ends_process:
+            raise
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         flush_std_streams()
         os.kill(os.getpid(), signal.SIGTERM)

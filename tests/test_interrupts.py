@@ -60,6 +60,22 @@ def test_sigterm_during_an_import_that_ends_the_block_still_stops_the_command(tm
     assert done.stdout == "importing\nimported whole\n"
 
 
+def test_sigterm_held_back_by_an_import_that_ends_the_block_reaches_a_caller_that_says_what_stopped(tmp_path):
+    """`ends_process=False` (training's preparation): the signal is raised out of the block, the process lives on
+    to say in one line what it stopped, and SIGTERM's handler is the one before the block again."""
+    done = run_until_signalled(tmp_path, """
+        import signal
+        from nmt.interrupts import Terminated, sigterm_interrupts
+        try:
+            with sigterm_interrupts(ends_process=False):
+                import slow
+        except Terminated:
+            print("the caller was told", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    """, signal.SIGTERM)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "importing\nimported whole\nthe caller was told True\n"
+
+
 def test_ctrl_c_during_an_import_interrupts_once_the_import_is_done(tmp_path):
     done = run_until_signalled(tmp_path, """
         import time

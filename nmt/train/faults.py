@@ -3,6 +3,8 @@
 - SIGINT or SIGTERM: `StopSignals` notes the first one; the loop then writes a
   checkpoint and raises `Interrupted` (the CLI exits 130 or 143). A second signal,
   a second or more later, raises `Interrupted` at once, without a checkpoint.
+  Before the loop (`stops_before_training`: the data, tokenizer and model being
+  prepared) one stops at once, with `Interrupted` too.
 - Non-finite losses or gradients: the loop skips the update; after
   `train.max_bad_steps` in a row it raises `TrainingDiverged`.
 - CUDA out of memory: `out_of_memory` turns the error into one that names the setting to lower.
@@ -11,15 +13,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 from nmt.errors import UserError, headline
+from nmt.interrupts import Terminated, sigterm_interrupts
+from nmt.launch import world_size
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +35,43 @@ class Interrupted(Exception):
 
     Attributes:
         signum: the signal.
-        checkpoint: the checkpoint written before stopping (None after a second signal).
+        checkpoint: the checkpoint written before stopping (None after a second signal, or before training).
         exit_code: 128 + signum, as a shell reports a process killed by the signal.
     """
 
-    def __init__(self, signum: int, checkpoint: Path | None = None, step: int | None = None) -> None:
+    def __init__(self, signum: int, checkpoint: Path | None = None, step: int | None = None, *,
+                 preparing: bool = False) -> None:
         self.signum, self.checkpoint, self.step = signum, checkpoint, step
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
-        if checkpoint is None:
+        if preparing:
+            msg = (f"stopped by {name} before training began (while the data, tokenizer and model were prepared); "
+                   "run the same command again")
+        elif checkpoint is None:
             msg = f"stopped by a second {name} without writing a checkpoint; the next start resumes from the last one"
         else:
             msg = f"stopped by {name} at step {step}; saved {checkpoint}; run the same command to continue"
         super().__init__(msg)
+
+
+@contextlib.contextmanager
+def stops_before_training() -> Iterator[None]:
+    """While active (the run being built, the loop being set up), SIGINT, and SIGTERM in a lone process, stop at once with `Interrupted`,
+    so that the command says so in one line, and what is on the way out (a child training the tokenizer, a
+    temporary file, the run directory's lock) is cleaned up. Under torchrun SIGTERM keeps its default action:
+    a process waiting for rank 0 in a collective would not run a Python handler until that wait ended.
+
+    Raises:
+        Interrupted: SIGINT or SIGTERM came.
+    """
+    alone = world_size() == 1
+    try:
+        # a SIGTERM held back by an import the block ended in is raised as the block ends, here too
+        with sigterm_interrupts(ends_process=False) if alone else contextlib.nullcontext():
+            yield
+    except KeyboardInterrupt as err:  # Terminated is one: SIGTERM
+        signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+        raise Interrupted(signum, preparing=True) from None
 
 
 class TrainingDiverged(UserError):

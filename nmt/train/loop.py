@@ -34,7 +34,13 @@ from nmt.metrics import METRICS
 from nmt.models import count_parameters
 from nmt.runtime import hardware, peak_memory_mb, rng_states
 from nmt.train.data import batch_loader, batch_padding
-from nmt.train.faults import Interrupted, StopSignals, TrainingDiverged, out_of_memory
+from nmt.train.faults import (
+    Interrupted,
+    StopSignals,
+    TrainingDiverged,
+    out_of_memory,
+    stops_before_training,
+)
 from nmt.train.loss import perplexity
 from nmt.train.metrics import MetricsLog
 from nmt.train.saving import CheckpointWriter
@@ -87,13 +93,14 @@ def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
         A summary: steps, best metric, last validation scores, paths of checkpoints.
 
     Raises:
-        Interrupted: SIGINT or SIGTERM stopped training (after writing a checkpoint).
+        Interrupted: SIGINT or SIGTERM stopped training (after writing a checkpoint), or the run being built.
         TrainingDiverged: `train.max_bad_steps` non-finite updates in a row.
         UserError: bad config, data, run directory, or CUDA out of memory.
         PeerStopped: under torchrun, another process stopped and left this one waiting for it.
     """
     with lost_peers_named():
-        run = build_run(cfg, restart=restart)
+        with stops_before_training():
+            run = build_run(cfg, restart=restart)
         try:
             return train_run(run)
         finally:
@@ -102,7 +109,8 @@ def train(cfg: ExperimentConfig, *, restart: bool = False) -> dict[str, Any]:
 
 def train_run(run: Run) -> dict[str, Any]:
     """Train a built run until a stop condition; validate once more if needed; return the summary."""
-    loop = _Loop(run)
+    with stops_before_training():  # until the loop's own handling of the signals (`StopSignals`) begins
+        loop = _Loop(run)
     try:
         return loop.run()
     finally:

@@ -15,6 +15,7 @@ import pytest
 
 from nmt import cli
 from nmt.checkpoint import load_checkpoint
+from nmt.train import setup
 from nmt.train.faults import Interrupted, StopSignals
 from nmt.train.loop import train
 from tests.train.helpers import nmt_process, tiny_cfg, wait_for, write_cfg
@@ -71,6 +72,34 @@ def test_signal_during_training_saves_exits_and_resumes(signum, code, small_corp
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["event"] == "train"]
     assert steps == list(range(1, saved + 3))  # continued right after the saved step, nothing repeated
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_the_run_is_prepared_says_so_and_the_same_command_starts_it(signum, code, small_corpus,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """Before the loop handles the signals (the data, the tokenizer, the model being prepared), SIGTERM ended the
+    process without a word and SIGINT left it silently with 130; both now stop at once with one line, and the
+    run directory is left unlocked, as it was before the start."""
+    run = tmp_path / "run"
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, run, max_steps=2)
+    build_trainable = setup.build_trainable
+
+    def signalled_while_the_model_is_built(*args, **kwargs):
+        os.kill(os.getpid(), signum)  # Python runs the handler before the next line
+        return build_trainable(*args, **kwargs)
+
+    monkeypatch.setattr(setup, "build_trainable", signalled_while_the_model_is_built)
+    monkeypatch.setattr(sys, "argv", ["nmt", "--quiet", "train", str(config)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == code
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after datasets' progress bars, in this process
+    assert err == (f"nmt: stopped by {signal.Signals(signum).name} before training began (while the data, tokenizer "
+                   "and model were prepared); run the same command again")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and not list(run.glob("ckpt_*.pt"))
+
+    monkeypatch.setattr(setup, "build_trainable", build_trainable)
+    assert train(tiny_cfg(small_corpus, run, max_steps=2))["step"] == 2
 
 
 @pytest.mark.slow
