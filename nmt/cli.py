@@ -173,7 +173,7 @@ def translate(
     with reports_a_stop(input, output):
         from nmt.checkpoint import refuse_duplicates
         from nmt.decode import Sampling
-        from nmt.decode.options import check_search_flags
+        from nmt.decode.options import check_search_flags, check_translation_counts
         from nmt.fileio import check_folder_to_write
         from nmt.plot import require_matplotlib
         from nmt.translate import Translator
@@ -186,6 +186,7 @@ def translate(
                             "--attention-plot DIR too")
         check_search_flags(beam=beam, length_penalty=length_penalty, max_tokens=max_tokens,
                            coverage_penalty=coverage_penalty, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
+        check_translation_counts(beam=beam, nbest=nbest, sample=sample)
         try:
             sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
         except ValueError as err:

@@ -116,8 +116,8 @@ def test_sampling_with_nbest_names_nbest_not_a_beam_the_user_never_set(checkpoin
     result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["transformer"]),
                              "-i", str(src), "--sample", "--nbest", "2"], capture_output=True, text=True)
     assert result.returncode == 2
-    assert result.stderr.strip() == ("nmt: error: sampling draws one translation per line; "
-                                     "nbest (2) must be 1"), result.stderr
+    assert result.stderr.strip() == ("nmt: error: --sample draws one translation per line; "
+                                     "--nbest (2) must be 1"), result.stderr
 
 
 def test_printed_nbest_scores_are_the_ranking_scores():

@@ -165,3 +165,21 @@ def check_search_flags(**given: object) -> None:
         problem = None if value is None else DECODE_RANGES[name].problem(value)
         if problem:
             raise UserError(f"--{name.replace('_', '-')}: {problem}")
+
+
+def check_translation_counts(*, beam: int | None, nbest: int, sample: bool) -> None:
+    """Refuse `--nbest` and `--beam` (None: not given) that `SearchOptions` would refuse once the model is loaded,
+    naming the options: `--nbest 3 --beam 2`, `--nbest 0`, and `--sample` with either above 1.
+
+    Raises:
+        UserError: the options and their values.
+    """
+    if nbest < 1:
+        raise UserError(f"--nbest ({nbest}) must be at least 1")
+    if sample and nbest > 1:
+        raise UserError(f"--sample draws one translation per line; --nbest ({nbest}) must be 1")
+    if sample and beam is not None and beam != 1:
+        raise UserError(f"--sample draws one translation per line; --beam ({beam}) must be 1 or left out")
+    if beam is not None and nbest > beam:
+        raise UserError(f"--nbest ({nbest}) cannot exceed --beam ({beam}); give a beam of at least {nbest}, or "
+                        "leave --beam out to take the larger of the checkpoint's beam and --nbest")
