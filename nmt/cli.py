@@ -461,6 +461,20 @@ def check_no_empty_argument(args: list[str]) -> None:
                         "value meant ('.' for the working directory)")
 
 
+def check_short_options(args: list[str]) -> None:
+    """Refuse a short option joined to its value by '=' (`-o=out.txt`): click, as getopt, takes what follows the
+    letter as the value, so `-o=out.txt` would write a file named `=out.txt`, and `-c=a.pt` look for `=a.pt`.
+
+    Raises:
+        UserError: naming the argument and how to write it.
+    """
+    end = args.index("--") if "--" in args else len(args)
+    for arg in args[:end]:
+        if len(arg) > 3 and arg[0] == "-" and arg[1].isalpha() and arg[2] == "=":
+            raise UserError(f"{shorten(arg, 60)}: a short option's value follows it after a space, so this one "
+                            f"would be {shorten(arg[2:], 40)!r}; write {arg[:2]} {shorten(arg[3:], 40)}")
+
+
 def _printed_by_another_process(err: UserError) -> bool:
     """Under torchrun, whether another process prints `err`, so that N processes do not print one line N times:
     rank 0's error relayed to the ranks that waited for it, and a config error or one of the node's devices
@@ -505,6 +519,7 @@ def _run_app() -> None:
     try:
         # Not standalone: click's usage errors come here, to be one line like the library's own.
         check_no_empty_argument(sys.argv[1:])
+        check_short_options(sys.argv[1:])
         status = app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt", standalone_mode=False)
         sys.exit(status if isinstance(status, int) else 0)  # a `typer.Exit(code)`, `--help` and ^C (130) return it
     except _ClickException as err:

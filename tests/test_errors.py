@@ -30,6 +30,7 @@ from nmt import cli
 from nmt.checkpoint import save_checkpoint
 from nmt.config import config_from_dict, config_to_dict
 from nmt.data.tokenizer import PAD_ID, train_tokenizer
+from nmt.errors import shorten
 from nmt.models import build_model
 from tests.conftest import tiny_config_dict
 
@@ -491,6 +492,21 @@ def test_nmt_alone_prints_its_help_and_help_exits_0(monkeypatch, capsys):
     with pytest.raises(SystemExit) as ex:
         cli.main()
     assert ex.value.code == 0 and "Usage: nmt translate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["translate", "-c", "{good}", "-i", "{src2}", "-o={out}"],
+                                  ["translate", "-c={good}", "-i", "{src2}"]])
+def test_a_short_option_joined_by_an_equals_sign_is_refused_and_nothing_is_written(args, bad, tmp_path, monkeypatch):
+    """`-o=out.txt` wrote the translations to a file named `=out.txt`, as click (like getopt) reads it."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out.txt"
+    args = [a.format(out=out.name, **bad) for a in args]
+    status, err = run_in_process(args, None, monkeypatch)
+    joined = next(a for a in args if "=" in a)
+    assert status == 2 and err == (f"nmt: error: {shorten(joined, 60)}: a short option's value follows it after a "
+                                   f"space, so this one would be {shorten(joined[2:], 40)!r}; write {joined[:2]} "
+                                   f"{shorten(joined[3:], 40)}\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("args", "where"), [
