@@ -79,6 +79,21 @@ def _check_tokenize(name: str | None) -> str | None:
     return name
 
 
+def _check_metrics(names: str | None) -> list[str] | None:
+    """`--metrics`: a comma-separated list of sacreBLEU metrics, refused before any translation starts."""
+    from nmt.metrics import TEXT_METRICS
+
+    if names is None:
+        return None
+    chosen = [name.strip().lower() for name in names.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in TEXT_METRICS]
+    if unknown or not chosen:
+        what = f"{shorten(repr(unknown[0]), 40)} is not a metric nmt eval reports" if unknown else "no metric named"
+        raise UserError(f"--metrics {shorten(repr(names), 60)}: {what}; give some of {','.join(TEXT_METRICS)}, "
+                        "separated by commas")
+    return list(dict.fromkeys(chosen))
+
+
 def _version(show: bool) -> None:
     if show:
         from nmt import __version__
@@ -222,6 +237,9 @@ def evaluate(
     tokenize: Annotated[Optional[str], typer.Option(
         help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, ja-mecab, char or none (default: the checkpoint's "
              "eval.tokenize; with --hyp, 13a).", callback=_check_tokenize)] = None,
+    metrics: Annotated[Optional[str], typer.Option(
+        help="sacreBLEU metrics to report, separated by commas: some of bleu, chrf, ter (default: the checkpoint's "
+             "eval.metrics; with --hyp, all three).", callback=_check_metrics)] = None,
 ) -> None:
     """Score with sacreBLEU: a checkpoint on a split or on --src/--ref, or --hyp against --ref."""
     from nmt.config import EvalConfig
@@ -238,7 +256,8 @@ def evaluate(
         if unused:
             raise UserError(f"{unused[0]} does not apply to --hyp, which scores ready translations against --ref; "
                             f"drop {unused[0]}, or translate with --checkpoint instead of --hyp")
-        results = {str(hyp): score_files(hyp, ref, EvalConfig(tokenize=tokenize) if tokenize else None)}
+        given = {k: v for k, v in (("tokenize", tokenize), ("metrics", metrics)) if v is not None}
+        results = {str(hyp): score_files(hyp, ref, EvalConfig(**given) if given else None)}
     elif checkpoint is None:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
@@ -250,7 +269,7 @@ def evaluate(
         if save_translations is not None:
             check_folder_to_write(save_translations, "--save-translations")
         results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref or None, beam=beam, device=device,
-                                      save_dir=save_translations, tokenize=tokenize)
+                                      save_dir=save_translations, tokenize=tokenize, metrics=metrics)
     if as_json:
         typer.echo(json.dumps(results, indent=2))
     else:

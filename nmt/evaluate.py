@@ -42,12 +42,14 @@ def evaluate_checkpoint(
     device: str = "auto",
     save_dir: str | Path | None = None,
     tokenize: str | None = None,
+    metrics: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Translate and score the sets `eval_sets` picks. Returns {set name: scores}.
 
     With `save_dir`, each set's translations are also written to `save_dir/<set>.hyp`
     (the file name of `src` when scoring files), one line per row of the set, an empty one where a pair with
-    an empty side was not scored (`EvalSet.hyp_lines`); `tokenize` replaces the checkpoint's `eval.tokenize`.
+    an empty side was not scored (`EvalSet.hyp_lines`); `tokenize` and `metrics` replace the checkpoint's
+    `eval.tokenize` and `eval.metrics`.
     """
     # imported here: scoring ready translations (`score_files`) needs neither torch nor datasets, 2 s of imports
     from nmt.data.eval_sets import eval_sets, file_set
@@ -58,7 +60,8 @@ def evaluate_checkpoint(
     files = file_set(src, reference_files(ref))
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
-    settings = cfg.eval if tokenize is None else dataclasses.replace(cfg.eval, tokenize=tokenize)
+    given = {k: v for k, v in (("tokenize", tokenize), ("metrics", list(metrics or ()))) if v}
+    settings = dataclasses.replace(cfg.eval, **given)
     check_tokenizer(settings, str(checkpoint))  # before translating, not after
     out = Path(save_dir) if save_dir is not None else None
     results = {}

@@ -25,6 +25,8 @@ from sacrebleu.metrics.base import Metric as SacreMetric
 
 from nmt.errors import UserError, headline
 
+log = logging.getLogger(__name__)
+
 TOKENIZERS = ("auto", "13a", "intl", "zh", "ja-mecab", "char", "none")
 """sacreBLEU's BLEU tokenizers that `eval.tokenize` accepts, and `auto` (`bleu_tokenizer`)."""
 
@@ -108,6 +110,11 @@ test set of good translations that took 1.6 GB for chrF alone (`bench/score_memo
 set of a few hundred thousand lines did not fit in memory. The statistics of each sentence are kept (a few numbers
 each) and summed at the end, as sacreBLEU sums them: the scores are the same."""
 
+TER_SLOW_WORDS = 1000
+"""Words in a line beyond which sacreBLEU's TER slows down steeply, in its search for shifts: one pair of lines of
+1,000 words took 0.45 s, of 1,200 words 3.7 s, of 3,000 words 80 s and of 4,000 words 136 s on a 2-core CPU (a
+fifth of the words changed, a few blocks of three moved; 2026-12-07). BLEU and chrF took under 0.1 s."""
+
 _TOKENIZER_ERRORS = (RuntimeError, ImportError, AssertionError)
 """sacreBLEU's ways to say that a tokenizer's extra is missing or broken."""
 
@@ -175,10 +182,30 @@ def score(hyps: Sequence[str], refs: Sequence[str], cfg: ScoreSettings | None = 
             scorer = METRICS[name].scorer(bleu_tokenizer(cfg.tokenize), cfg.lowercase)
         except _TOKENIZER_ERRORS:
             raise UserError(f"eval.tokenize {cfg.tokenize!r}: {tokenizer_problem(cfg.tokenize)}") from None
+        if name == "ter":
+            _warn_of_slow_ter(hyps, streams)
         result[name] = round(corpus_score(scorer, hyps, streams).score, 2)
         result[f"{name}_signature"] = str(scorer.get_signature())
     result["sentences"] = len(hyps)
     return result
+
+
+_warned_of_slow_ter = False
+
+
+def _warn_of_slow_ter(hyps: Sequence[str], streams: Sequence[Sequence[str]]) -> None:
+    """Say, before TER starts on it, which line will make TER slow (`TER_SLOW_WORDS`) and how to leave TER out:
+    a document scored as one line held `nmt eval` for minutes without a word. Once a process: a training run
+    validates on the same lines again and again."""
+    global _warned_of_slow_ter
+    if _warned_of_slow_ter:
+        return
+    words, line = max((len(text.split()), i) for lines in (hyps, *streams) for i, text in enumerate(lines))
+    if words > TER_SLOW_WORDS:
+        _warned_of_slow_ter = True
+        log.warning("TER: line %d has %s words, and sacreBLEU's TER slows down steeply beyond %s words a line "
+                    "(seconds to minutes a line); to leave it out, give nmt eval --metrics bleu,chrf, or set "
+                    "eval.metrics", line + 1, f"{words:,}", f"{TER_SLOW_WORDS:,}")
 
 
 def corpus_score(scorer: SacreMetric, hyps: Sequence[str], streams: Sequence[Sequence[str]]) -> Any:

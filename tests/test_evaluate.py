@@ -167,6 +167,7 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
                                  "--save-translations", str(out)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["news_2016.hyp", "test.hyp"]
+    scores_of_test = __import__("json").loads(result.stdout)["test"]
     for name, file, ref, lines in (("test", "test.hyp", "test.de", 30), ("news/2016", "news_2016.hyp", "valid.de", 30)):
         scores = __import__("json").loads(result.stdout)[name]
         hyps = (out / file).read_text(encoding="utf-8").splitlines()
@@ -178,6 +179,11 @@ def test_eval_saves_the_translations_it_scored(small_corpus, tmp_path):
     chars = __import__("json").loads(result.stdout)["test"]
     assert "tok:char" in chars["bleu_signature"]
     assert chars["bleu"] == score_files(out / "test.hyp", small_corpus / "test.de", EvalConfig(tokenize="char"))["bleu"]
+    result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--split", "test", "--json",
+                                 "--metrics", "ter"])  # the checkpoint's eval.metrics (all three) replaced
+    ter_only = __import__("json").loads(result.stdout)["test"]
+    assert ter_only == {"ter": scores_of_test["ter"], "ter_signature": scores_of_test["ter_signature"],
+                        "sentences": 30, "beam": scores_of_test["beam"]}
     # several references of each line, as sacreBLEU's -r REF1 REF2 scores them
     result = runner.invoke(app, ["eval", "-c", str(tmp_path / "run" / "best.pt"), "--json", "--src",
                                  str(small_corpus / "test.en"), "--ref", str(small_corpus / "test.de"), "--ref",
@@ -232,6 +238,47 @@ def _write(tmp_path, raw) -> str:
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return str(path)
+
+
+def test_eval_reports_the_metrics_given_and_refuses_others(tmp_path):
+    """`--metrics` chooses among the text metrics, as sacreBLEU's `-m` does; with --hyp there was no way to leave
+    one out (TER takes minutes on long lines)."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    hyps, refs = ["the cat sat on the mat .", "a dog runs ."], ["the cat sat on a mat .", "a dog is running ."]
+    (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    files = ["eval", "--hyp", str(tmp_path / "hyp.txt"), "--ref", str(tmp_path / "ref.txt"), "--json"]
+    result = CliRunner().invoke(app, files + ["--metrics", "chrf, BLEU,chrf"])
+    assert result.exit_code == 0, result.output
+    scores = __import__("json").loads(result.stdout)[str(tmp_path / "hyp.txt")]
+    assert list(scores) == ["chrf", "chrf_signature", "bleu", "bleu_signature", "sentences"]
+    assert scores["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+    for given, why in (("bleu,meteor", "'meteor' is not a metric nmt eval reports"), (",", "no metric named")):
+        result = CliRunner().invoke(app, files + ["--metrics", given])
+        assert isinstance(result.exception, UserError)
+        assert str(result.exception) == f"--metrics {given!r}: {why}; give some of bleu,chrf,ter, separated by commas"
+
+
+def test_ter_says_which_line_will_make_it_slow_once_a_process(caplog, monkeypatch):
+    """One pair of 3,000-word lines held TER for 80 s without a word: the line and the way to leave TER out are
+    named before it starts, once, as a training run validates on the same lines again and again."""
+    from nmt import metrics
+
+    monkeypatch.setattr(metrics, "_warned_of_slow_ter", False)
+    short = ["a b c ."] * 3
+    long = " ".join(f"w{i % 40}" for i in range(metrics.TER_SLOW_WORDS + 1))
+    with caplog.at_level("WARNING", logger="nmt.metrics"):
+        score(short, short)  # short lines: nothing to say
+        assert caplog.messages == []
+        score(short + [long], short + [long])
+        score(short + [long], short + [long])
+        assert score(short, short, EvalConfig(metrics=["bleu"]))["bleu"] == 100.0
+    assert caplog.messages == [f"TER: line 4 has {metrics.TER_SLOW_WORDS + 1:,} words, and sacreBLEU's TER slows down "
+                               "steeply beyond 1,000 words a line (seconds to minutes a line); to leave it out, give "
+                               "nmt eval --metrics bleu,chrf, or set eval.metrics"]
 
 
 def test_eval_of_ready_translations_takes_the_tokenizer_given(tmp_path, monkeypatch):
