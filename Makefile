@@ -41,7 +41,7 @@ test: install
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(ARGS)
 
 # The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the data-scale bench):
-# 70 tests, in one process (some time their signals); CI runs them after `make test`.
+# 71 tests, in one process (some time their signals); CI runs them after `make test`.
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)
 

@@ -597,6 +597,44 @@ def test_torchrun_two_processes_on_the_command_line(small_corpus, tmp_path):
     assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]  # resumed at step 5
 
 
+def two_nodes(torchrun: str, args: list[str], cwd, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """`torchrun ... -m nmt ARGS` as on two machines of one process each: two agents that meet through a c10d
+    rendezvous on this machine, as `--nnodes 2 --rdzv_endpoint HOST0:PORT` meets on two."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    command = [torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+               f"127.0.0.1:{port}", "--rdzv_id", "two-nodes", "-m", "nmt", *args]
+    agents = [subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    outputs = [agent.communicate(timeout=timeout) for agent in agents]
+    return [subprocess.CompletedProcess(command, agent.returncode, *output) for agent, output in zip(agents, outputs)]
+
+
+@pytest.mark.slow  # two torchrun agents, 10-20 s here; CI runs it with make test-slow
+def test_two_nodes_train_as_one_job_and_each_node_prints_an_error_every_process_meets_once(small_corpus, tmp_path):
+    """Multi-node through torchrun: every other test launches one machine's processes (`--standalone`). On two
+    nodes the second node's process is local rank 0 but not rank 0: it must neither write the run's files nor print
+    the summary, and a config error is printed once a node, by each node's local rank 0."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=4, valid_every=2,
+                       device="cpu")
+    agents = two_nodes(torchrun, ["train", str(config)], tmp_path)
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(a.stderr[-2000:] for a in agents)
+    summaries = [json.loads(line) for a in agents for line in a.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and summaries[0]["step"] == 4  # rank 0's, on whichever node it is
+    assert sum("x 1 accumulated x 2 processes" in a.stderr for a in agents) == 1  # one job of two, logged once
+    assert sorted(p.name for p in (tmp_path / "run").glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_4.pt"]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
+
+    agents = two_nodes(torchrun, ["train", str(config), "--set", "train.lr=-1"], tmp_path)
+    for agent in agents:
+        errors = [line for line in agent.stderr.splitlines() if line.startswith("nmt: error: ")]
+        assert agent.returncode != 0 and len(errors) == 1 and "train.lr" in errors[0], agent.stderr[-3000:]
+
+
 # `nmt` whose local rank 0 writes its error line late, as on a loaded machine: torchrun, which stops every process
 # once one exits, must not stop it before the line is out.
 LATE_ERROR_LINE = """
