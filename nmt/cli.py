@@ -188,7 +188,7 @@ def translate(
     with reports_a_stop(input, output):
         from nmt.checkpoint import refuse_duplicates
         from nmt.decode import Sampling
-        from nmt.decode.options import check_search_flags, check_translation_counts
+        from nmt.decode.options import check_search_flags, count_problem
         from nmt.fileio import check_folder_to_write
         from nmt.plot import require_matplotlib
         from nmt.translate import Translator
@@ -201,7 +201,8 @@ def translate(
                             "--attention-plot DIR too")
         check_search_flags(beam=beam, length_penalty=length_penalty, max_tokens=max_tokens,
                            coverage_penalty=coverage_penalty, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
-        check_translation_counts(beam=beam, nbest=nbest, sample=sample)
+        if problem := count_problem(beam=beam, nbest=nbest, sampling=sample, flags=True):
+            raise UserError(problem)
         try:
             sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed) if sample else None
         except ValueError as err:
@@ -568,7 +569,7 @@ def _run_app() -> None:
         sys.exit(err.exit_code)
     except OutputClosed as err:  # `nmt translate ... | head`: the reader has what it wanted
         sys.exit(err.exit_code)
-    except Interrupted as err:  # SIGINT or SIGTERM in training or its preparation (Ctrl-C elsewhere: typer exits 130 itself)
+    except Interrupted as err:  # SIGINT or SIGTERM in training or before it (elsewhere typer exits 130 itself)
         if launched_as()[1] == 0:  # under torchrun, every rank stops with the same news
             typer.echo(f"nmt: {err}", err=True)
         sys.exit(err.exit_code)

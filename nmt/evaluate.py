@@ -60,8 +60,8 @@ def evaluate_checkpoint(
     files = file_set(src, reference_files(ref))
     translator = Translator.from_checkpoint(checkpoint, device=device)
     cfg = translator.cfg
-    given = {k: v for k, v in (("tokenize", tokenize), ("metrics", list(metrics or ()))) if v}
-    settings = dataclasses.replace(cfg.eval, **given)
+    settings = dataclasses.replace(cfg.eval, tokenize=tokenize or cfg.eval.tokenize,
+                                   metrics=list(metrics or cfg.eval.metrics))
     check_tokenizer(settings, str(checkpoint))  # before translating, not after
     out = Path(save_dir) if save_dir is not None else None
     results = {}

@@ -110,14 +110,8 @@ class SearchOptions:
             raise ValueError(f"sampling settings need strategy 'sample' or 'auto', not {self.strategy!r}, "
                              "which would ignore them")
         sampling = self.sampling is not None or self.strategy == "sample"
-        if self.nbest < 1:
-            raise ValueError(f"nbest ({self.nbest}) must be at least 1")
-        if sampling and self.nbest > 1:
-            raise ValueError(f"sampling draws one translation per line; nbest ({self.nbest}) must be 1")
-        if sampling and self.beam != 1:
-            raise ValueError(f"sampling draws one translation per line; beam ({self.beam}) must be 1")
-        if self.nbest > self.beam:
-            raise ValueError(f"nbest ({self.nbest}) cannot exceed beam ({self.beam})")
+        if problem := count_problem(beam=self.beam, nbest=self.nbest, sampling=sampling):
+            raise ValueError(problem)
         if self.strategy == "greedy" and self.beam != 1:
             raise ValueError(f"greedy search keeps one hypothesis; beam ({self.beam}) must be 1")
         if not self.cached and (self.attention or self.coverage_penalty > 0):
@@ -167,19 +161,20 @@ def check_search_flags(**given: object) -> None:
             raise UserError(f"--{name.replace('_', '-')}: {problem}")
 
 
-def check_translation_counts(*, beam: int | None, nbest: int, sample: bool) -> None:
-    """Refuse `--nbest` and `--beam` (None: not given) that `SearchOptions` would refuse once the model is loaded,
-    naming the options: `--nbest 3 --beam 2`, `--nbest 0`, and `--sample` with either above 1.
-
-    Raises:
-        UserError: the options and their values.
-    """
+def count_problem(*, beam: int | None, nbest: int, sampling: bool, flags: bool = False) -> str | None:
+    """What is wrong with these counts of translations (`beam` None: not given), or None: the rules of
+    `SearchOptions`, which `flags` words for the command line (`--nbest`, `--beam`, `--sample`), where a beam left
+    out is the larger of the checkpoint's and --nbest, so that `nmt translate` refuses them before the model loads."""
+    n, b = ("--nbest", "--beam") if flags else ("nbest", "beam")
+    one = f"{'--sample' if flags else 'sampling'} draws one translation per line"
     if nbest < 1:
-        raise UserError(f"--nbest ({nbest}) must be at least 1")
-    if sample and nbest > 1:
-        raise UserError(f"--sample draws one translation per line; --nbest ({nbest}) must be 1")
-    if sample and beam is not None and beam != 1:
-        raise UserError(f"--sample draws one translation per line; --beam ({beam}) must be 1 or left out")
+        return f"{n} ({nbest}) must be at least 1"
+    if sampling and nbest > 1:
+        return f"{one}; {n} ({nbest}) must be 1"
+    if sampling and beam is not None and beam != 1:
+        return f"{one}; {b} ({beam}) must be 1" + (" or left out" if flags else "")
     if beam is not None and nbest > beam:
-        raise UserError(f"--nbest ({nbest}) cannot exceed --beam ({beam}); give a beam of at least {nbest}, or "
-                        "leave --beam out to take the larger of the checkpoint's beam and --nbest")
+        return f"{n} ({nbest}) cannot exceed {b} ({beam})" + (
+            f"; give a beam of at least {nbest}, or leave --beam out to take the larger of the checkpoint's beam "
+            "and --nbest" if flags else "")
+    return None

@@ -58,8 +58,9 @@ class Interrupted(Exception):
 def stops_before_training() -> Iterator[None]:
     """While active (the run being built, the loop being set up), SIGINT, and SIGTERM in a lone process, stop at
     once with `Interrupted`, so that the command says so in one line, and what is on the way out (a child
-    training the tokenizer, a temporary file, the run directory's lock) is cleaned up. Under torchrun SIGTERM keeps its default action:
-    a process waiting for rank 0 in a collective would not run a Python handler until that wait ended.
+    training the tokenizer, a temporary file, the run directory's lock) is cleaned up. Under torchrun SIGTERM
+    keeps its default action: a process waiting for rank 0 in a collective would not run a Python handler until
+    that wait ended.
 
     Raises:
         Interrupted: SIGINT or SIGTERM came.
