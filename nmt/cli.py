@@ -527,8 +527,11 @@ _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "C
 
 def main() -> None:
     """Console entry point: run the app, turning errors into one line and an exit status."""
-    with signals_after_imports():  # Ctrl-C while torch imports: stop once it has, not with a half-made module
-        _run_app()
+    try:
+        with signals_after_imports():  # Ctrl-C while torch imports: stop once it has, not with a half-made module
+            _run_app()
+    except KeyboardInterrupt:  # Ctrl-C outside the command (held back by an import, it came as an error was
+        sys.exit(130)  # printed): the status Ctrl-C gives within it, not a traceback
 
 
 def _run_app() -> None:
