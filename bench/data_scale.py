@@ -14,8 +14,9 @@ twice in fresh processes, with a tiny Transformer (`train.max_steps: 1`, then 2)
             cache reused, one more update.
 
 Each start runs the real `nmt.train.loop.train`; the phases are timed by wrapping
-the functions it calls (`load_pairs`, `clean_pairs`, `in_child_process` (the sample, `nmt.data.sample`),
-`train_tokenizer_on_files`, `tokenize_pairs`, `build_sampler`, `train_step`):
+the functions it calls (`load_pairs`, `clean_pairs`, `draw_tokenizer_sample` (the sample, in a child
+process above 32 MiB of text, `nmt.data.sample`), `train_tokenizer_on_files`, `tokenize_pairs`,
+`build_sampler`, `train_step`):
 
     read       text files into Arrow (a cache hit on the second start)
     clean      strip and drop empty pairs
@@ -134,7 +135,7 @@ def child(overrides: list[str], out: Path) -> None:
     timed(dataset, "load_pairs", "read")  # every split is read through `dataset.load_split`
     for module in (data, dataset):
         timed(module, "clean_pairs", "clean")
-    timed(data, "in_child_process", "tokenizer")  # drawing and writing the sample, in a child process
+    timed(data, "draw_tokenizer_sample", "tokenizer")  # drawing and writing the sample
     timed(data, "train_tokenizer_on_files", "tokenizer")
     timed(dataset, "tokenize_pairs", "tokenize")
     timed(setup, "build_sampler", "sampler")

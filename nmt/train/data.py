@@ -40,7 +40,7 @@ from nmt.data.dataset import (
     load_split,
     prepare_split,
 )
-from nmt.data.sample import in_child_process, write_tokenizer_sample
+from nmt.data.sample import draw_tokenizer_sample
 from nmt.data.tokenizer import (
     PAD_ID,
     Tokenizer,
@@ -171,9 +171,8 @@ def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | 
         raw = _one_after_another([clean_pairs(_read_train(spec, data, cache), num_proc=num_proc)[0]
                                   for spec in corpora])
         with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
-            # in a child: drawing rows from all over the corpus would leave its pages resident here
-            src_file, tgt_file = in_child_process(write_tokenizer_sample, raw, cfg.tokenizer.max_sentences,
-                                                  seed=cfg.train.seed, folder=Path(folder))
+            src_file, tgt_file = draw_tokenizer_sample(raw, cfg.tokenizer.max_sentences, seed=cfg.train.seed,
+                                                       folder=Path(folder))
             paths = ", ".join(str(spec.path) for spec in corpora)
             tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file, where=f"data.train ({paths})")
         tokenizer.save(run_dir)

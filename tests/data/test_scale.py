@@ -21,10 +21,11 @@ from datasets import Dataset, Features, Value
 from datasets.table import InMemoryTable
 
 import nmt.data.cleaning as cleaning_module
+import nmt.data.sample as sample_module
 from nmt.config import CorpusConfig, DataConfig, config_from_dict
 from nmt.data.batching import TokenBatchSampler, _chunk_bounds
 from nmt.data.dataset import length_arrays, prepare_split
-from nmt.data.sample import in_child_process, write_tokenizer_sample
+from nmt.data.sample import draw_tokenizer_sample, in_child_process, write_tokenizer_sample
 from nmt.errors import DataError
 from nmt.train.data import build_sampler, prepare_run
 from tests.conftest import tiny_config_dict
@@ -166,6 +167,24 @@ def test_tokenizer_sample_makes_no_python_call_per_sentence(tmp_path) -> None:
     small = python_calls(lambda: write_tokenizer_sample(small_ds, 100_000, seed=0, folder=tmp_path / "s"))
     large = python_calls(lambda: write_tokenizer_sample(large_ds, 100_000, seed=0, folder=tmp_path / "l"))
     assert large < small + 300, (small, large)
+
+
+def test_a_large_corpus_is_sampled_in_a_child_process_and_a_small_one_in_this_one(tmp_path, monkeypatch) -> None:
+    """The same sample either way; a child process (a second or two to start) only for a corpus of over
+    `SAMPLE_IN_PROCESS_BYTES`, whose pages it keeps out of this process."""
+    def children_cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
+    ds = text_dataset(5_000)
+    (tmp_path / "here").mkdir(), (tmp_path / "child").mkdir()
+    before = children_cpu()
+    here, _ = draw_tokenizer_sample(ds, 300, seed=1, folder=tmp_path / "here")
+    assert children_cpu() == before
+    monkeypatch.setattr(sample_module, "SAMPLE_IN_PROCESS_BYTES", ds.data.nbytes - 1)
+    child, _ = draw_tokenizer_sample(ds, 300, seed=1, folder=tmp_path / "child")
+    assert children_cpu() > before  # a Python process ran and ended
+    assert child.read_bytes() == here.read_bytes() and len(here.read_text(encoding="utf-8").splitlines()) == 300
 
 
 def test_the_prepared_training_split_is_memory_mapped_so_batch_workers_share_it(small_corpus, tmp_path) -> None:
