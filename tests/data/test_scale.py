@@ -29,6 +29,7 @@ from nmt.data.sample import draw_tokenizer_sample, in_child_process, write_token
 from nmt.errors import DataError
 from nmt.train.data import build_sampler, prepare_run
 from tests.conftest import tiny_config_dict
+from tests.data.child_calls import allocate_and_sum, fail
 
 LEN_FEATURES = Features({"src_len": Value("int32"), "tgt_len": Value("int32")})
 
@@ -208,21 +209,12 @@ def _leaf_tables(table):
     return [t for row in blocks for t in row] if blocks else [table]
 
 
-def _allocate_and_sum(mb: int) -> int:
-    block = np.ones(mb << 20, dtype=np.uint8)
-    return int(block.sum())
-
-
-def _fail(message: str) -> None:
-    raise DataError(message)
-
-
 def test_a_child_process_returns_its_result_and_keeps_its_memory_out_of_this_process() -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert in_child_process(_allocate_and_sum, 300) == 300 << 20
+    assert in_child_process(allocate_and_sum, 300) == 300 << 20
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < (100 << 10)  # KiB: not the child's 300 MB
     with pytest.raises(DataError, match="a clear message"):
-        in_child_process(_fail, "a clear message")
+        in_child_process(fail, "a clear message")
 
 
 def test_the_tokenizer_sample_is_drawn_without_importing_torch(tmp_path) -> None:
