@@ -41,8 +41,10 @@ def test_config_trains_a_few_steps_on_toy_data(path, small_corpus, tmp_path):
     raw["tokenizer"]["vocab_size"] = 200
     # fp32: Transformer-base's bf16 took 189 s of `make test` on a CPU without bf16 instructions (AVX2 only), which
     # emulates them; bf16 training itself is tested on tiny models (tests/train/test_half.py)
-    raw["train"].update({"max_steps": 2, "max_time": 0, "max_tokens": 600, "valid_every": 2,
-                         "valid_max_sentences": 4, "log_every": 1, "precision": "fp32"})
+    raw["train"].update({"max_steps": 2, "max_time": 0, "max_tokens": 300, "valid_every": 2,
+                         "valid_max_sentences": 2, "log_every": 1, "precision": "fp32"})
+    # an untrained model translates to the length limit: a short one keeps validation to seconds
+    raw["decode"].update({"max_len_a": 0.5, "max_len_b": 4})
     summary = train(config_from_dict(raw))
     assert summary["step"] == 2
     assert (tmp_path / "run" / "best.pt").is_file()
