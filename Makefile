@@ -41,8 +41,8 @@ demo: install
 test: install
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(ARGS)
 
-# The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the data-scale bench):
-# 71 tests, in one process (some time their signals); CI runs them after `make test`.
+# The end-to-end tests marked slow (signals, random SIGKILLs, torchrun, compile, the bench scripts run end
+# to end): 77 tests, in one process (some time their signals); CI runs them after `make test`.
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)
 

@@ -26,6 +26,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow  # a bench run end to end (15 s here); CI runs it with make test-slow
 def test_the_batch_shapes_bench_measures_every_padding_as_training_pads(tmp_path: Path) -> None:
     out, run_dir = tmp_path / "rows.json", tmp_path / "run"
     proc = run_bench("--max-tokens", "400,2000", "--run-dir", str(run_dir), "--json", str(out))

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a bench run end to end (7 s here); CI runs it with make test-slow
 def test_the_checkpoint_bench_times_both_ways_and_leaves_no_files(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "checkpoint_speed.py"), "configs/toy_transformer.yaml",
                            "--vocab", "300", "--repeat", "2", "--gap", "0", "--dir", str(tmp_path)],

@@ -19,6 +19,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a bench run end to end (7-8 s here each); CI runs it with make test-slow
 @pytest.mark.parametrize("config", ["configs/toy_rnn_bahdanau.yaml", "configs/multi30k_rnn_luong_general.yaml"])
 def test_the_encoder_bench_times_and_counts_both_ways(config):
     done = _bench(config)

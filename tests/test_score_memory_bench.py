@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # three bench runs end to end (4 s here); CI runs it with make test-slow
 def test_the_score_bench_measures_both_ways_to_one_score():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "score_memory.py"), "--lines", "3000",
                            "--metrics", "chrf"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -54,6 +54,7 @@ def test_host_syncs_counts_each_wait_for_the_gpu_and_nothing_else():
     assert host_syncs(lambda: None, torch.device("cpu")) is None
 
 
+@pytest.mark.slow  # a bench run end to end (4 s here); CI runs it with make test-slow
 def test_the_half_copy_bench_times_the_bookkeeping_of_the_configs_model() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "half_copy_speed.py"), "configs/toy_transformer.yaml",
                            "--device", "cpu", "--vocab", "50", "--updates", "3"],
