@@ -688,7 +688,7 @@ def test_torchrun_prints_an_error_every_process_meets_once(setting, message, lat
 # `nmt` whose rank 1 alone fails as its third update's optimizer step ends, leaving rank 0 in a collective: with an
 # error of its own (FAIL=error) or killed as the OOM killer kills (FAIL=killed).
 RANK_1_FAILS = """
-import os, signal
+import os, signal, time
 import nmt.train.loop as loop
 from nmt.cli import main
 
@@ -701,6 +701,7 @@ def build_run_failing_on_rank_1(*args, **kwargs):
 
         def fail(*_):
             if next(steps) == 3:
+                time.sleep(1)  # rank 0 is then waiting in the next update's collective, which fails at once
                 if os.environ["FAIL"] == "killed":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("rank 1 failed on purpose")
@@ -722,7 +723,8 @@ def test_a_rank_that_fails_alone_leaves_the_other_a_line_that_points_to_it(fail,
 
     torchrun looks at its workers every 0.1 s by default, and may stop rank 0 for rank 1's death before rank 0 reaches
     the collective that finds it gone: its report then names rank 1 alone, which is right but not what this test is
-    about. Looking every 5 s lets gloo report the lost peer first, every time."""
+    about. Looking every 5 s lets gloo report the lost peer first; rank 1 fails a second after rank 0 has gone on to
+    wait for it, so that rank 0's line comes within milliseconds of the failure rather than after an update."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     config = write_cfg(tmp_path / "tiny.yaml", small_corpus, tmp_path / "run", max_steps=8, valid_every=100,
                        device="cpu")
