@@ -35,9 +35,10 @@ demo: install
 	paste -d '\n' $(TOY)/sample.en $(TOY)/sample.de
 
 # The tests run in TEST_JOBS processes (pytest-xdist; 0 runs them in this one): most of them are single-
-# threaded, or wait on processes they start, so two processes take 7 to 9 minutes on a 2-core AVX2-only AMD EPYC
-# (419 to 537 s in four clean-clone CIs; 1,908 tests), 6.5 to 8 minutes on 2 cores with AVX-512 (before
-# 1,800 tests).
+# threaded, or wait on processes they start, so two processes take 7 to 8 minutes on a 2-core AVX2-only AMD EPYC
+# (434 s in a clean-clone CI on 2026-12-07, 1,903 tests, where the same machine then took 589 s before six bench
+# runs moved to test-slow and a small corpus's tokenizer sample was drawn without a child process), 6.5 to
+# 8 minutes on 2 cores with AVX-512 (before 1,800 tests).
 test: install
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) $(ARGS)
 
