@@ -139,10 +139,16 @@ def last_checkpoints(run_dir: str | Path, n: int, *, exact: bool = False) -> lis
     return found[-n:] if n > 0 else []
 
 
-def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` periodic checkpoints (best.pt is separate)."""
-    found = periodic_checkpoints(run_dir)
-    for p in found[: max(0, len(found) - max(keep_last, 1))]:
+def prune_checkpoints(run_dir: str | Path, keep_last: int, *, spare: Path | None = None) -> None:
+    """Delete all but the newest `keep_last` periodic checkpoints (best.pt is separate).
+
+    `spare`, a checkpoint written off the save schedule (where training stopped), is kept and not
+    counted, so that it takes no scheduled checkpoint's place; it is then the newest one that
+    `keep_last: 0` keeps all the same.
+    """
+    found = [p for p in periodic_checkpoints(run_dir) if spare is None or p.name != spare.name]
+    keep = keep_last if spare is not None else max(keep_last, 1)
+    for p in found[: max(0, len(found) - keep)]:
         p.unlink(missing_ok=True)
 
 

@@ -76,6 +76,14 @@ def test_prune_keeps_newest_and_latest_is_by_step(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == ["ckpt_100.pt", "ckpt_20.pt"]
 
 
+@pytest.mark.parametrize("keep_last, kept", [(2, ["ckpt_20.pt", "ckpt_30.pt", "ckpt_33.pt"]), (0, ["ckpt_33.pt"])])
+def test_prune_spares_a_stops_checkpoint_and_does_not_count_it(tmp_path, keep_last, kept):
+    for step in (10, 20, 30, 33):
+        save_checkpoint({"step": step}, tmp_path / f"ckpt_{step}.pt")
+    prune_checkpoints(tmp_path, keep_last=keep_last, spare=tmp_path / "ckpt_33.pt")
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == kept
+
+
 def test_average_is_elementwise_mean(tmp_path):
     paths = []
     for i, v in enumerate([1.0, 2.0, 6.0]):

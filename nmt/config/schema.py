@@ -360,7 +360,7 @@ class TrainConfig:
     save_every: int = num(0, lo=0)
     """Steps between extra checkpoints written without validation, for frequent resume points (0: only at validation)."""
     keep_last: int = num(2, lo=0)
-    """Periodic checkpoints kept besides `best.pt`; 0 keeps the newest one all the same, which a stopped run resumes from."""
+    """Periodic checkpoints kept besides `best.pt`; 0 keeps the newest one all the same, which a stopped run resumes from. The checkpoint a run writes where it stops between `valid_every` and `save_every` steps (a signal, `max_time`, a last step off that schedule; and a fine-tuning run's `ckpt_0.pt`, the parent's weights) is kept besides these, not counted, and replaced by the run's next checkpoint once it goes on: a run stopped and resumed keeps, and averages (`average_last`), the same steps as one run straight through."""
     average_last: int = num(0, lo=0)
     """At the end of training, write `averaged.pt`: the mean weights of the last this many periodic checkpoints (0: none)."""
 

@@ -145,6 +145,8 @@ class _Loop:
         self.sampler, self.run_dir = run.sampler, run.run_dir
         self.n_params = count_parameters(self.model)
         self.saved_step = self.p.step if self.p.step else -1
+        # a checkpoint off the save schedule (where the run stopped) is replaced by the run's next one
+        self.replaces = self.run_dir / f"ckpt_{self.p.step}.pt" if self.p.off_schedule else None
         self.bad_steps = 0
         self.stop: tuple[int, bool] | None = None  # (signal, out of time) once known; agreed by the ranks under torchrun
         self.metric = METRICS[early_stop_metric(cfg)]
@@ -414,6 +416,12 @@ class _Loop:
     def _save(self, *, best: bool = False) -> Path:
         """Write `ckpt_<step>.pt` (and `best.pt`) from rank 0, in the background (`self.writer`); every rank must
         call it (RNG states are gathered)."""
+        p, tc = self.p, self.tc
+        # validations count as the time the next update would have counted them (`_launch`), so that a run
+        # resumed from this checkpoint has as much of train.max_time left as one that goes on now
+        p.train_seconds = time.perf_counter() - self.session_start
+        on_schedule = p.step % tc.valid_every == 0 or bool(tc.save_every and p.step % tc.save_every == 0)
+        p.off_schedule = p.step == 0 or not on_schedule  # a stop's, or the parent's where fine-tuning starts
         payload = {
             "config": config_to_dict(self.cfg),
             "tokenizer": self.data.tokenizer.to_state(),
@@ -425,10 +433,11 @@ class _Loop:
             "rng": all_gather(rng_states(), self.ctx),  # one entry per rank
             "parameters": self.n_params,
         }
-        path = self.run_dir / f"ckpt_{self.p.step}.pt"
+        path = self.run_dir / f"ckpt_{p.step}.pt"
         if self.writer is not None:  # in the order `nmt.train.saving.write_checkpoints` gives
-            self.writer.submit(payload, path, best=best)
-        self.saved_step = self.p.step
+            self.writer.submit(payload, path, best=best, off_schedule=p.off_schedule, replaces=self.replaces)
+        self.saved_step = p.step
+        self.replaces = path if p.off_schedule else None
         return path
 
     def _write_average(self) -> Path:

@@ -45,6 +45,8 @@ class Progress:
     validated_step: int = -1  # step of the last validation
     last_valid: dict[str, float] = dataclasses.field(default_factory=dict)  # its scores
     best_step: int = -1  # step of the best validation, the step best.pt holds; -1 in checkpoints before it was kept
+    off_schedule: bool = False  # this checkpoint was written where training stopped, or where fine-tuning starts,
+    # off the save schedule: the run's next checkpoint replaces it (`nmt.train.saving.write_checkpoints`)
 
 
 def resume_run(run_dir: Path, cfg: ExperimentConfig, ctx: Dist, model: nn.Module, optimizer: torch.optim.Optimizer,

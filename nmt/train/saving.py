@@ -41,14 +41,23 @@ def to_host(tree: Any) -> Any:
     return tree  # numbers, strings, bytes, None: nothing the loop changes in place
 
 
-def write_checkpoints(payload: dict[str, Any], path: Path, *, best: bool, run_dir: Path, keep_last: int) -> None:
-    """What a save writes, in this order: `path`, then `run_dir/best.pt` with `best`, then the periodic
-    checkpoints pruned to `keep_last`, each atomically. A kill before best.pt is written leaves the new
-    checkpoint for `nmt.train.resume` to copy, and pruning, which could remove it, comes last."""
+def write_checkpoints(payload: dict[str, Any], path: Path, *, best: bool, run_dir: Path, keep_last: int,
+                      off_schedule: bool = False, replaces: Path | None = None) -> None:
+    """What a save writes, in this order: `path`, then `run_dir/best.pt` with `best`, then `replaces` removed,
+    then the periodic checkpoints pruned to `keep_last`, each atomically. A kill before best.pt is written
+    leaves the new checkpoint for `nmt.train.resume` to copy, and removals, which could take it, come last.
+
+    A checkpoint `off_schedule` (written where training stopped: a signal, `train.max_time`, a last step
+    off the save schedule; or the parent's weights where fine-tuning starts) is spared by the pruning and
+    not counted in `keep_last`; the next save of a run that goes on `replaces` it. So a run stopped and
+    resumed keeps, and averages, the checkpoints of the same steps as one that ran straight through.
+    """
     save_checkpoint(payload, path)
     if best:
         save_checkpoint(payload, run_dir / "best.pt")
-    prune_checkpoints(run_dir, keep_last)
+    if replaces is not None and replaces != path:
+        replaces.unlink(missing_ok=True)
+    prune_checkpoints(run_dir, keep_last, spare=path if off_schedule else None)
 
 
 class CheckpointWriter:
@@ -64,8 +73,10 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-checkpoint")
         self._last: Future[None] | None = None
 
-    def submit(self, payload: dict[str, Any], path: Path, *, best: bool) -> None:
-        """Write `payload` to `path` (and to `best.pt` with `best`), then prune, after the write before it.
+    def submit(self, payload: dict[str, Any], path: Path, *, best: bool, off_schedule: bool = False,
+               replaces: Path | None = None) -> None:
+        """Write `payload` to `path` (and to `best.pt` with `best`), then prune, after the write before it
+        (`write_checkpoints` says what `off_schedule` and `replaces` do).
 
         `payload` is copied to host memory first; the call returns once it is.
 
@@ -74,10 +85,8 @@ class CheckpointWriter:
         """
         self.wait()
         copy = to_host(payload)
-        self._last = self._pool.submit(self._write, copy, Path(path), best)
-
-    def _write(self, payload: dict[str, Any], path: Path, best: bool) -> None:
-        write_checkpoints(payload, path, best=best, run_dir=self.run_dir, keep_last=self.keep_last)
+        self._last = self._pool.submit(write_checkpoints, copy, Path(path), best=best, run_dir=self.run_dir,
+                                       keep_last=self.keep_last, off_schedule=off_schedule, replaces=replaces)
 
     def raise_if_failed(self) -> None:
         """Raise the error of a write that has failed, without waiting for one in progress."""

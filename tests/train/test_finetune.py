@@ -57,6 +57,17 @@ def test_fine_tuning_starts_from_the_parent_and_validates_at_step_0(small_corpus
     assert any((child["model"][k] != v).any() for k, v in parent_payload["model"].items())  # it trained on
 
 
+def test_the_parents_checkpoint_at_step_0_is_replaced_by_the_next_and_never_averaged(small_corpus, tmp_path, parent):
+    """ckpt_0.pt holds the parent's weights, written so that the run can resume from its first validation: it
+    took a place among keep_last, and averaged.pt mixed the parent's weights into the fine-tuned model."""
+    raw = child_raw(small_corpus, tmp_path / "child", parent, max_steps=4, keep_last=3, average_last=3)
+    summary = train(config_from_dict(raw))
+    assert sorted(p.name for p in (tmp_path / "child").glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_4.pt"]
+    averaged = load_checkpoint(summary["averaged_checkpoint"])["averaged"]
+    assert [p.rsplit("/", 1)[-1] for p in averaged] == ["ckpt_2.pt", "ckpt_4.pt"]
+    assert load_checkpoint(tmp_path / "child" / "best.pt")["progress"]["step"] in (0, 2, 4)  # best.pt is apart
+
+
 def test_a_fine_tuned_run_resumes_from_its_own_checkpoints(small_corpus, tmp_path, parent, caplog):
     raw = child_raw(small_corpus, tmp_path / "child", parent)
     train(config_from_dict(raw))
@@ -83,7 +94,7 @@ def test_a_fine_tuned_run_resumed_without_its_parent_is_told_to_name_it(small_co
     assert f"ckpt_2.pt: the run directory holds a run fine-tuned from {parent} (train.init_from)" in message
     assert message.endswith(f"set train.init_from: {parent} to resume the run") and "--restart" not in message
     assert "its model section differs (model.tie_embeddings: 'all' vs 'decoder', the run's vs this config's)" in message
-    assert sorted(p.name for p in (tmp_path / "child").glob("ckpt_*.pt")) == ["ckpt_0.pt", "ckpt_2.pt"]
+    assert sorted(p.name for p in (tmp_path / "child").glob("ckpt_*.pt")) == ["ckpt_2.pt"]  # as it was: kept
 
 
 def test_fine_tuning_through_the_cli(small_corpus, tmp_path, parent):

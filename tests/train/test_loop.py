@@ -6,11 +6,12 @@ import json
 import logging
 import math
 import shutil
+import time
 
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint, periodic_checkpoints
 from nmt.config import config_from_dict
 from nmt.errors import UserError
 from nmt.kernels import compile_model
@@ -120,6 +121,45 @@ def test_save_every_keep_last_and_average_last(small_corpus, tmp_path):
             assert torch.allclose(v, sum(p[k] for p in parts) / 3, atol=1e-6)
     model, _, _ = model_from_checkpoint(averaged)  # usable for translation on its own
     assert sum(p.numel() for p in model.parameters()) == summary["parameters"]
+
+
+def test_a_run_stopped_off_its_save_schedule_then_resumed_keeps_and_averages_the_straight_runs_checkpoints(
+        small_corpus, tmp_path):
+    """The checkpoint where a run stops between saves (a signal, train.max_time, a max_steps raised later) is the
+    one to resume from: counted as a periodic one, it pushed ckpt_2.pt out of keep_last, stayed after the resume,
+    and averaged.pt took it instead of ckpt_4.pt, unlike the same run straight through."""
+    settings = {"save_every": 2, "keep_last": 3, "average_last": 3}
+    straight = train(tiny_cfg(small_corpus, tmp_path / "a", max_steps=8, **settings))
+    train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=5, **settings))
+    assert kept(tmp_path / "b") == ["ckpt_2.pt", "ckpt_4.pt", "ckpt_5.pt"]  # the stop's, beside the three kept
+    assert load_checkpoint(tmp_path / "b" / "ckpt_5.pt")["progress"]["off_schedule"]
+    resumed = train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=8, **settings))
+    assert kept(tmp_path / "a") == kept(tmp_path / "b") == ["ckpt_4.pt", "ckpt_6.pt", "ckpt_8.pt"]
+    assert [p.rsplit("/", 1)[-1] for p in load_checkpoint(resumed["averaged_checkpoint"])["averaged"]] == kept(
+        tmp_path / "a")
+    assert same_weights(weights(straight["averaged_checkpoint"]), weights(resumed["averaged_checkpoint"]))
+
+
+def test_a_checkpoint_after_a_validation_counts_its_time_as_the_straight_run_does(small_corpus, tmp_path,
+                                                                                  monkeypatch):
+    """train_seconds was taken after each update only, so the checkpoint of a validation step left that
+    validation out: a run resumed from it had that much more of train.max_time than one going on."""
+    import nmt.train.loop as loop
+
+    validate = loop.validate
+
+    def slow_validate(*args, **kwargs):  # a large validation set's time
+        time.sleep(1.5)
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "validate", slow_validate)
+    train(tiny_cfg(small_corpus, tmp_path / "run", max_steps=2, valid_every=2))
+    (valid,) = records(tmp_path / "run", "valid")
+    assert load_checkpoint(tmp_path / "run" / "ckpt_2.pt")["progress"]["train_seconds"] >= valid["seconds"] >= 1.5
+
+
+def kept(run_dir) -> list[str]:
+    return [p.name for p in periodic_checkpoints(run_dir)]
 
 
 def test_plateau_schedule_lowers_the_rate_when_bleu_stalls(small_corpus, tmp_path):
@@ -244,7 +284,8 @@ def test_a_resumed_run_updates_with_the_optimizer_settings_of_its_config(small_c
         in caplog.text
     train(tiny_cfg(small_corpus, tmp_path / "b", max_steps=3))
     [lr] = [r["lr"] for r in records(tmp_path / "a", "train") if r["step"] == 3]
-    before, a, b = (weights(tmp_path / run / f"ckpt_{step}.pt") for run, step in (("a", 2), ("a", 3), ("b", 3)))
+    # c, not yet resumed, still holds the step-2 checkpoint that a and b replaced (a stop's, off their schedule)
+    before, a, b = (weights(tmp_path / run / f"ckpt_{step}.pt") for run, step in (("c", 2), ("a", 3), ("b", 3)))
     for name, p in before.items():
         if p.is_floating_point() and p.ndim >= 2:
             torch.testing.assert_close(a[name], b[name] - lr * 0.1 * p, rtol=0, atol=1e-7)
