@@ -217,6 +217,11 @@ def translate(
         options = translator.options(beam=beam, nbest=nbest, length_penalty=length_penalty, max_tokens=max_tokens,
                                      sampling=sampling, coverage_penalty=coverage_penalty, min_len=min_len,
                                      max_len_a=max_len_a, max_len_b=max_len_b)
+        if options.coverage_penalty > 0 and (attention_layer != -1 or attention_head is not None):
+            raise UserError(f"the coverage penalty ({options.coverage_penalty:g}) scores the attention that "
+                            "--attention-layer and --attention-head choose, so they would change the translations, "
+                            "not only the plots: leave them out to plot the attention it scores (the last layer's, "
+                            "mean of heads), or give --coverage-penalty 0")
     translate_io(translator, options, input=input, output=output, scores=scores, plot_dir=attention_plot,
                  progress=progress, restart=restart)
 

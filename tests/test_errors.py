@@ -156,6 +156,10 @@ CASES = [
      ["min_len (5) is above the longest output that max_len_a 0 and max_len_b (2) allow"], None),
     ("translate-attention-head-without-plot", "translate -c {good} -i {src2} --attention-head 1", 2,
      ["--attention-layer and --attention-head choose what --attention-plot draws"], None),
+    # a plot's choice must not change what is translated: the coverage penalty scores the chosen attention
+    ("translate-attention-layer-with-coverage", "translate -c {good} -i {src2} --attention-plot {dir}/plots "
+     "--attention-layer 0 --coverage-penalty 0.2", 2,
+     ["the coverage penalty (0.2) scores the attention that --attention-layer and --attention-head choose"], None),
     ("translate-temperature-inf", "translate -c {good} -i {src2} --sample --temperature inf", 2,
      ["temperature (inf) must be a finite number > 0"], None),
     ("translate-max-len-zero", "translate -c {good} -i {src2} --max-len-a 0 --max-len-b 0", 2,

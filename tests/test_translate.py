@@ -27,7 +27,7 @@ from nmt.cli import app
 from nmt.config import config_from_dict
 from nmt.data.text import LINE_BREAKS, one_line
 from nmt.data.tokenizer import EOS_ID, Tokenizer
-from nmt.decode import Sampling
+from nmt.decode import Sampling, search
 from nmt.errors import CheckpointError, DataError, UserError
 from nmt.models.multihead import MultiHeadAttention
 from nmt.plot import image_size
@@ -283,6 +283,21 @@ def test_decode_max_tokens_is_zero_for_auto_or_positive(small_corpus, tmp_path, 
     else:
         with pytest.raises(UserError, match=r"decode\.max_tokens: -1 must be >= 0"):
             config_from_dict(d)
+
+
+@pytest.mark.parametrize(("a", "b"), [(1.2, 5), (1.1, 0), (1.15, 3), (1.5, 10), (2.0, 0)])
+def test_the_longest_source_kept_is_the_longest_whose_longest_output_fits_the_positions(translators, a, b):
+    """int((P - 1 - b) / a) fell one short where a * S's fraction crossed an integer: with a 1.2 and b 5 a model of
+    128 positions cut sources of 102 positions (EOS included), whose outputs of floor(1.2 x 102 + 5) = 127 tokens
+    fit. Checked here against the rule itself, then by a search forced to that output length."""
+    tr = translators["transformer"]
+    positions = tr.model.max_positions
+    kept = tr.max_source_length(tr.options(max_len_a=a, max_len_b=b))
+    assert math.floor(a * kept + b + 1e-9) <= positions - 1 < math.floor(a * (kept + 1) + b + 1e-9)
+    src = torch.full((1, kept), 5, dtype=torch.long)
+    src[0, -1] = EOS_ID
+    [[best]] = search(tr.model.eval(), src, src == -1, beam=1, max_len_a=a, max_len_b=b, min_len=10_000)
+    assert len(best.tokens) == math.floor(a * kept + b + 1e-9)  # BOS and those fed at positions 0 .. 127
 
 
 def test_awkward_lines_each_give_exactly_one_output(translators, caplog):

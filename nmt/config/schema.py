@@ -10,6 +10,7 @@ configs built in code, then the invariants that tie several fields together.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -440,14 +441,28 @@ def check_length_limit(max_len_a: float, max_len_b: int, min_len: int = 0) -> No
                          "raise max_len_b")
 
 
+LENGTH_ROUNDING = 1e-6
+"""Added to a * S + b before its floor (`longest_output`), so that a length limit is not cut short by binary
+fractions: a user's 1.15 is 1.149999... in binary, and 1.15 * 100 must give 115, not 114."""
+
+
+def longest_output(src_len: float, max_len_a: float, max_len_b: int) -> int:
+    """The most output tokens (EOS excluded) of a source of `src_len` subwords and EOS: floor(a * S + b)."""
+    return math.floor(max_len_a * src_len + max_len_b + LENGTH_ROUNDING)
+
+
 def longest_source(positions: int, max_len_a: float, max_len_b: int) -> int:
     """The longest source (subwords and EOS) that a model of `positions` positions takes when an output may be
-    `max_len_a * S + max_len_b` tokens long: the search feeds BOS and those tokens, at positions 0 .. a * S + b.
+    `longest_output` tokens long: the search feeds BOS and those tokens, at positions 0 .. floor(a * S + b).
     Below 2 (one subword and EOS) where no source fits."""
-    room = positions - 1 - max_len_b
-    if room < 0:
+    if max_len_b > positions - 1:
         return 0
-    return min(positions, int(room / max_len_a) if max_len_a > 0 else positions)
+    if max_len_a <= 0:
+        return positions
+    longest = min(positions, math.ceil((positions - max_len_b) / max_len_a))  # at most one above the answer
+    while longest > 0 and longest_output(longest, max_len_a, max_len_b) > positions - 1:  # as the search rounds
+        longest -= 1
+    return longest
 
 
 @dataclass

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.config.schema import LENGTH_ROUNDING
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.decode.beam import coverage_penalty, length_penalty
 from nmt.decode.options import SearchOptions, StepFn
@@ -82,8 +83,6 @@ class _Ids:
     pad: int
 
 
-_ROUNDING = 1e-6
-"""Added to a * src_len + b before its floor, so that a length limit is not cut short by binary fractions."""
 
 _GPU_SYNC_EVERY = 8
 """Steps between the host's looks at which sentences are done, off the CPU.
@@ -214,8 +213,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, *, beam: int,
 def _max_lengths(src_pad_mask: Tensor, a: float, b: int) -> Tensor:
     """Longest output of each sentence, EOS excluded: (B, S) -> (B,)."""
     src_lens = (~src_pad_mask).sum(dim=1).double()  # (B,)
-    # A user's 1.15 is 1.149999... in binary, and 1.15 * 100 must give 115, not 114.
-    return (a * src_lens + b + _ROUNDING).floor().long()
+    return (a * src_lens + b + LENGTH_ROUNDING).floor().long()  # `nmt.config.schema.longest_output`, per row
 
 
 def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor, lines: Tensor | Sequence[int] | None,
