@@ -166,7 +166,7 @@ def translate(
     top_p: Annotated[float, typer.Option(help="Sample from the nucleus of probability p (1: all).")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling: a line's sample depends on the seed, its line number and text, the checkpoint, --device and --precision, not on --max-tokens, the batches, a pipe's timing or a resume.")] = None,
     attention_plot: Annotated[Optional[Path], typer.Option(help="Write an attention heatmap per line to DIR/<line>.png.")] = None,
-    attention_layer: Annotated[int, typer.Option(help="Transformer decoder layer whose cross-attention is plotted.")] = -1,
+    attention_layer: Annotated[int, typer.Option(help="Transformer decoder layer whose cross-attention is plotted (not with a coverage penalty, which scores the last layer's).")] = -1,
     attention_head: Annotated[Optional[int], typer.Option(help="Transformer head to plot (default: mean over heads).")] = None,
     progress: Annotated[Optional[bool], typer.Option(
         "--progress/--no-progress", help="Progress bar on stderr (default: for an input file, when stderr is a terminal, unless --quiet).")] = None,
