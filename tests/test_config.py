@@ -244,6 +244,19 @@ def test_a_value_that_fits_no_member_of_a_union_names_every_member(tmp_path):
         assert str(err.value).endswith(expected), str(err.value)
 
 
+@pytest.mark.parametrize("item", ["train=", "model.transformer=null", "tokenizer=~", "decode=", "eval="])
+def test_an_empty_section_from_set_is_refused_not_read_as_its_defaults(tmp_path, item):
+    """`--set "model.transformer=$OVERRIDES"` with the variable unset took every default of the section: a
+    Transformer-base where the file asked for d_model 32, a train section without the file's max_steps."""
+    path = write(tmp_path, "model:\n  transformer: {d_model: 32, heads: 2}\ntrain: {max_steps: 3}\n")
+    key = item.split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [item])
+    assert str(err.value).startswith(f"--set {item!r}: {key}: expected a mapping, got nothing (null)")
+    cfg = load_config(path, [f"{key}={{}}"])  # an empty mapping sets nothing
+    assert (cfg.model.transformer.d_model, cfg.train.max_steps) == (32, 3)
+
+
 def test_set_into_a_list_of_corpora_says_to_set_the_whole_list(tmp_path):
     path = write(tmp_path, "data:\n  train:\n    - {path: a}\n    - {path: b}\n")
     with pytest.raises(ConfigError, match=r"^--set 'data.train.weight=3': data.train is a list of 2 sections here, "

@@ -259,6 +259,9 @@ def _check_override(item: str, parts: list[str], value: Any) -> None:
     """Check one override against the schema, so a mistake names the `--set` item, not the file."""
     where = _set_item(item)
     field, tp = _key_field(parts, where)
+    if value is None and dataclasses.is_dataclass(tp):  # building it would take every default of the section
+        raise ConfigError(f"{where}: {'.'.join(parts)}: expected a mapping, got nothing (null); set its keys, e.g. "
+                          f"--set '{'.'.join(parts)}={{key: value}}'")
     _check_range(field, _convert(tp, value, ".".join(parts), where, in_yaml=False), ".".join(parts), where)
 
 
