@@ -539,11 +539,23 @@ def main() -> None:
         sys.exit(130)  # printed): the status Ctrl-C gives within it, not a traceback
 
 
+def standard_streams() -> None:
+    """Write text to standard output in UTF-8, as to files, whatever the locale: in a Latin-1 locale `nmt translate >
+    out.txt` wrote a file that `nmt eval` then refused as invalid UTF-8. With standard error closed (`2>&-`, as some
+    schedulers start jobs) its messages and progress bars go nowhere, where each write failed and the command with it."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's, until it exits)
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    if sys.stdout is not None and encoding != "utf8" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8")
+
+
 def _run_app() -> None:
     from nmt.heap import keep_freed_memory
     from nmt.train.faults import Interrupted
 
     keep_freed_memory()  # before any tensor: a CPU step's memory is reused, not faulted in anew
+    standard_streams()
     try:
         # Not standalone: click's usage errors come here, to be one line like the library's own.
         check_no_empty_argument(sys.argv[1:])

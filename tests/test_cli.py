@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -91,3 +92,14 @@ def test_subprocess_pipeline(tiny_config_file, small_corpus, tmp_path):
     proc = subprocess.run([*nmt, "eval", "--hyp", str(hyp), "--ref", str(small_corpus / "test.de")],
                           capture_output=True, text=True, check=True)
     assert "BLEU" in proc.stdout and "chrF" in proc.stdout
+
+
+def test_standard_output_is_utf8_whatever_the_locale():
+    """In a Latin-1 locale (here its stand-in, PYTHONIOENCODING) standard output took the locale's encoding, so that
+    `nmt translate > out.txt` wrote a file `nmt eval` refused as invalid UTF-8, and a character the locale lacks
+    (config-reference's arrows and dashes) stopped the command with a UnicodeEncodeError."""
+    command = [sys.executable, "-m", "nmt", "config-reference"]
+    utf8 = subprocess.run(command, capture_output=True, check=True).stdout
+    latin1 = subprocess.run(command, capture_output=True, env={**os.environ, "PYTHONIOENCODING": "latin-1"})
+    assert latin1.returncode == 0, latin1.stderr
+    assert latin1.stdout == utf8 and not utf8.isascii()

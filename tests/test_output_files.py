@@ -180,6 +180,15 @@ def test_a_closed_standard_stream_is_one_line_before_the_model_loads(doc, checkp
     assert proc.returncode == 2 and proc.stderr.splitlines() == [f"nmt: error: {message}"], proc.stderr
 
 
+def test_a_closed_standard_error_translates_as_usual(doc, checkpoints):
+    """`nmt translate 2>&-` (some schedulers start jobs so): Python's sys.stderr is None, and the first log line or
+    progress check failed, silently since the error line could not be printed either: exit status 1, no output."""
+    command = [sys.executable, "-m", "nmt", "translate", "-c", str(checkpoints["transformer"]), "-i", str(doc)]
+    expected = subprocess.run(command, capture_output=True, check=True).stdout
+    proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 0 and proc.stdout == expected and len(expected.splitlines()) == 4
+
+
 def test_success_replaces_the_output_with_the_usual_file_mode(doc, checkpoints, monkeypatch):
     ckpt = str(checkpoints["transformer"])
     new, old = doc.parent / "new.txt", doc.parent / "old.txt"
