@@ -124,7 +124,7 @@ def test_resuming_without_the_runs_sentencepiece_model_takes_it_back_from_the_ch
     with caplog.at_level(logging.WARNING, logger="nmt"):
         train(config_from_dict(raw))
     assert (run / "spm.model").read_bytes() == original
-    assert load_checkpoint(run / "ckpt_6.pt")["tokenizer"] == load_checkpoint(run / "ckpt_4.pt")["tokenizer"]
+    assert load_checkpoint(run / "ckpt_6.pt")["tokenizer"] == load_checkpoint(trained / "ckpt_4.pt")["tokenizer"]
     assert f"{run}: spm.model missing; restored the run's sentencepiece models from ckpt_4.pt" in caplog.text
 
 
