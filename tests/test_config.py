@@ -1,5 +1,6 @@
 """Strict config loading: good files, unknown keys, wrong types, invariants, overrides."""
 
+import os
 import re
 from pathlib import Path
 
@@ -422,3 +423,15 @@ def test_compile_dynamic_false_is_accepted_and_unused_without_compile(small_corp
         load_config(path, ["train.compile=true"], training=True)
     assert str(err.value) == (f"--set 'train.compile=true' (on {path}): train: compile_dynamic false compiles a graph "
                               "per batch shape, so it needs batch_shapes static (one shape per length bucket), not free")
+
+
+def test_a_config_is_read_from_a_pipe_as_from_a_file():
+    """`nmt train <(sed s/.../.../ base.yaml)`: a pipe was refused as "config file not found"."""
+    read, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as out:
+        out.write("run_dir: runs/piped\ntrain: {max_steps: 7}\n")
+    try:
+        cfg = load_config(f"/dev/fd/{read}")
+    finally:
+        os.close(read)
+    assert (cfg.run_dir, cfg.train.max_steps) == ("runs/piped", 7)

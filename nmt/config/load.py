@@ -86,7 +86,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, train
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder, not a config file; give the YAML file itself")
-    if not path.is_file():
+    if not path.exists():  # a pipe is read (`nmt train <(sed ... base.yaml)`), /dev/null as the empty file it reads
         resolved = "" if path.is_absolute() else f" (resolved to {path.resolve()})"
         raise ConfigError(f"{path}: config file not found{resolved}")
     try:

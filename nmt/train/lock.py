@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nmt.distributed import on_main
 from nmt.errors import UserError
+from nmt.fileio import not_a_file
 
 try:
     import fcntl
@@ -69,7 +70,7 @@ class RunLock:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
-            raise UserError(f"run_dir {run_dir}: not writable ({err.strerror}); choose another run_dir") from None
+            raise unwritable_run_dir(run_dir, err) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -112,3 +113,10 @@ def lock_run_dir(run_dir: Path, ctx) -> RunLock | None:
         The lock on rank 0, None on the other ranks.
     """
     return on_main(lambda: RunLock.acquire(run_dir), ctx)
+
+
+def unwritable_run_dir(run_dir: str | Path, err: OSError) -> UserError:
+    """The error for a `run_dir` that cannot be made or written: what stands in its way, or the system's reason."""
+    what = not_a_file(run_dir) or ("a file" if Path(run_dir).exists() else None)
+    why = f"{what}, not a folder" if what not in (None, "a folder") else f"not writable ({err.strerror})"
+    return UserError(f"run_dir {run_dir}: {why}; choose another run_dir")

@@ -20,6 +20,7 @@ from nmt.fileio import remove_stale_temporaries, write_atomic
 from nmt.metrics import METRICS, Metric
 from nmt.runtime import seed_everything, set_rng_states
 from nmt.train.data import TOKENIZER_RECORD
+from nmt.train.lock import unwritable_run_dir
 from nmt.train.optim import Schedule, load_optimizer_state
 from nmt.train.validate import early_stop_metric, stop_metric
 
@@ -319,7 +320,7 @@ def prepare_run_dir(run_dir: Path, restart: bool) -> None:
         probe.write_bytes(b"0" * 4096)
         probe.unlink()
     except OSError as err:
-        raise UserError(f"run_dir {run_dir}: not writable ({err.strerror}); choose another run_dir") from None
+        raise unwritable_run_dir(run_dir, err) from None
     remove_stale_temporaries(run_dir)
     aside = run_dir / REPLACED
     if restart and aside.exists() and not aside.is_dir():  # else mkdir's bare FileExistsError below

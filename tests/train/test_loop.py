@@ -194,6 +194,8 @@ def test_unwritable_or_full_run_dir_is_a_clear_error_before_training(small_corpu
     blocker.write_text("not a folder")
     with pytest.raises(UserError, match="run_dir .*file/run: not writable"):
         train(tiny_cfg(small_corpus, blocker / "run"))
+    with pytest.raises(UserError, match=r"run_dir .*file: a file, not a folder; choose another run_dir$"):
+        train(tiny_cfg(small_corpus, blocker))  # was "not writable (File exists)"
     with pytest.raises(UserError, match=r"free, but a checkpoint of this model \(1,000,000,000,000,000 parameters"):
         check_free_space(tmp_path, n_params=10**15, keep_last=2)
     check_free_space(tmp_path, n_params=1000, keep_last=2)  # a small model fits
