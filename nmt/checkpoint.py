@@ -99,8 +99,10 @@ def _not_a_torch_file(path: Path) -> str | None:
         return f"cannot be read ({err.strerror})"
     if not head:
         return "an empty file (an interrupted copy?)"
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):  # torch.save's zip, or its legacy pickle
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80\x02"):  # torch.save's zip, or its legacy pickle
         return None
+    if head.startswith(b"\x80") and len(head) > 1:  # Python's pickle.dump (protocol 3 and up), not torch.save
+        return f"a Python pickle (protocol {head[1]}), not a file torch.save wrote"
     if head.startswith(b"version https://git-lfs.github.com/spec/"):
         return "a Git LFS pointer, not the file it stands for; fetch the file (git lfs pull)"
     text = head.lstrip().lower()

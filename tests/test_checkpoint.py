@@ -1,6 +1,7 @@
 """Atomic, self-describing checkpoints."""
 
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -57,6 +58,7 @@ def test_missing_truncated_and_foreign_files_are_clear_errors(tmp_path):
     (b"<HTML><body>Not found</body></HTML>", "a web page, not a torch file"),
     (b"junk\n", "not a torch file (it starts with neither a zip archive's nor a pickle's bytes)"),
     (b"", "an empty file (an interrupted copy?)"),
+    (pickle.dumps({"model": {}}, protocol=4), "a Python pickle (protocol 4), not a file torch.save wrote"),
 ])
 def test_a_file_that_is_no_torch_file_is_named_for_what_it_is(tmp_path, content, said):
     """A Git LFS pointer or a saved web page was refused as holding Python objects that could run code, and
