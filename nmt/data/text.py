@@ -52,14 +52,26 @@ def open_binary(path: str | Path) -> BinaryIO:
     which cannot be read twice, by its name.
     """
     if os.path.isfile(path):
-        with open(path, "rb") as head:
-            packed = head.read(2) == _GZIP_MAGIC
+        with open(path, "rb") as f:
+            head = f.read(10)
+        packed = head.startswith(_GZIP_MAGIC)
+        if other := next(((tool, command) for magics, tool, command in _OTHER_PACKINGS if head.startswith(magics)), None):
+            tool, command = other
+            raise DataError(f"{path}: a file compressed with {tool}, where nmt reads UTF-8 text and gzip: decompress "
+                            f"it ({command} {path}), or give it as a pipe: <({command} -c {path})")
     else:
         packed = Path(path).suffix == ".gz"
     return gzip.open(path, "rb") if packed else open(path, "rb")  # type: ignore[return-value]
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_OTHER_PACKINGS = [
+    (tuple(b"BZh%d1AY&SY" % level for level in range(1, 10)), "bzip2", "bunzip2"),
+    ((b"\xfd7zXZ\x00",), "xz", "unxz"),
+    ((b"\x28\xb5\x2f\xfd",), "zstd", "unzstd"),
+]
+"""The first bytes of compressed files that nmt does not unpack (they would read as invalid UTF-8), and the tool
+that does."""
 
 
 def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> Iterator[str]:

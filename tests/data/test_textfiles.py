@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import os
 import re
 import threading
@@ -147,6 +149,26 @@ def test_a_gzip_file_cut_short_is_named_with_the_lines_read_before(tmp_path: Pat
         load(tmp_path, "text", str(tmp_path / "t"))
     assert re.fullmatch(re.escape(f"{tmp_path / 't.de.gz'}: cannot read") + where + re.escape(
         ": Compressed file ended before the end-of-stream marker was reached"), str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize(("pack", "tool", "command"), [
+    (bz2.compress, "bzip2", "bunzip2"), (lzma.compress, "xz", "unxz")])
+def test_a_file_compressed_otherwise_than_by_gzip_is_named_so(tmp_path: Path, pack, tool: str, command: str) -> None:
+    """An .xz or .bz2 corpus was refused as "invalid UTF-8 at byte 0 of the line", in training and translation."""
+    lines = [f"line {i}" for i in range(50)]
+    write(tmp_path / "t.de", pack("".join(f"{line}\n" for line in lines).encode()))
+    write_lines(tmp_path / "t.en", lines)
+    path = tmp_path / "t.de"
+    said = (f"{path}: a file compressed with {tool}, where nmt reads UTF-8 text and gzip: decompress it ({command} "
+            f"{path}), or give it as a pipe: <({command} -c {path})")
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "text", str(tmp_path / "t"))
+    assert str(info.value) == said
+    with pytest.raises(DataError) as info:
+        read_lines(path)
+    assert str(info.value) == said
+    write(path, b"BZh is how this line begins\n")  # text that starts as bzip2's files do, no more
+    assert read_lines(path) == ["BZh is how this line begins"]
 
 
 def test_shards_by_glob_and_by_list_read_in_order(tmp_path: Path) -> None:
