@@ -25,6 +25,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nmt import cli, distributed
+from nmt.checkpoint import periodic_checkpoints
 from nmt.config import ExperimentConfig
 from nmt.distributed import (
     Dist,
@@ -464,6 +465,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run
     records = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if r["event"] == "interrupted"] == [
         {"event": "interrupted", "step": 4, "signal": signal.SIGTERM}]
+    shutil.copytree(tmp_path / "stopped", tmp_path / "alone")  # as it stopped: the resume replaces ckpt_4.pt
 
     resumed = run_ranks(cfg, 2, tmp_path)  # the same run again: resumes at update 5
     straight_cfg = tiny_cfg(small_corpus, tmp_path / "straight", **settings)
@@ -472,11 +474,10 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_update_and_the_run
     assert resumed[0]["summary"]["step"] == straight[0]["summary"]["step"] == 8
     assert same_weights(resumed[0]["model"], straight[0]["model"])
     assert same_weights(resumed[0]["model"], resumed[1]["model"])
+    assert [p.name for p in periodic_checkpoints(tmp_path / "stopped")] == [p.name for p in periodic_checkpoints(
+        tmp_path / "straight")] == ["ckpt_8.pt"]
 
     # one process resuming the two's run goes on after the 2 x 4 batches they had taken of the epoch
-    shutil.copytree(tmp_path / "stopped", tmp_path / "alone")
-    for later in (5, 6, 7, 8):
-        (tmp_path / "alone" / f"ckpt_{later}.pt").unlink(missing_ok=True)
     alone = tiny_cfg(small_corpus, tmp_path / "alone", **settings)
     alone.model.transformer.dropout = 0.0
     run = build_run(alone)
