@@ -8,6 +8,7 @@ stderr and exit status 2; other failures exit 1; `--debug` shows tracebacks.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import functools
 import json
@@ -545,8 +546,8 @@ def standard_streams() -> None:
     schedulers start jobs) its messages and progress bars go nowhere, where each write failed and the command with it."""
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's, until it exits)
-    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
-    if sys.stdout is not None and encoding != "utf8" and hasattr(sys.stdout, "reconfigure"):
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    if codecs.lookup(encoding).name != "utf-8" and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(encoding="utf-8")
 
 

@@ -55,10 +55,10 @@ def open_binary(path: str | Path) -> BinaryIO:
         with open(path, "rb") as f:
             head = f.read(10)
         packed = head.startswith(_GZIP_MAGIC)
-        if other := next(((tool, command) for magics, tool, command in _OTHER_PACKINGS if head.startswith(magics)), None):
-            tool, command = other
-            raise DataError(f"{path}: a file compressed with {tool}, where nmt reads UTF-8 text and gzip: decompress "
-                            f"it ({command} {path}), or give it as a pipe: <({command} -c {path})")
+        for magics, tool, command in _OTHER_PACKINGS:
+            if head.startswith(magics):
+                raise DataError(f"{path}: a file compressed with {tool}, where nmt reads UTF-8 text and gzip: "
+                                f"decompress it ({command} {path}), or give it as a pipe: <({command} -c {path})")
     else:
         packed = Path(path).suffix == ".gz"
     return gzip.open(path, "rb") if packed else open(path, "rb")  # type: ignore[return-value]

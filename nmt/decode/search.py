@@ -83,7 +83,6 @@ class _Ids:
     pad: int
 
 
-
 _GPU_SYNC_EVERY = 8
 """Steps between the host's looks at which sentences are done, off the CPU.
 

@@ -117,6 +117,7 @@ def lock_run_dir(run_dir: Path, ctx) -> RunLock | None:
 
 def unwritable_run_dir(run_dir: str | Path, err: OSError) -> UserError:
     """The error for a `run_dir` that cannot be made or written: what stands in its way, or the system's reason."""
-    what = not_a_file(run_dir) or ("a file" if Path(run_dir).exists() else None)
-    why = f"{what}, not a folder" if what not in (None, "a folder") else f"not writable ({err.strerror})"
+    path = Path(run_dir)
+    why = (f"{not_a_file(path) or 'a file'}, not a folder" if path.exists() and not path.is_dir()
+           else f"not writable ({err.strerror})")
     return UserError(f"run_dir {run_dir}: {why}; choose another run_dir")
