@@ -155,7 +155,8 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int, *, spare: Path | None
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
-    """The first checkpoint with its model weights replaced by the mean over all `paths`.
+    """The first checkpoint with its model weights replaced by the mean over all `paths`, and the progress
+    of the last (the newest, where `paths` run oldest first: the step the average stands for).
 
     Each checkpoint is checked against the first before its weights are added: the
     same `model` config, the same sentencepiece models and the same parameter
@@ -194,10 +195,10 @@ def _average(paths: list[str | Path], *, upgrade: bool) -> dict[str, Any]:
             payload = {**payload, "model": model.state_dict()}
         return payload
 
-    first = load(paths[0])
+    first = last = load(paths[0])
     sums = {k: v.double().clone() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path in paths[1:]:
-        payload = load(path)
+        payload = last = load(path)
         if (not upgrade and payload["model"].keys() != first["model"].keys()
                 and payload.get("config", {}).get("model") == first.get("config", {}).get("model")
                 and payload.get("tokenizer") == first.get("tokenizer")):
@@ -208,8 +209,9 @@ def _average(paths: list[str | Path], *, upgrade: bool) -> dict[str, Any]:
             if v.is_floating_point():
                 sums[k] += v.double()
     model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
-    keep = ("config", "tokenizer", "progress", "parameters")
-    return {**{k: first[k] for k in keep if k in first}, "model": model, "averaged": [str(p) for p in paths]}
+    keep = ("config", "tokenizer", "parameters")
+    return {**{k: first[k] for k in keep if k in first}, **({"progress": last["progress"]} if "progress" in last else {}),
+            "model": model, "averaged": [str(p) for p in paths]}
 
 
 def check_averageable(first: dict[str, Any], other: dict[str, Any], *, first_path: str | Path, path: str | Path) -> None:

@@ -137,7 +137,7 @@ def test_average_last_n_checkpoints_of_a_run_from_the_command_line(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output == f"wrote {tmp_path / 'averaged.pt'} (mean of 2 checkpoints: ckpt_20.pt ckpt_30.pt)\n"
     averaged = load_checkpoint(tmp_path / "averaged.pt")
-    assert torch.equal(averaged["model"]["w"], torch.full((2,), 4.0)) and averaged["progress"] == {"step": 20}
+    assert torch.equal(averaged["model"]["w"], torch.full((2,), 4.0)) and averaged["progress"] == {"step": 30}
     one = CliRunner().invoke(app, ["average", "--last", "1", str(tmp_path), "-o", str(tmp_path / "one.pt")])
     assert one.output == f"wrote {tmp_path / 'one.pt'} (one checkpoint, its weights as they were: ckpt_30.pt)\n"
     assert torch.equal(load_checkpoint(tmp_path / "one.pt")["model"]["w"], torch.full((2,), 6.0))
