@@ -30,6 +30,7 @@ from nmt.errors import (
     PeerStopped,
     RelayedError,
     UserError,
+    reader_may_leave,
     shorten,
 )
 from nmt.interrupts import signals_after_imports, stops_cleanly_on_sigterm
@@ -48,6 +49,13 @@ command = functools.partial(app.command, epilog="Every command also takes -q/--q
                                                 "stderr) and --debug (full tracebacks on errors).")
 """`app.command` with the epilog that names the global flags in each command's --help."""
 _state = {"debug": False}
+
+
+def say(text: str) -> None:
+    """Write a line of a command's output to standard output. A reader that went away (`nmt eval ... | head -1`)
+    ends the command quietly with status 141, as a Unix tool does, where click's own handling exits 1."""
+    with reader_may_leave():
+        typer.echo(text)
 
 SetOption = Annotated[
     Optional[list[str]],
@@ -99,7 +107,7 @@ def _version(show: bool) -> None:
     if show:
         from nmt import __version__
 
-        typer.echo(f"nmt {__version__}")
+        say(f"nmt {__version__}")
         raise typer.Exit()
 
 
@@ -140,7 +148,7 @@ def train(
     from nmt.train.loop import train as run_training
     summary = run_training(cfg, restart=restart)
     if is_main_process():  # under torchrun, one summary line
-        typer.echo(json.dumps({k: v for k, v in summary.items() if k != "event"}))
+        say(json.dumps({k: v for k, v in summary.items() if k != "event"}))
 
 
 @command()
@@ -278,10 +286,10 @@ def evaluate(
         results = evaluate_checkpoint(checkpoint, split=split, src=src, ref=ref or None, beam=beam, device=device,
                                       save_dir=save_translations, tokenize=tokenize, metrics=metrics)
     if as_json:
-        typer.echo(json.dumps(results, indent=2))
+        say(json.dumps(results, indent=2))
     else:
         for name, scores_ in results.items():
-            typer.echo(format_scores(name, scores_))
+            say(format_scores(name, scores_))
 
 
 @command()
@@ -312,8 +320,8 @@ def average(
     refuse_overwriting(output, checkpoints, "the input checkpoint", "averaging")
     save_checkpoint(average_checkpoints(checkpoints), output)
     names = " ".join(p.name for p in checkpoints)
-    typer.echo(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {names})" if len(checkpoints) > 1 else
-               f"wrote {output} (one checkpoint, its weights as they were: {names})")
+    say(f"wrote {output} (mean of {len(checkpoints)} checkpoints: {names})" if len(checkpoints) > 1 else
+        f"wrote {output} (one checkpoint, its weights as they were: {names})")
 
 
 @command()
@@ -341,9 +349,9 @@ def experiment(
     if result is None:  # a torchrun rank other than 0: it trained, rank 0 reports
         return
     for set_name, s in result["test"].items():  # BLEU and chrF always, then what eval.metrics adds
-        typer.echo(f"{result['experiment']} {set_name}: "
-                   + " ".join(f"{m.label} {s[m.name]:.2f}" for m in METRICS.values() if m.name in s))
-    typer.echo(f"wrote {results / (result['experiment'] + '.json')}")
+        say(f"{result['experiment']} {set_name}: "
+            + " ".join(f"{m.label} {s[m.name]:.2f}" for m in METRICS.values() if m.name in s))
+    say(f"wrote {results / (result['experiment'] + '.json')}")
 
 
 @command()
@@ -393,17 +401,17 @@ def analyze(
     if report is not None:
         path = write_report(named, report, sentences=chosen, split=split, src=src, ref=ref, n_buckets=buckets,
                             beam=beam, device=device)
-        typer.echo(f"wrote {path}")
+        say(f"wrote {path}")
         return
     result = analyze_checkpoints(named, split=split, src=src, ref=ref,
                                  n_buckets=buckets, beam=beam, device=device)
     if plot is not None:
         plot_bleu_by_length(result["by_length"], plot, title=f"BLEU by source length ({result['set']})")
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        say(json.dumps(result, indent=2))
     else:
-        typer.echo(f"{result['set']}: overall " + ", ".join(f"{k} {v['bleu']:.2f}" for k, v in result["overall"].items()))
-        typer.echo(markdown_table(result["by_length"]))
+        say(f"{result['set']}: overall " + ", ".join(f"{k} {v['bleu']:.2f}" for k, v in result["overall"].items()))
+        say(markdown_table(result["by_length"]))
 
 
 @command()
@@ -420,7 +428,7 @@ def export(
     from nmt.export import export_checkpoint
 
     path = export_checkpoint(checkpoint, output, format=format, quantization=quantization, force=force)
-    typer.echo(f"wrote {path} ({format}); translate with ctranslate2.Translator({str(path)!r})")
+    say(f"wrote {path} ({format}); translate with ctranslate2.Translator({str(path)!r})")
 
 
 @command()
@@ -445,7 +453,7 @@ def config_reference() -> None:
     """Print every config key with its default and meaning (markdown)."""
     from nmt.config import reference_markdown
 
-    typer.echo(reference_markdown())
+    say(reference_markdown())
 
 
 def _sentence_numbers(text: str) -> list[int]:

@@ -12,6 +12,11 @@ what is wrong and, where it is not obvious, what to do:
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """A problem with the user's input: config, data files, checkpoints, arguments."""
@@ -63,6 +68,19 @@ class OutputClosed(Exception):
     as a Unix tool killed by SIGPIPE does, so `set -o pipefail` tells it from a finished run."""
 
     exit_code = 141
+
+
+@contextmanager
+def reader_may_leave() -> Iterator[None]:
+    """Around writes to standard output: its reader going away (`| head`) raises `OutputClosed`, after pointing
+    standard output at the null device, so that what is still buffered goes nowhere at exit, without an error."""
+    try:
+        yield
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise OutputClosed() from None
 
 
 def shorten(text: str, limit: int = 200) -> str:

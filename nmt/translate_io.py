@@ -33,7 +33,7 @@ from nmt.data.text import (
     read_problem,
 )
 from nmt.decode import SearchOptions
-from nmt.errors import OutputClosed, UserError
+from nmt.errors import UserError, reader_may_leave
 from nmt.fileio import disk_full, gzip_named, write_atomic, write_gzip, write_problem
 from nmt.partial import reports_a_stop, resumable_output
 from nmt.plot import plot_attention
@@ -116,12 +116,8 @@ def _standard_output() -> Iterator[TextIO]:
     """Standard output, whose full disk (`> /dev/full`, a full file system) is one line, as for a file's, and
     whose reader going away (`| head`) is `OutputClosed`."""
     try:
-        yield sys.stdout
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere at exit, without an error
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        raise OutputClosed() from None
+        with reader_may_leave():
+            yield sys.stdout
     except OSError as err:
         if disk_full(err):
             raise UserError("standard output: disk full; the translations before it were written: free some space "

@@ -103,3 +103,16 @@ def test_standard_output_is_utf8_whatever_the_locale():
     latin1 = subprocess.run(command, capture_output=True, env={**os.environ, "PYTHONIOENCODING": "latin-1"})
     assert latin1.returncode == 0, latin1.stderr
     assert latin1.stdout == utf8 and not utf8.isascii()
+
+
+def test_a_reader_that_leaves_ends_any_command_quietly_with_status_141():
+    """`nmt config-reference | head -1` (or `nmt eval ... | head`) exited 1, the status of a runtime failure, where
+    `nmt translate` and Unix tools stop quietly with 141 once their reader has gone."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first write
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nmt", "config-reference"], stdout=write, stderr=subprocess.PIPE,
+                              text=True)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")
