@@ -196,6 +196,20 @@ def test_a_run_dir_with_an_unset_variable_is_refused_before_training_names_a_fol
                                                                                       "$NMT_TEST_UNSET"))
 
 
+def test_a_run_dir_under_the_home_of_no_such_user_is_refused_not_made_as_a_folder_named_after_it(
+        tmp_path, monkeypatch, tiny_config_file):
+    """`~nosuchuser/run` is left as written by the expansion of `~`: training made a folder named `~nosuchuser`."""
+    from tests.test_errors import run_in_process
+
+    monkeypatch.chdir(tmp_path)
+    status, err = run_in_process(["train", str(tiny_config_file), "--set", "run_dir=~nmt_no_such_user/run"], None,
+                                 monkeypatch)
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.endswith(": run_dir: '~nmt_no_such_user/run': no user 'nmt_no_such_user' to expand ~nmt_no_such_user "
+                        "to; give a path without it\n"), err
+    assert not any(tmp_path.rglob("*no_such_user*"))
+
+
 @pytest.mark.parametrize("command", [
     ["translate", "-c", "model.pt"], ["eval", "-c", "model.pt"], ["analyze", "-c", "model.pt"],
 ])

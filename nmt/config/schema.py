@@ -520,6 +520,10 @@ class ExperimentConfig:
         if unset:  # else the run would go to a folder named `$NAME` in the working directory
             return (f"run_dir: {shorten(repr(self.run_dir))}: environment variable {unset[0]} is not set; set it, "
                     f"or give a default as ${{{unset[0]}:-DEFAULT}}")
+        if self.run_dir.startswith("~"):  # `~name/...` of no user on this machine: else a folder named `~name`
+            user = self.run_dir[1:].split("/", 1)[0]
+            return (f"run_dir: {shorten(repr(self.run_dir))}: {'no home folder' if not user else f'no user {user!r}'} "
+                    f"to expand {'~' + user} to; give a path without it")
         for name in ("train", "valid"):
             if getattr(self.data, name) is None:
                 return f"data.{name}: required for training (a corpus section with kind and path)"
