@@ -6,6 +6,7 @@ give instead."""
 from __future__ import annotations
 
 import contextlib
+import csv as csv_module
 import glob
 import logging
 import os
@@ -110,17 +111,14 @@ def load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
     if path in _BUILDERS and not Path(path).is_dir():  # without data files it reads the working directory
         raise DataError(f"kind hf, path {path!r}: a file format of datasets, not a dataset; read such files with "
                         "kind: jsonl, tsv or parquet, or give kind hf the folder that holds them")
-    csv = Path(path).is_dir() and _read_as_csv(path, spec.hf_config, cache_dir)
+    csv = _csv_options(path, spec.hf_config, cache_dir) if Path(path).is_dir() else None
     unreachable = None if Path(path).is_dir() else hub_unreachable()
     if unreachable:
         log.warning("the hub cannot be reached (%s): looking for %s in the datasets cache only", unreachable,
                     hf_source(path))
     try:
-        # pandas, which reads CSV for datasets, ends a line at a lone '\r' too: a sentence holding one
-        # would be cut in two, its second half paired with the next column's text
         with _offline(bool(unreachable)):
-            ds = datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir,
-                                       **({"lineterminator": "\n"} if csv else {}))
+            ds = datasets.load_dataset(path, spec.hf_config, split=split, cache_dir=cache_dir, **(csv or {}))
     except Exception as err:  # network, auth, format and split errors all end here
         config = f", config {spec.hf_config!r}" if spec.hf_config else ""
         if Path(path).is_dir():  # a local folder: the hub was never asked
@@ -134,7 +132,7 @@ def load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
             "(datasets.load_dataset(...).save_to_disk(DIR), or to_parquet/to_json), copy it here "
             "and use kind: disk (or parquet, jsonl) with path: DIR"
         ) from None
-    return _without_cr_endings(ds) if csv else ds
+    return _without_cr_endings(ds) if csv is not None else ds
 
 
 def hub_unreachable() -> str | None:
@@ -189,12 +187,23 @@ def hf_source(path: str) -> str:
     return f"folder {path}" if Path(path).is_dir() else f"hub dataset {path!r}"
 
 
-def _read_as_csv(folder: str, config: str | None, cache_dir: str | None) -> bool:
-    """Whether `datasets` reads the files of a local folder as CSV (or TSV)."""
+def _csv_options(folder: str, config: str | None, cache_dir: str | None) -> dict[str, object] | None:
+    """Where `datasets` reads the files of a local folder as CSV (or TSV, by their suffix), the options that
+    make pandas, which reads them, keep each cell's text as written; else None. Pandas' defaults:
+    - end a line at a lone '\r' too, cutting a sentence that holds one in two, its second half paired with
+      the next column's text;
+    - read a cell "None", "N/A", "NULL", "nan" (a sentence of a user interface's corpus) as missing, so that
+      its pair was dropped as empty;
+    - take double quotes as quoting in TSV, which has none (`kind: tsv` keeps them): '"Hello" he said.'
+      became 'Hello he said.'."""
     try:
-        return datasets.load_dataset_builder(folder, config, cache_dir=cache_dir).name == "csv"
+        builder = datasets.load_dataset_builder(folder, config, cache_dir=cache_dir)
     except Exception:  # the load that follows says what is wrong
-        return False
+        return None
+    if builder.name != "csv":
+        return None
+    tsv = "\t" in (builder.config.sep, builder.config.delimiter)
+    return {"lineterminator": "\n", "keep_default_na": False, **({"quoting": csv_module.QUOTE_NONE} if tsv else {})}
 
 
 def _without_cr_endings(ds: Dataset) -> Dataset:

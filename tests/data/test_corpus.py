@@ -364,6 +364,21 @@ def test_hf_csv_files_follow_the_line_rules(tmp_path: Path, name: str, data: byt
     assert pairs(load(tmp_path, "hf", tmp_path / "folder")) == [("ein\rhund", "a dog"), ("eine katze", "the cat")]
 
 
+@pytest.mark.parametrize("name, data, expected", [
+    ("train.csv", b"de,en\nKeine,None\nnicht zutreffend,N/A\nNULL,null\nnan,NaN\n,empty\n",
+     [("Keine", "None"), ("nicht zutreffend", "N/A"), ("NULL", "null"), ("nan", "NaN"), ("", "empty")]),
+    ("train.tsv", b'de\ten\n"Hallo" sagte er.\t"Hello" he said.\nEr sagte "ja"\tHe said "yes"\n',
+     [('"Hallo" sagte er.', '"Hello" he said.'), ('Er sagte "ja"', 'He said "yes"')]),
+])
+def test_hf_csv_files_keep_each_cell_as_its_text(tmp_path: Path, name: str, data: bytes, expected: list) -> None:
+    """Pandas, which reads CSV for datasets, read the cells "None", "N/A", "NULL" and "nan" as missing, so the
+    cleaner dropped their pairs as empty (a test set's too), and ate the double quotes of TSV, which has no
+    quoting. An empty cell is an empty side, for the cleaner to report."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / name).write_bytes(data)
+    assert pairs(load(tmp_path, "hf", tmp_path / "folder")) == expected
+
+
 @pytest.mark.parametrize("data, why", [
     (b"de,en\nein hund,a dog\ndie katze,the,cat\n", "ParserError: Error tokenizing data. C error: Expected 2 fields "
                                                     "in line 3, saw 3"),
