@@ -157,7 +157,7 @@ def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | 
         UserError: bad data, or a run directory whose tokenizer is not `given`.
     """
     data, corpora = cfg.data, cfg.data.train_corpora
-    tokenizer = _run_tokenizer(cfg, run_dir, given=given is not None)
+    tokenizer = _run_tokenizer(cfg, run_dir, given=given is not None, cache=cache)
     if given is not None and tokenizer is not None and given.to_state() != tokenizer.to_state():
         raise UserError(f"run_dir {run_dir}: holds other sentencepiece models than train.init_from or "
                         "tokenizer.model gives; choose a new run_dir")
@@ -168,15 +168,15 @@ def _prepare_tokenizer(cfg: ExperimentConfig, run_dir: Path, given: Tokenizer | 
         _write_tokenizer_record(cfg, run_dir, given=True)
     if tokenizer is None:
         # the tokenizer learns from every training corpus as it is, unweighted
-        raw = _one_after_another([clean_pairs(_read_train(spec, data, cache), num_proc=num_proc)[0]
-                                  for spec in corpora])
+        read = [_read_train(spec, data, cache) for spec in corpora]
+        raw = _one_after_another([clean_pairs(pairs, num_proc=num_proc)[0] for pairs in read])
         with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
             src_file, tgt_file = draw_tokenizer_sample(raw, cfg.tokenizer.max_sentences, seed=cfg.train.seed,
                                                        folder=Path(folder))
             paths = ", ".join(str(spec.path) for spec in corpora)
             tokenizer = train_tokenizer_on_files(cfg.tokenizer, src_file, tgt_file, where=f"data.train ({paths})")
         tokenizer.save(run_dir)
-        _write_tokenizer_record(cfg, run_dir, given=False)
+        _write_tokenizer_record(cfg, run_dir, given=False, read=[pairs._fingerprint for pairs in read])
         log.info("trained sentencepiece: %d source / %d target pieces", tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     return tokenizer
 
@@ -211,21 +211,25 @@ TOKENIZER_RECORD = "spm.json"
 """Beside a run's sentencepiece models: what they were trained on, or that they were given (`_tokenizer_record`)."""
 
 
-def _tokenizer_record(cfg: ExperimentConfig, *, given: bool) -> dict[str, Any]:
+def _tokenizer_record(cfg: ExperimentConfig, *, given: bool, read: list[str] | None = None) -> dict[str, Any]:
     """What decides the run's tokenizer: the tokenizer section and, for one trained here, the corpora it learns
-    from (local paths made absolute; weights left out, since it learns from every corpus unweighted) and the
-    seed of its sample; for one given (`train.init_from`, `tokenizer.model`), where it came from."""
+    from (local paths made absolute; weights left out, since it learns from every corpus unweighted), what
+    they held (`read`: the fingerprint of each as read, which their files' sizes and times, or a dataset's
+    content, decide, so that files corrected in place, or a glob that matches one more, count as other
+    corpora) and the seed of its sample; for one given (`train.init_from`, `tokenizer.model`), where it came
+    from."""
     if given:
         return {"given": cfg.train.init_from or cfg.tokenizer.model}
     corpora = [{**config_to_dict(spec), "weight": None,
                 "path": [p if spec.kind == "hf" else os.path.abspath(p) for p in spec.paths]}
                for spec in cfg.data.train_corpora]
     return {"tokenizer": config_to_dict(cfg.tokenizer), "langs": [cfg.data.src_lang, cfg.data.tgt_lang],
-            "train": corpora, "seed": cfg.train.seed}
+            "train": corpora, "read": read, "seed": cfg.train.seed}
 
 
-def _write_tokenizer_record(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> None:
-    record = json.dumps(_tokenizer_record(cfg, given=given), indent=1).encode()
+def _write_tokenizer_record(cfg: ExperimentConfig, run_dir: Path, *, given: bool,
+                            read: list[str] | None = None) -> None:
+    record = json.dumps(_tokenizer_record(cfg, given=given, read=read), indent=1).encode()
     write_atomic(run_dir / TOKENIZER_RECORD, lambda f: f.write(record))
 
 
@@ -254,7 +258,7 @@ def _restored_tokenizer(cfg: ExperimentConfig, run_dir: Path) -> Tokenizer:
                     "them: restore it, or start the run over with --restart")
 
 
-def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Tokenizer | None:
+def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool, cache: Path) -> Tokenizer | None:
     """The run directory's tokenizer, if this start is to keep it.
 
     A run that has checkpoints keeps its tokenizer, whatever the config now says: resuming refuses a changed
@@ -262,8 +266,8 @@ def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Toke
     takes them back from its checkpoints (`_restored_tokenizer`), never a new one. Without a checkpoint the
     tokenizer is the leftover of a start that failed or was stopped before its first checkpoint, and is kept
     only when it was made exactly as this start would make it (`TOKENIZER_RECORD`); otherwise this start
-    makes its own, so that a corrected config (another `tokenizer.vocab_size`, another corpus) is not
-    trained with the models of the mistaken one.
+    makes its own, so that a corrected config (another `tokenizer.vocab_size`, another corpus, a corpus file
+    corrected in place) is not trained with the models of the mistaken one.
     """
     tokenizer = Tokenizer.load(run_dir)
     trained = bool(periodic_checkpoints(run_dir)) or (run_dir / "best.pt").exists()
@@ -275,7 +279,8 @@ def _run_tokenizer(cfg: ExperimentConfig, run_dir: Path, *, given: bool) -> Toke
         record = json.loads((run_dir / TOKENIZER_RECORD).read_bytes())
     except (OSError, ValueError):
         record = None
-    if record == _tokenizer_record(cfg, given=given):
+    read = None if given else [_read_train(spec, cfg.data, cache)._fingerprint for spec in cfg.data.train_corpora]
+    if record == _tokenizer_record(cfg, given=given, read=read):
         log.info("%s: keeping the sentencepiece model an earlier start of this run trained", run_dir)
         return tokenizer
     for path in [*run_dir.glob("spm*.model"), run_dir / TOKENIZER_RECORD]:

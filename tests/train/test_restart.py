@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,23 @@ def test_a_corrected_start_trains_its_own_tokenizer_not_the_failed_starts(small_
     raw["data"]["train"]["path"] = str(small_corpus / "valid")
     build_run(config_from_dict(raw)).close()
     assert (tmp_path / "other" / "spm.model").read_bytes() != before
+
+
+def test_a_start_on_corpus_files_corrected_in_place_trains_its_own_tokenizer(small_corpus, tmp_path, caplog):
+    """The record named the corpus by its path alone: a user who corrected the training files where they were
+    (a wrong language on one side, a glob that now matches one more shard) got the failed start's tokenizer."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    run = tmp_path / "run"
+    raw = _filtered_out(corpus, run, vocab_size=200)
+    before = (run / "spm.model").read_bytes()
+    source = corpus / "train.de"
+    source.write_text(source.read_text(encoding="utf-8").upper(), encoding="utf-8")  # the same path, other text
+    raw["data"]["max_len"] = 64
+    with caplog.at_level(logging.INFO, logger="nmt"):
+        build_run(config_from_dict(raw)).close()
+    assert "left a tokenizer made otherwise; training a new one" in caplog.text
+    assert (run / "spm.model").read_bytes() != before
 
 
 def test_a_start_made_as_the_failed_one_keeps_its_tokenizer(small_corpus, tmp_path, caplog):
