@@ -28,7 +28,7 @@ class CorpusConfig:
     kind: Literal["text", "tsv", "jsonl", "parquet", "disk", "hf"] = "text"
     """`text`: two plain-text files PATH.SRC and PATH.TGT (`.gz` allowed); `tsv`, `jsonl`, `parquet`: one file with named columns; `disk`: a dataset saved with `save_to_disk`; `hf`: a Hugging Face hub dataset, or a folder of data files (CSV, JSON lines, parquet) as `datasets.load_dataset` reads one. Training refuses a key that its kind does not read (`src_field` and `tgt_field` on `text`, `split` on all but `disk` and `hf`, `hf_config` on all but `hf`)."""
     path: list[str] | str = ""
-    """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another."""
+    """File, prefix, folder or hub name (see `kind`). `$VAR`, `${VAR:-default}` and `~` are expanded; relative paths are relative to the working directory. For `text`, `tsv`, `jsonl` and `parquet`, a glob (`wmt/part-*`: for `text`, of prefixes) or a list of paths or globs reads shards one after another; a path that names a file as written is that file, `[` and all."""
     src_field: str | int | None = None
     """Column holding the source sentence; default: the source language code, or `translation.<lang>`. For `tsv`, a column number (0 is the first) reads a file without a header row."""
     tgt_field: str | int | None = None

@@ -50,7 +50,9 @@ def load_parquet(entries: list[str], spec: CorpusConfig, *, src_lang: str, tgt_l
     where = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
     try:
         with _quiet("datasets"):  # its log line of the failure would come before ours
-            ds = datasets.load_dataset("parquet", data_files=entries, split="train", cache_dir=cache)
+            # datasets takes every path as a pattern: a file's own name is escaped (`corpus[v2]/train.parquet`)
+            files = [p if is_glob(p) else glob.escape(p) for p in entries]
+            ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=cache)
     except Exception as err:  # pyarrow and datasets raise many kinds
         raise DataError(f"{where}: cannot read as parquet: {_short(err)}") from None
     return select_fields(ds, spec, src_lang=src_lang, tgt_lang=tgt_lang, where=where)
@@ -111,6 +113,9 @@ def load_hub(path: str, spec: CorpusConfig, cache_dir: str | None) -> Dataset:
     if path in _BUILDERS and not Path(path).is_dir():  # without data files it reads the working directory
         raise DataError(f"kind hf, path {path!r}: a file format of datasets, not a dataset; read such files with "
                         "kind: jsonl, tsv or parquet, or give kind hf the folder that holds them")
+    if Path(path).is_dir() and "[" in os.path.abspath(path):  # datasets takes its whole path as a glob
+        raise DataError(f"folder {path}: datasets finds no data file in a folder whose path holds '[' "
+                        f"({os.path.abspath(path)}); rename it, or read its files with kind: jsonl, tsv or parquet")
     csv = _csv_options(path, spec.hf_config, cache_dir) if Path(path).is_dir() else None
     unreachable = None if Path(path).is_dir() else hub_unreachable()
     if unreachable:

@@ -199,7 +199,8 @@ def _require_file(path: str) -> None:
 
 
 def shard_files(entries: Sequence[str], kind: str) -> list[str]:
-    """The files that `entries` (paths or globs, a glob's matches sorted) name, in order; each must exist."""
+    """The files that `entries` (paths or globs, a glob's matches sorted; a path that exists as written is
+    no glob, `is_glob`) name, in order; each must exist."""
     files: list[str] = []
     for entry in entries:
         found = sorted(glob.glob(entry)) if is_glob(entry) else [entry]

@@ -56,7 +56,7 @@ def text_prefixes(entries: Sequence[str], src_lang: str) -> list[str]:
     """
     prefixes: list[str] = []
     for entry in entries:
-        if not is_glob(entry):
+        if not is_glob(entry, suffixes=(f".{src_lang}", f".{src_lang}.gz")):
             prefixes.append(entry)
             continue
         found = set()
@@ -68,8 +68,10 @@ def text_prefixes(entries: Sequence[str], src_lang: str) -> list[str]:
     return prefixes
 
 
-def is_glob(path: str) -> bool:
-    return any(c in path for c in "*?[")
+def is_glob(path: str, *, suffixes: Sequence[str] = ("",)) -> bool:
+    """Whether `path` is a pattern to match: it holds `*`, `?` or `[`, and names no file as written (with one of
+    `suffixes`), so that a folder named `corpus[v2]` is read as the folder it is."""
+    return any(c in path for c in "*?[") and not any(os.path.lexists(path + suffix) for suffix in suffixes)
 
 
 def read_text_shards(shards: Sequence[tuple[str, str]], cache_dir: str | None) -> Dataset:

@@ -481,3 +481,25 @@ def test_clean_pairs_splits_and_joins_exactly_as_python_does() -> None:
     expected = [normalize_spaces(t) for t in texts if t.split()]
     assert cleaned["src"][:] == expected and report == {"empty": len(texts) - len(expected)}
     assert expected[-2] == "h i j k l"
+
+
+def test_files_in_a_folder_whose_name_holds_a_bracket_are_read_as_they_are_named(tmp_path: Path) -> None:
+    """A path that holds `[` was always taken as a glob: `corpus[v2]/train` matched nothing, so text, jsonl and
+    parquet corpora that were there were refused as "no files match". One that names no file is still a glob.
+    datasets cannot read such a folder as `kind: hf`, which says so and what to do instead."""
+    folder = tmp_path / "corpus[v2]"
+    folder.mkdir()
+    write_lines(folder / "train.de", DE)
+    write_lines(folder / "train.en", EN)
+    write_lines(folder / "train.jsonl", [json.dumps({"de": d, "en": e}) for d, e in PAIRS])
+    flat_dataset().to_parquet(folder / "train.parquet")
+    for kind, path in (("text", "train"), ("jsonl", "train.jsonl"), ("parquet", "train.parquet")):
+        assert pairs(load(tmp_path, kind, folder / path)) == PAIRS, kind
+    for name, part in (("corpus2", PAIRS[:2]), ("corpusv", PAIRS[2:])):  # what `corpus[v2]` matches as a glob
+        (tmp_path / name).mkdir()
+        write_lines(tmp_path / name / "part.jsonl", [json.dumps({"de": d, "en": e}) for d, e in part])
+    assert pairs(load(tmp_path, "jsonl", folder / "part.jsonl")) == PAIRS
+    with pytest.raises(DataError) as info:
+        load(tmp_path, "hf", folder)
+    assert str(info.value) == (f"folder {folder}: datasets finds no data file in a folder whose path holds '[' "
+                               f"({folder}); rename it, or read its files with kind: jsonl, tsv or parquet")
