@@ -245,7 +245,7 @@ def _train_one(cfg: TokenizerConfig, files: list[Path], which: str, where: str) 
         shuffle_input_sentence=False,
         num_threads=2,
         minloglevel=2,
-        max_sentence_length=1 << 16,
+        max_sentence_length=MAX_SENTENCE_BYTES,
     )
     with tempfile.TemporaryDirectory(prefix="nmt-spm-") as folder:
         model_path = Path(folder) / "spm.model"
@@ -268,8 +268,16 @@ def _train_one(cfg: TokenizerConfig, files: list[Path], which: str, where: str) 
             f"tokenizer.vocab_size ({cfg.vocab_size}) is below the {needed.group(1)} pieces that the characters of "
             f"the {which} text of {where} and the special symbols take; raise it to at least {needed.group(1)}, "
             f"or lower tokenizer.character_coverage ({cfg.character_coverage:g}){usual}")
+    if "!sentences_.empty()" in error:  # it skips longer sentences, and had none left
+        raise DataError(
+            f"{where}: every sentence of the {which} text is longer than the {MAX_SENTENCE_BYTES:,} bytes sentencepiece learns "
+            "from; only '\\n' ends a line: convert a file whose lines end in '\\r' alone (an old Mac file) with "
+            "`tr '\\r' '\\n'`, or split its text into sentences")
     raise DataError(f"{where}: sentencepiece failed on the {which} text: {error}")
 
+
+MAX_SENTENCE_BYTES = 1 << 16
+"""The longest sentence (in UTF-8 bytes) sentencepiece learns from; it skips longer ones."""
 
 CJK_COVERAGE = 0.9995
 """The `character_coverage` sentencepiece's authors advise for languages of large character sets (Chinese,

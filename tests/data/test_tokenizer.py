@@ -13,6 +13,7 @@ from nmt.config import TokenizerConfig
 from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
+    MAX_SENTENCE_BYTES,
     PAD_ID,
     UNK_ID,
     Tokenizer,
@@ -105,6 +106,19 @@ def test_vocab_too_large_for_the_text_names_the_setting(corpus: tuple[list[str],
 def test_no_training_text_is_a_data_error() -> None:
     with pytest.raises(DataError, match="no joint training text"):
         train_tokenizer(TokenizerConfig(vocab_size=50), ["", ""], [])
+
+
+def test_text_whose_every_sentence_is_too_long_to_learn_from_says_how_to_fix_it(
+        corpus: tuple[list[str], list[str]]) -> None:
+    """A file whose lines end in '\\r' alone is one line of all its text, which sentencepiece skips: the error was
+    its internal check, "INTERNAL: src/trainer_interface.cc(467) [!sentences_.empty()]"."""
+    src, tgt = ("\r".join(side * 10) for side in corpus)
+    assert min(len(src.encode()), len(tgt.encode())) > MAX_SENTENCE_BYTES
+    with pytest.raises(DataError) as err:
+        train_tokenizer(TokenizerConfig(vocab_size=50), [src], [tgt], where="data.train (mac/train)")
+    assert str(err.value) == ("data.train (mac/train): every sentence of the joint text is longer than the 65,536 "
+                              "bytes sentencepiece learns from; only '\\n' ends a line: convert a file whose lines end "
+                              "in '\\r' alone (an old Mac file) with `tr '\\r' '\\n'`, or split its text into sentences")
 
 
 def test_decoding_drops_unk_as_well_as_the_other_special_ids(tokenizer: Tokenizer) -> None:
