@@ -65,7 +65,7 @@ from torch import Tensor, nn
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import UserError
-from nmt.fileio import check_folder_to_write, disk_full, disk_full_error
+from nmt.fileio import check_folder_to_write, disk_full, disk_full_error, umask
 
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
@@ -135,10 +135,10 @@ def _write_model(spec: TransformerSpec, tokenizer: Tokenizer, output: Path) -> N
         spec.save(str(staging))
         tokenizer.save(staging)
         # mkdtemp's 0700 (and 0600 of files written atomically) would hide the model from colleagues
-        umask = _umask()
-        staging.chmod(0o777 & ~umask)
+        mask = umask()
+        staging.chmod(0o777 & ~mask)
         for path in staging.iterdir():
-            path.chmod(0o666 & ~umask)
+            path.chmod(0o666 & ~mask)
         _swap_in(staging, target)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
@@ -293,9 +293,3 @@ def _import_ctranslate2() -> None:
         import ctranslate2  # noqa: F401
     except ImportError:
         raise UserError("ctranslate2 is not installed; install it with: pip install 'nmt[export]'") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it
-    os.umask(mask)
-    return mask

@@ -37,7 +37,7 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], Any]) -> None:
         UserError: the disk is full (the previous file is left as it was).
     """
     path = Path(path)
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~umask()
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -135,7 +135,8 @@ def remove_stale_temporaries(folder: str | Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask, which new files' modes leave out (`0o666 & ~umask()`)."""
     mask = os.umask(0o022)  # the only way to read it is to set it
     os.umask(mask)
     return mask

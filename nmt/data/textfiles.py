@@ -36,6 +36,7 @@ from datasets import Dataset
 
 from nmt.data.text import READ_ERRORS, open_binary, read_problem
 from nmt.errors import DataError, headline
+from nmt.fileio import umask
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ def read_text_shards(shards: Sequence[tuple[str, str]], cache_dir: str | None) -
     folder.mkdir(parents=True, exist_ok=True)
     # A name no other writer has, even a process of the same id on another node sharing the folder.
     fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=folder)
+    os.fchmod(fd, 0o666 & ~umask())  # a new file's mode, not mkstemp's 0600: a shared cache is read by others
     os.close(fd)
     tmp = Path(name)
     try:

@@ -293,3 +293,17 @@ def test_path_list_in_a_config(tmp_path: Path) -> None:
 def test_disk_and_hub_take_one_path(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="kind disk reads one dataset"):
         load(tmp_path, "disk", [str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_the_arrow_cache_of_a_text_corpus_has_a_new_files_mode(tmp_path: Path) -> None:
+    """It had the 0600 of the temporary file it was written as, where datasets' cache files beside it are
+    0644: a cache shared by colleagues (`data.cache_dir`) could not be read by them."""
+    (tmp_path / "c.de").write_text("ein hund\n", encoding="utf-8")
+    (tmp_path / "c.en").write_text("a dog\n", encoding="utf-8")
+    old = os.umask(0o022)
+    try:
+        ds = textfiles.read_text_shards([(str(tmp_path / "c.de"), str(tmp_path / "c.en"))], str(tmp_path / "cache"))
+    finally:
+        os.umask(old)
+    (arrow,) = {Path(f["filename"]) for f in ds.cache_files}
+    assert arrow.stat().st_mode & 0o777 == 0o644
