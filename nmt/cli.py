@@ -238,7 +238,9 @@ def translate(
 @command("eval")
 @stops_cleanly_on_sigterm
 def evaluate(
-    checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", "-c", readable=False, help="Checkpoint to translate with.")] = None,
+    checkpoint: Annotated[Optional[list[Path]], typer.Option(
+        "--checkpoint", "-c", readable=False, help="Checkpoint to translate with; repeat to ensemble several (mean of "
+                                                   "probabilities, the first's config and test sets).")] = None,
     split: Annotated[Optional[str], typer.Option(help="valid, test (all test sets; the default) or a test set's name.")] = None,
     src: Annotated[Optional[Path], typer.Option(readable=False, help="Source file to translate.")] = None,
     ref: Annotated[Optional[list[Path]], typer.Option(
@@ -265,7 +267,7 @@ def evaluate(
     if hyp is not None:
         if not ref:
             raise UserError("--hyp needs --ref")
-        unused = [flag for flag, value in (("--checkpoint", checkpoint), ("--src", src), ("--split", split),
+        unused = [flag for flag, value in (("--checkpoint", checkpoint or None), ("--src", src), ("--split", split),
                                            ("--beam", beam), ("--save-translations", save_translations))
                   if value is not None]
         if unused:
@@ -273,10 +275,13 @@ def evaluate(
                             f"drop {unused[0]}, or translate with --checkpoint instead of --hyp")
         given = {k: v for k, v in (("tokenize", tokenize), ("metrics", metrics)) if v is not None}
         results = {str(hyp): score_files(hyp, ref, EvalConfig(**given) if given else None)}
-    elif checkpoint is None:
+    elif not checkpoint:
         raise UserError("give --checkpoint (with --split or --src/--ref), or --hyp with --ref")
     else:
+        from nmt.checkpoint import refuse_duplicates
         from nmt.data.eval_sets import check_src_ref
+
+        refuse_duplicates(checkpoint, "ensemble")  # `-c A -c A` would weigh A twice against a third member
 
         if split is not None and (src is not None or ref):
             raise UserError(f"--split {split} and --src/--ref both choose what to score; give one of them")
@@ -509,6 +514,39 @@ def check_short_options(args: list[str]) -> None:
                             f"would be {shorten(arg[2:], 40)!r}; write {arg[:2]} {shorten(arg[3:], 40)}")
 
 
+def check_repeated_options(args: list[str]) -> None:
+    """Refuse an option of one value given twice (`translate -i a.txt -i b.txt`, `export -c A -c B`): click keeps
+    the last and drops the first without a word. Repeatable options (`-c` of translate, `--set`) and flags pass.
+
+    Raises:
+        UserError: naming the option, how often it came, and its values.
+    """
+    end = args.index("--") if "--" in args else len(args)
+    words = [a for a in args[:end] if a not in GLOBAL_FLAGS]
+    sub = getattr(typer.main.get_command(app), "commands", {}).get(words[0]) if words else None
+    if sub is None:
+        return
+    takes_value = {o: p for p in sub.params if p.param_type_name == "option" and not p.is_flag and not p.count
+                   for o in (*p.opts, *p.secondary_opts)}
+    given: dict[str, list[str]] = {}
+    i = 1
+    while i < len(words):
+        name, joined, value = words[i].partition("=")
+        option = takes_value.get(name if words[i].startswith("--") else words[i][:2])
+        if option is not None:
+            if not joined and (name.startswith("--") or len(name) == 2):  # `-o out.txt`, `--out out.txt`
+                value, i = (words[i + 1] if i + 1 < len(words) else ""), i + 1
+            elif not name.startswith("--"):  # `-oout.txt`
+                value = words[i][2:]
+            if not option.multiple:
+                given.setdefault(max(option.opts, key=len), []).append(value)
+        i += 1
+    for option, values in given.items():
+        if len(values) > 1:
+            shown = ", ".join(shorten(repr(v), 100) for v in values)
+            raise UserError(f"{option} given {len(values)} times ({shown}); it takes one value: give it once")
+
+
 def _printed_by_another_process(err: UserError) -> bool:
     """Under torchrun, whether another process prints `err`, so that N processes do not print one line N times:
     rank 0's error relayed to the ranks that waited for it, and a config error or one of the node's devices
@@ -569,6 +607,7 @@ def _run_app() -> None:
         # Not standalone: click's usage errors come here, to be one line like the library's own.
         check_no_empty_argument(sys.argv[1:])
         check_short_options(sys.argv[1:])
+        check_repeated_options(sys.argv[1:])
         status = app(args=hoist_global_flags(sys.argv[1:]), prog_name="nmt", standalone_mode=False)
         sys.exit(status if isinstance(status, int) else 0)  # a `typer.Exit(code)`, `--help` and ^C (130) return it
     except _ClickException as err:

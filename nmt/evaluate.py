@@ -33,7 +33,7 @@ def score_files(hyp: str | Path, ref: str | Path | Sequence[str | Path], cfg: Ev
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path,
+    checkpoint: str | Path | Sequence[str | Path],
     *,
     split: str | None = None,
     src: str | Path | None = None,
@@ -44,7 +44,8 @@ def evaluate_checkpoint(
     tokenize: str | None = None,
     metrics: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Translate and score the sets `eval_sets` picks. Returns {set name: scores}.
+    """Translate with `checkpoint` (several: their ensemble, with the first's config) and score the sets
+    `eval_sets` picks. Returns {set name: scores}.
 
     With `save_dir`, each set's translations are also written to `save_dir/<set>.hyp`
     (the file name of `src` when scoring files), one line per row of the set, an empty one where a pair with
@@ -62,7 +63,8 @@ def evaluate_checkpoint(
     cfg = translator.cfg
     settings = dataclasses.replace(cfg.eval, tokenize=tokenize or cfg.eval.tokenize,
                                    metrics=list(metrics or cfg.eval.metrics))
-    check_tokenizer(settings, str(checkpoint))  # before translating, not after
+    first = checkpoint if isinstance(checkpoint, (str, Path)) else checkpoint[0]
+    check_tokenizer(settings, str(first))  # before translating, not after
     out = Path(save_dir) if save_dir is not None else None
     results = {}
     for name, scored in (files or eval_sets(cfg, split=split)).items():

@@ -513,6 +513,29 @@ def test_a_short_option_joined_by_an_equals_sign_is_refused_and_nothing_is_writt
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["translate", "-c", "{good}", "-i", "{src2}", "-i", "other.txt", "-o", "{out}"],
+     "--input given 2 times ('{src2}', 'other.txt'); it takes one value: give it once"),
+    (["translate", "-c", "{good}", "--beam", "4", "-i", "{src2}", "--beam=5", "-o{out}"],
+     "--beam given 2 times ('4', '5'); it takes one value: give it once"),
+    (["export", "-c", "{good}", "--checkpoint={good}", "-o", "{out}"],
+     "--checkpoint given 2 times ('{good}', '{good}'); it takes one value: give it once"),
+])
+def test_an_option_of_one_value_given_twice_is_refused_and_nothing_is_written(args, message, bad, tmp_path,
+                                                                              monkeypatch):
+    """click kept the last value and dropped the first without a word: `-i a.txt -i b.txt` translated b.txt
+    alone, `export -c A -c B` exported B."""
+    monkeypatch.chdir(tmp_path)
+    fill = {"out": "out.txt", **bad}
+    status, err = run_in_process([a.format(**fill) for a in args], None, monkeypatch)
+    assert (status, err) == (2, f"nmt: error: {message.format(**fill)}\n")
+    assert list(tmp_path.iterdir()) == []
+    # repeatable options pass: translate's -c (an ensemble), --set, eval's --ref
+    status, err = run_in_process(["translate", "-c", bad["good"], "-c", bad["good"], "-i", bad["src2"]], None,
+                                 monkeypatch)
+    assert status == 2 and "ensemble" in err, err
+
+
 @pytest.mark.parametrize(("args", "where"), [
     (["eval", "-c", "{good}", "--split", "test", "--save-translations", ""], "--save-translations ''"),
     (["train", ""], "the argument after train"),

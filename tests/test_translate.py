@@ -466,6 +466,23 @@ def test_ensemble_of_the_other_direction_is_refused(checkpoints, tmp_path):
     Translator.from_checkpoint([checkpoints["transformer"], checkpoints["rnn"]], device="cpu")  # one direction
 
 
+def test_eval_of_several_checkpoints_scores_their_ensemble(checkpoints, sources, tmp_path):
+    """`nmt eval -c A -c B` scored B alone (the option kept its last value), where `nmt translate -c A -c B`
+    ensembles them: a user published one model's score as the ensemble's."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(sources[:4]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(sources[4:8]) + "\n", encoding="utf-8")
+    pair = [checkpoints["transformer"], checkpoints["rnn"]]
+    hyps = tmp_path / "hyps"
+    cli("eval", "-c", str(pair[0]), "-c", str(pair[1]), "--src", str(src), "--ref", str(ref),
+        "--save-translations", str(hyps))
+    ensemble = Translator.from_checkpoint(pair, device="cpu").translate(sources[:4])
+    assert (hyps / "src.txt.hyp").read_text(encoding="utf-8").splitlines() == ensemble
+    assert ensemble != Translator.from_checkpoint(pair[1], device="cpu").translate(sources[:4])  # not B's alone
+    result = runner.invoke(app, ["eval", "-c", str(pair[0]), "-c", str(pair[0]), "--src", str(src), "--ref", str(ref)])
+    assert isinstance(result.exception, UserError) and "ensemble" in str(result.exception), result.output
+
+
 # --------------------------------------------------------------------------- drivers and plots
 
 
