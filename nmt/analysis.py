@@ -220,7 +220,8 @@ def write_report(
     unscored = set(range(scored.rows)) - set(scored.kept)  # a pair with an empty side
     empty = [i for i in chosen if i in unscored or not sources[i].split()]
     shown = [i for i in chosen if i not in empty]
-    heatmaps = {name: _heatmaps(name, translator, sources, shown, figures, beam)
+    stems = file_stems(list(translators))
+    heatmaps = {name: _heatmaps(name, stems[name], translator, sources, shown, figures, beam)
                 for name, translator in translators.items()}
     lines = [
         "# What attention does",
@@ -254,9 +255,24 @@ def write_report(
     return report
 
 
-def _heatmaps(name: str, translator: Translator, sources: Sequence[str], numbers: Sequence[int], figures: Path,
-              beam: int | None) -> dict[int, str]:
-    """{sentence number: the markdown cell of `name`'s heatmap of that sentence}; the PNGs are written to `figures`."""
+def file_stems(names: Sequence[str]) -> dict[str, str]:
+    """{model name: the part of its figures' file names}: the name where it is a plain file name (letters,
+    digits, `_`, `-`, `.`), else that of its place (`model2`), since a name may hold `/` (a folder that does not
+    exist), spaces (which a markdown image link cannot hold) or anything else; each one its own."""
+    stems: dict[str, str] = {}
+    for k, name in enumerate(names, 1):
+        plain = re.fullmatch(r"[\w-][\w.-]*", name) is not None
+        stem = name if plain else f"model{k}"
+        while stem in stems.values():
+            stem += "_"
+        stems[name] = stem
+    return stems
+
+
+def _heatmaps(name: str, stem: str, translator: Translator, sources: Sequence[str], numbers: Sequence[int],
+              figures: Path, beam: int | None) -> dict[int, str]:
+    """{sentence number: the markdown cell of `name`'s heatmap of that sentence}; the PNGs are written to `figures`,
+    named after `stem` (`file_stems`)."""
     if not translator.model.has_attention:
         return dict.fromkeys(numbers, "(no attention: one fixed context vector)")
     cells = {}
@@ -265,7 +281,8 @@ def _heatmaps(name: str, translator: Translator, sources: Sequence[str], numbers
         if best.attention is None:  # the search found no translation with a finite score
             cells[i] = "(no translation: no heatmap)"
             continue
-        png = figures / f"attention_{name}_{i}.png"
+        png = figures / f"attention_{stem}_{i}.png"
         plot_attention(best.attention, best.src_tokens, [*best.tokens, "</s>"], png, title=f"{name}, sentence {i}")
-        cells[i] = f"![{name}](analysis/{png.name})"
+        alt = re.sub(r"([\\\[\]])", r"\\\1", name)  # a bracket of the name would end the image's text
+        cells[i] = f"![{alt}](analysis/{png.name})"
     return cells

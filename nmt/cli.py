@@ -368,7 +368,7 @@ def analyze(
     ref: Annotated[Optional[Path], typer.Option(readable=False, help="Reference file instead of a split.")] = None,
     buckets: Annotated[int, typer.Option(help="Source-length buckets: at most this many, of whole lengths, as equal in size as the lengths allow.")] = 3,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (default: each checkpoint's decode.beam).")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length PNG here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a BLEU-by-length plot here (.png, .svg or .pdf).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a markdown table.")] = False,
     report: Annotated[Optional[Path], typer.Option(help="Write DIR/analysis.md with plots and attention heatmaps.")] = None,
     sentences: Annotated[Optional[str], typer.Option(help="Test sentences (0-based, comma-separated) for --report heatmaps (default: 0).")] = None,
@@ -385,7 +385,7 @@ def analyze(
     from nmt.data.eval_sets import check_src_ref
     from nmt.decode.options import check_search_flags
     from nmt.fileio import check_folder_to_write
-    from nmt.plot import require_matplotlib
+    from nmt.plot import PLOT_FORMATS, require_matplotlib
 
     if buckets < 1:  # before any translating
         raise UserError(f"--buckets ({buckets}) must be at least 1")
@@ -401,6 +401,9 @@ def analyze(
         require_matplotlib("--plot")
         if plot.is_dir():
             raise UserError(f"--plot {plot}: a folder; give a file name for the PNG")
+        if plot.suffix.lower() not in PLOT_FORMATS:
+            raise UserError(f"--plot {plot}: its suffix names the format; give a file name ending in "
+                            f"{', '.join(PLOT_FORMATS)}")
         check_folder_to_write(plot.parent, "--plot")  # the plot makes its folder
     named = name_checkpoints(checkpoints)
     if report is not None:

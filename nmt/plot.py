@@ -112,12 +112,17 @@ def plot_bleu_by_length(results: dict[str, list[dict[str, Any]]], path: str | Pa
 _MISSING_GLYPH = re.compile(r"Glyph (\d+) .* missing from font\(s\) (.+)\.$")
 
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+"""The file formats a plot is written in, named by its file's suffix."""
+
+
 def _save(fig: Any, path: Path, **options: Any) -> None:
-    """`fig` as a PNG. matplotlib warns once for each character its font lacks (every Chinese character of the
+    """`fig` in the format its suffix names (`PLOT_FORMATS`), else as a PNG. matplotlib warns once for each character its font lacks (every Chinese character of the
     labels, with the font it ships); those warnings become one log line (`_say_missing_glyphs`), others pass on."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig.savefig(path, format="png", **options)
+        suffix = path.suffix.lower()
+        fig.savefig(path, format=suffix[1:] if suffix in PLOT_FORMATS else "png", **options)
     missing: dict[str, set[str]] = {}
     for w in caught:
         found = _MISSING_GLYPH.match(str(w.message))

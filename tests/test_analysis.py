@@ -55,6 +55,14 @@ def test_plot_writes_a_png(tmp_path):
     rows = [{"words": "1-3", "bleu": 50.0}, {"words": "4-9", "bleu": 30.0}]
     path = plot_bleu_by_length({"a": rows, "b": rows}, tmp_path / "sub" / "plot.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the suffix names the format: `--plot b.svg` wrote PNG data into b.svg
+    assert b"<svg" in plot_bleu_by_length({"a": rows}, tmp_path / "plot.svg").read_bytes()[:2000]
+    assert plot_bleu_by_length({"a": rows}, tmp_path / "plot.PDF").read_bytes()[:5] == b"%PDF-"
+    out = CliRunner().invoke(app, ["analyze", "-c", "m.pt", "--src", "s", "--ref", "r", "--plot",
+                                   str(tmp_path / "plot.jpg")])
+    assert isinstance(out.exception, UserError)
+    assert str(out.exception) == (f"--plot {tmp_path / 'plot.jpg'}: its suffix names the format; give a file name "
+                                  "ending in .png, .svg, .pdf")
 
 
 def test_no_length_is_split_between_buckets():
@@ -128,6 +136,21 @@ def test_report_numbers_sentences_as_the_set_does_and_skips_an_empty_one(ter_onl
     assert isinstance(out.exception, UserError)
     assert str(out.exception) == f"--sentences 3: {src} has 3 sentences, numbered 0 to 2; choose among those"
     assert not (tmp_path / "report2" / "analysis").exists()
+
+
+def test_report_names_figures_of_any_model_name_by_a_plain_file_name(ter_only, small_corpus, tmp_path):
+    """A name with '/' (`-c tf/small=...`) failed after translating, on a folder `attention_tf` that does not
+    exist; one with a space wrote an image link markdown does not read as one."""
+    src, ref = small_corpus / "test.en", small_corpus / "test.de"
+    out = CliRunner().invoke(app, ["analyze", "-c", f"tf/small={ter_only}", "-c", f"my [best] model={ter_only}",
+                                   "-c", f"plain={ter_only}", "--report", str(tmp_path / "report"), "--src", str(src),
+                                   "--ref", str(ref), "--beam", "1", "--sentences", "2"])
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "report" / "analysis.md").read_text(encoding="utf-8")
+    for alt, png in (("tf/small", "attention_model1_2.png"), ("my \\[best\\] model", "attention_model2_2.png"),
+                     ("plain", "attention_plain_2.png")):
+        assert f"![{alt}](analysis/{png})" in text
+        assert (tmp_path / "report" / "analysis" / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_report_numbers_a_config_set_s_sentences_by_its_lines(small_corpus, tmp_path):
