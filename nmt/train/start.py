@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import ExperimentConfig, TokenizerConfig, config_from_dict, config_to_dict
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.config import ExperimentConfig, TokenizerConfig, config_to_dict
 from nmt.data.textfiles import path_hint
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from nmt.errors import CheckpointError, ConfigError
@@ -77,14 +77,11 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     except CheckpointError as err:  # "PATH: checkpoint not found" alone did not say which setting named PATH
         hint = "" if path.exists() else path_hint(str(path))  # an unset variable, or the working directory
         raise CheckpointError(f"train.init_from: {err}{hint}") from None
-    try:
-        parent = config_from_dict(payload["config"], source=f"{path}: stored config")
-        tokenizer = Tokenizer.from_state(payload["tokenizer"])
-        weights: dict[str, Any] = payload["model"]
-    except KeyError as err:
-        raise CheckpointError(f"{where}: incompatible checkpoint: it has no {err.args[0]!r} entry") from None
-    except ConfigError as err:
-        raise CheckpointError(f"train.init_from: {err} (a checkpoint of another nmt version?)") from None  # names path
+    # the parent's model rebuilt now: weights that do not fit its config are named before any data is read,
+    # and its search and scoring settings, which fine-tuning does not take, may be of another nmt version
+    model, tokenizer, parent = model_from_checkpoint(payload, "cpu", source=where)
+    weights: dict[str, Any] = model.state_dict()
+    del model
     unused = [*_set_aside("model", cfg.model, parent.model), *_set_aside("tokenizer", cfg.tokenizer, parent.tokenizer)]
     if unused and is_main_process():  # every rank reads the parent; one says so
         log.warning("%s: the model and tokenizer are the parent's, so this config's %s %s not used", where,

@@ -124,6 +124,35 @@ def test_a_parent_whose_stored_config_does_not_load_is_named_once(small_corpus, 
                               "str 'fast' (a checkpoint of another nmt version?)")
 
 
+def test_a_parent_whose_search_settings_this_version_refuses_is_fine_tuned_as_translate_reads_it(
+        small_corpus, tmp_path, parent):
+    """`nmt translate` reads such a parent (its decode section gives way to the defaults, with a warning);
+    fine-tuning, which takes only its model and tokenizer, refused it as "a checkpoint of another nmt version"."""
+    from nmt.checkpoint import save_checkpoint
+
+    payload = load_checkpoint(parent)
+    payload["config"]["decode"]["beam"] = 2000  # a range narrowed since
+    save_checkpoint(payload, tmp_path / "old.pt")
+    summary = train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "old.pt", max_steps=1)))
+    assert summary["step"] == 1
+
+
+def test_a_parent_whose_weights_do_not_fit_its_config_is_refused_before_any_data_is_read(small_corpus, tmp_path,
+                                                                                        parent):
+    """It failed with torch's many-line RuntimeError (exit 1) once the corpora were read and the tokenizer saved."""
+    from nmt.checkpoint import save_checkpoint
+
+    payload = load_checkpoint(parent)
+    name = next(iter(payload["model"]))
+    del payload["model"][name]
+    save_checkpoint(payload, tmp_path / "broken.pt")
+    with pytest.raises(CheckpointError) as err:
+        train(config_from_dict(child_raw(small_corpus, tmp_path / "child", tmp_path / "broken.pt")))
+    assert str(err.value).startswith(f"train.init_from: {tmp_path / 'broken.pt'}: weights do not fit the model its "
+                                     f"config describes: Missing key(s) in state_dict: \"{name}\"")
+    assert not (tmp_path / "child").exists()
+
+
 def test_a_coverage_penalty_is_refused_for_a_parent_without_attention(small_corpus, tmp_path):
     """The child's own config has no model section, so only the parent's decoder tells that the penalty has no
     attention weights to read: refused when the parent is read, before the run directory is made."""
