@@ -346,6 +346,16 @@ def test_a_mapping_set_for_a_section_merges_into_it(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'model.transformer.d_modle'"):
         load_config(path, ["model.transformer={d_modle: 64}"])
     assert load_config(write(tmp_path, ""), ["model.transformer={d_model: 64, heads: 2}"]).model.transformer.ff_dim == 2048
+    # each key is checked as if set alone: checked whole against the section's defaults, the mapping was refused
+    # for the defaults' 8 heads, a corpus without a path, an average_last over the default keep_last
+    path = write(tmp_path, "model:\n  transformer: {heads: 2}\ndata:\n  train: {path: a}\n  valid: {path: b}\n"
+                           "train: {keep_last: 5}\n")
+    cfg = load_config(path, ["model.transformer={d_model: 30}", "data.train={weight: 2}", "train={average_last: 4}",
+                             "data.valid={kind: tsv, src_field: 0, tgt_field: 1}"])
+    assert (cfg.model.transformer.d_model, cfg.data.train.path, cfg.data.train.weight) == (30, "a", 2.0)
+    assert (cfg.train.average_last, cfg.data.valid.path, cfg.data.valid.src_field) == (4, "b", 0)
+    with pytest.raises(ConfigError, match="src_field and tgt_field: give both or neither"):  # the merged config's
+        load_config(path, ["data.valid={kind: tsv, src_field: 0}"])
 
 
 def test_a_transformer_whose_decode_lengths_outgrow_its_positions_is_refused_before_training(tmp_path):

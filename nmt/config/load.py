@@ -192,7 +192,7 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
             except yaml.YAMLError:
                 value = text
         _refuse_into_list(raw, [p.split("[")[0] for p in parts], where)
-        _check_override(item, parts, value)
+        _check_override(item, parts, value, _lookup(raw, parts))
         node = raw
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
@@ -255,8 +255,23 @@ def _text_key(parts: list[str], text: str) -> bool:
     return members == {str} or (members == {str, list[str]} and not text.startswith("["))
 
 
-def _check_override(item: str, parts: list[str], value: Any) -> None:
-    """Check one override against the schema, so a mistake names the `--set` item, not the file."""
+def _lookup(raw: dict[str, Any], parts: list[str]) -> Any:
+    """The value at the key `parts` of `raw`, or None where it has none."""
+    node: Any = raw
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _check_override(item: str, parts: list[str], value: Any, existing: Any = None) -> None:
+    """Check one override against the schema, so a mistake names the `--set` item, not the file. A mapping
+    for a section the file has (`existing`) is merged into it key by key (`_put`), so each of its keys is
+    checked as if set alone: checked whole, against the section's defaults, `{d_model: 30}` was refused for
+    the defaults' 8 heads where the file has 2. Checks across keys are the whole config's, once merged."""
+    if isinstance(value, dict) and isinstance(existing, dict) and _names_section(parts):
+        for key, item_value in value.items():
+            _check_override(item, [*parts, str(key)], item_value, existing.get(key))
+        return
     where = _set_item(item)
     field, tp = _key_field(parts, where)
     if value is None and dataclasses.is_dataclass(tp):  # building it would take every default of the section
