@@ -151,6 +151,10 @@ class DataConfig:
 class TokenizerConfig:
     """sentencepiece subword model, trained once on the training split and kept in the run directory."""
 
+    TRAINING_KEYS: ClassVar[tuple[str, ...]] = ("type", "vocab_size", "character_coverage", "max_sentences",
+                                                "normalization")
+    """The keys that only training a sentencepiece model reads: unused where `model` gives one."""
+
     type: Literal["bpe", "unigram"] = "bpe"
     """sentencepiece model type."""
     vocab_size: int = num(8000, lo=8, hi=2**31 - 1)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from nmt.checkpoint import first_difference, load_checkpoint, periodic_checkpoints, stored_config
-from nmt.config import ExperimentConfig, config_to_dict
+from nmt.config import ExperimentConfig, TokenizerConfig, config_to_dict
 from nmt.distributed import Dist, all_gather, on_every_rank, on_main
 from nmt.errors import CheckpointError, UserError
 from nmt.fileio import remove_stale_temporaries, write_atomic
@@ -271,6 +271,15 @@ def _scored_otherwise(saved: dict[str, Any], cfg: ExperimentConfig, metric: Metr
     return changed
 
 
+def _same_model_file(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether two tokenizer sections each give a sentencepiece model file (`tokenizer.model`) and agree but for
+    its path (moved, or named from another folder) and the keys that only training one reads. Whether the file
+    holds the run's models is checked by their content (`nmt.train.data`)."""
+    ignored = {"model", *TokenizerConfig.TRAINING_KEYS}
+    return bool(saved["model"] and now["model"]) and all(
+        saved[k] == now[k] for k in saved.keys() | now.keys() if k not in ignored)
+
+
 def _in_use(config: dict[str, Any], section: str) -> dict[str, Any]:
     """`config[section]`, without the model section's sizes of the type it does not build (a Transformer's
     `rnn` keys): a difference there is named after one in the sizes the weights have."""
@@ -381,7 +390,7 @@ def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path)
     saved = config_to_dict(stored_config(payload.get("config", {}), path))
     now = config_to_dict(cfg)
     for section in ("model", "tokenizer"):
-        if saved[section] == now[section]:
+        if saved[section] == now[section] or _same_model_file(saved[section], now[section]):
             continue
         difference = first_difference(_in_use(saved, section), _in_use(now, section), section) or \
             first_difference(saved[section], now[section], section)

@@ -57,17 +57,13 @@ def starting_point(cfg: ExperimentConfig) -> Start:
     if cfg.tokenizer.model:
         tokenizer = _sentencepiece_file(Path(cfg.tokenizer.model))
         default = TokenizerConfig()
-        unused = [f"tokenizer.{key}: {getattr(cfg.tokenizer, key)!r}" for key in _TRAINING_KEYS
+        unused = [f"tokenizer.{key}: {getattr(cfg.tokenizer, key)!r}" for key in TokenizerConfig.TRAINING_KEYS
                   if getattr(cfg.tokenizer, key) != getattr(default, key)]
         if unused and is_main_process():
             log.warning("tokenizer.model: %s (%d pieces) is the tokenizer, so %s %s not used", cfg.tokenizer.model,
                         tokenizer.src_vocab_size, "; ".join(unused), "is" if len(unused) == 1 else "are")
         return Start(cfg, tokenizer=tokenizer)
     return Start(cfg)
-
-
-_TRAINING_KEYS = ("type", "vocab_size", "character_coverage", "max_sentences", "normalization")
-"""The tokenizer section's keys that only training a sentencepiece model reads."""
 
 
 def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:

@@ -223,6 +223,31 @@ def test_an_existing_sentencepiece_model_is_used_as_it_is(small_corpus, tmp_path
     assert "not used" not in caplog.text
 
 
+def test_a_run_given_a_sentencepiece_file_resumes_from_the_file_moved_and_with_unused_keys_changed(
+        small_corpus, tmp_path, parent):
+    """The resume compared the tokenizer section whole: the file's path (moved, or named from another folder)
+    and the keys the run's warning calls unused refused it, for the same models. Other models are refused."""
+    import shutil
+
+    model_file = tmp_path / "spm.model"
+    shutil.copyfile(parent.parent / "spm.model", model_file)
+    raw = tiny_config_dict(small_corpus, tmp_path / "run")
+    raw["tokenizer"]["model"] = str(model_file)
+    raw["train"].update({"max_steps": 1, "valid_bleu": False})
+    train(config_from_dict(raw))
+    moved = model_file.rename(tmp_path / "moved.model")
+    raw["tokenizer"].update({"model": str(moved), "vocab_size": 123, "type": "unigram"})
+    raw["train"]["max_steps"] = 2
+    assert train(config_from_dict(raw))["step"] == 2
+    other = tmp_path / "other.model"
+    spm.SentencePieceTrainer.train(input=str(small_corpus / "train.en"), model_prefix=str(tmp_path / "other"),
+                                   vocab_size=100, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+    raw["tokenizer"]["model"] = str(other)
+    raw["train"]["max_steps"] = 3
+    with pytest.raises(UserError, match="holds other sentencepiece models than train.init_from or tokenizer.model"):
+        train(config_from_dict(raw))
+
+
 def test_a_sentencepiece_model_with_other_special_ids_is_refused(small_corpus, tmp_path):
     prefix = tmp_path / "foreign"
     spm.SentencePieceTrainer.train(input=str(small_corpus / "train.en"), model_prefix=str(prefix), vocab_size=100,
