@@ -349,7 +349,20 @@ def _schema_paths(tp: Any, prefix: str = "") -> list[str]:
 def config_from_dict(raw: dict[str, Any], source: str = "<config>", *, in_yaml: bool = False) -> ExperimentConfig:
     """Build a validated `ExperimentConfig` from plain data (YAML or a checkpoint); `in_yaml`: `raw` was read from
     the YAML file `source`, whose indentation an unknown key's hint may blame."""
-    return _build(ExperimentConfig, raw, "", source, in_yaml=in_yaml)
+    cfg = _build(ExperimentConfig, raw, "", source, in_yaml=in_yaml)
+    cfg.written = frozenset(_key_paths(raw))
+    return cfg
+
+
+def _key_paths(raw: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted paths of the values in `raw`, a section's own key for each mapping it holds too."""
+    paths = []
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        if isinstance(value, dict):
+            paths += _key_paths(value, f"{path}.")
+    return paths
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -286,7 +286,7 @@ class TrainConfig:
     """Optimisation, validation, checkpointing and the hardware it runs on."""
 
     init_from: str = ""
-    """A checkpoint whose weights, `model` and `tokenizer` sections and sentencepiece models start this run (fine-tuning, domain adaptation): the optimizer and schedule start afresh, and the run validates at step 0 to show where it starts. Values of this config's own in those two sections (neither the default nor the parent's) are not used, and a warning names them. A resumed run takes its weights from its own checkpoints, but still reads this one for its `model` and `tokenizer` sections, so keep it, and keep naming it (a resume without it is refused, with its path), until the run is done."""
+    """A checkpoint whose weights, `model` and `tokenizer` sections and sentencepiece models start this run (fine-tuning, domain adaptation): the optimizer and schedule start afresh, and the run validates at step 0 to show where it starts. Values this config writes in those two sections that are not the parent's are not used, and a warning names them; another `model.type`, written, is refused. A resumed run takes its weights from its own checkpoints, but still reads this one for its `model` and `tokenizer` sections, so keep it, and keep naming it (a resume without it is refused, with its path), until the run is done."""
     seed: int = num(1234, lo=0, hi=2**32 - 1)
     """Seed for every random generator (reproducible runs; rank r of a distributed run adds r for dropout)."""
     device: str = field(default="auto", metadata={"range": DeviceNames()})
@@ -488,6 +488,11 @@ class EvalConfig:
 @dataclass
 class ExperimentConfig:
     """One experiment: everything `nmt train` needs, and what checkpoints carry."""
+
+    written: ClassVar[frozenset[str] | None] = None
+    """The key paths (`model.transformer.dropout`) its source wrote, file and `--set` alike, where it was read
+    from one (`config_from_dict` sets them on the instance); None where unknown. Fine-tuning names the keys
+    written for a model it does not take, those written with their default value too."""
 
     run_dir: str = "runs/default"
     """Where the tokenizer, checkpoints, logs and the resolved config are written. `$VAR`, `${VAR:-default}` and `~` are expanded, as in corpus paths."""

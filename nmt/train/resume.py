@@ -390,7 +390,7 @@ def check_same_model(payload: dict[str, Any], cfg: ExperimentConfig, path: Path)
     saved = config_to_dict(stored_config(payload.get("config", {}), path))
     now = config_to_dict(cfg)
     for section in ("model", "tokenizer"):
-        if saved[section] == now[section] or _same_model_file(saved[section], now[section]):
+        if saved[section] == now[section] or (section == "tokenizer" and _same_model_file(saved[section], now[section])):
             continue
         difference = first_difference(_in_use(saved, section), _in_use(now, section), section) or \
             first_difference(saved[section], now[section], section)

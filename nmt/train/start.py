@@ -78,7 +78,12 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     model, tokenizer, parent = model_from_checkpoint(payload, "cpu", source=where)
     weights: dict[str, Any] = model.state_dict()
     del model
-    unused = [*_set_aside("model", cfg.model, parent.model), *_set_aside("tokenizer", cfg.tokenizer, parent.tokenizer)]
+    if cfg.written is not None and "model.type" in cfg.written and cfg.model.type != parent.model.type:
+        raise ConfigError(f"{where}: the parent's model.type is {parent.model.type!r}, and this config's "
+                          f"{cfg.model.type!r}; fine-tuning goes on with the parent's model: remove model.type, or "
+                          f"choose a parent of that type")
+    unused = [*_set_aside("model", cfg.model, parent.model, cfg.written),
+              *_set_aside("tokenizer", cfg.tokenizer, parent.tokenizer, cfg.written)]
     if unused and is_main_process():  # every rank reads the parent; one says so
         log.warning("%s: the model and tokenizer are the parent's, so this config's %s %s not used", where,
                     "; ".join(unused), "is" if len(unused) == 1 else "are")
@@ -101,19 +106,21 @@ def _from_checkpoint(cfg: ExperimentConfig, path: Path) -> Start:
     return Start(cfg, tokenizer=tokenizer, weights=weights)
 
 
-def _set_aside(section: str, given: Any, parent: Any) -> list[str]:
-    """`section.key: value (the parent's: value)` for each key that the config sets to a value of its own, neither
-    the default nor the parent's: a setting fine-tuning leaves unused. (Keys left at their defaults are not
-    named: a fine-tuning config may leave the section out.)"""
+def _set_aside(section: str, given: Any, parent: Any, written: frozenset[str] | None = None) -> list[str]:
+    """`section.key: value (the parent's: value)` for each key that the config sets to a value other than the
+    parent's: a setting fine-tuning leaves unused. A key counts as set where the config's source wrote it
+    (`written`, its default value included); where that is unknown, where its value is not the default.
+    (Keys left out are not named: a fine-tuning config may leave the section out.)"""
     default = type(given)()
 
     def walk(mine: dict, theirs: dict, base: dict, prefix: str) -> list[str]:
         out = []
         for key, value in mine.items():
+            path = f"{prefix}.{key}"
             if isinstance(value, dict):
-                out += walk(value, theirs[key], base[key], f"{prefix}.{key}")
-            elif value != theirs[key] and value != base[key]:
-                out.append(f"{prefix}.{key}: {value!r} (the parent's: {theirs[key]!r})")
+                out += walk(value, theirs[key], base[key], path)
+            elif value != theirs[key] and (path in written if written is not None else value != base[key]):
+                out.append(f"{path}: {value!r} (the parent's: {theirs[key]!r})")
         return out
 
     return walk(config_to_dict(given), config_to_dict(parent), config_to_dict(default), section)

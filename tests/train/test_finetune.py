@@ -340,14 +340,24 @@ def test_settings_of_its_own_that_fine_tuning_leaves_unused_are_named(small_corp
         starting_point(config_from_dict(child_raw(small_corpus, tmp_path / "a", parent)))  # sections left out
     assert "not used" not in caplog.text
     raw = child_raw(small_corpus, tmp_path / "b", parent)
-    raw["model"] = {"transformer": {"d_model": 64, "dropout": 0.1}}  # the parent's dropout, and a width of its own
+    # the parent's dropout, a width of its own, and heads written as the default (8), which went unnamed
+    raw["model"] = {"transformer": {"d_model": 64, "dropout": 0.1, "heads": 8}}
     raw["tokenizer"] = {"vocab_size": 300}
     with caplog.at_level(logging.WARNING, logger="nmt"):
         start = starting_point(config_from_dict(raw))
     assert start.cfg.model.transformer.d_model == 32
     assert (f"train.init_from: {parent}: the model and tokenizer are the parent's, so this config's "
-            "model.transformer.d_model: 64 (the parent's: 32); tokenizer.vocab_size: 300 (the parent's: 200) "
-            "are not used") in caplog.text
+            "model.transformer.d_model: 64 (the parent's: 32); model.transformer.heads: 8 (the parent's: 2); "
+            "tokenizer.vocab_size: 300 (the parent's: 200) are not used") in caplog.text
+    # another type of model, written, is refused: it trained the parent's Transformer without a word
+    raw["model"] = {"type": "rnn"}
+    with pytest.raises(ConfigError) as err:
+        starting_point(config_from_dict(raw))
+    assert str(err.value) == (f"train.init_from: {parent}: the parent's model.type is 'transformer', and this "
+                              "config's 'rnn'; fine-tuning goes on with the parent's model: remove model.type, or "
+                              "choose a parent of that type")
+    raw["model"] = {"type": "transformer"}  # the parent's type, written: nothing to say
+    starting_point(config_from_dict(raw))
 
 
 def test_a_parent_of_another_direction_is_warned_of(small_corpus, tmp_path, parent, caplog):
