@@ -258,6 +258,17 @@ def test_an_empty_section_from_set_is_refused_not_read_as_its_defaults(tmp_path,
     assert (cfg.model.transformer.d_model, cfg.train.max_steps) == (32, 3)
 
 
+@pytest.mark.parametrize("key", ["train.init_from", "tokenizer.model", "data.src_lang"])
+def test_an_empty_value_for_text_says_how_to_give_the_empty_text(tmp_path, key):
+    """`--set train.init_from=` (meant to clear the file's parent) said only "expected str, got nothing (null)"."""
+    path = write(tmp_path, "train: {init_from: parent.pt}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [f"{key}="])
+    assert str(err.value).startswith(f"--set '{key}=': {key}: expected text, got nothing; to empty it, give two "
+                                     f"quotes: --set \"{key}=''\"")
+    assert load_config(path, ["train.init_from=''"]).train.init_from == ""
+
+
 def test_set_into_a_list_of_corpora_says_to_set_the_whole_list(tmp_path):
     path = write(tmp_path, "data:\n  train:\n    - {path: a}\n    - {path: b}\n")
     with pytest.raises(ConfigError, match=r"^--set 'data.train.weight=3': data.train is a list of 2 sections here, "

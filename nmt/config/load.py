@@ -277,6 +277,9 @@ def _check_override(item: str, parts: list[str], value: Any, existing: Any = Non
     if value is None and dataclasses.is_dataclass(tp):  # building it would take every default of the section
         raise ConfigError(f"{where}: {'.'.join(parts)}: expected a mapping, got nothing (null); set its keys, e.g. "
                           f"--set '{'.'.join(parts)}={{key: value}}'")
+    if value is None and tp is str:  # `--set train.init_from=` meant to clear a path the file gives
+        raise ConfigError(f"{where}: {'.'.join(parts)}: expected text, got nothing; to empty it, give two quotes: "
+                          f"--set \"{'.'.join(parts)}=''\"")
     _check_range(field, _convert(tp, value, ".".join(parts), where, in_yaml=False), ".".join(parts), where)
 
 
