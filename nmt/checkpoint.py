@@ -12,7 +12,6 @@ the previous good file.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import re
 from collections.abc import Mapping, Sequence
@@ -193,7 +192,8 @@ def _average(paths: list[str | Path], *, upgrade: bool) -> dict[str, Any]:
         if upgrade:
             model, _, _ = model_from_checkpoint(payload, source=path)
             payload = {**payload, "model": model.state_dict()}
-        return payload
+        # what an average carries: the optimizer's moments (twice the weights, with Adam) need not stay in memory
+        return {k: payload[k] for k in ("config", "tokenizer", "progress", "parameters", "model") if k in payload}
 
     first = last = load(paths[0])
     sums = {k: v.double().clone() if v.is_floating_point() else v for k, v in first["model"].items()}
@@ -261,14 +261,17 @@ def refuse_duplicates(paths: Sequence[str | Path], use: str) -> None:
     Raises:
         CheckpointError: naming both names.
     """
-    paths = [Path(p) for p in paths]
-    for i, path in enumerate(paths):
-        for earlier in paths[:i]:
-            same = path.resolve() == earlier.resolve()
-            if not same and path.exists() and earlier.exists():
-                same = os.path.samefile(path, earlier)
-            if same:
-                raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the {use}")
+    seen: dict[object, Path] = {}  # each path by what it is: its file (device, inode), else its resolved name
+    for path in map(Path, paths):
+        try:
+            st = path.stat()
+            keys: list[object] = [(st.st_dev, st.st_ino), path.resolve()]
+        except OSError:  # missing: loading it says so
+            keys = [path.resolve()]
+        earlier = next((seen[k] for k in keys if k in seen), None)
+        if earlier is not None:
+            raise CheckpointError(f"{path}: given twice (also as {earlier}); it would count double in the {use}")
+        seen.update(dict.fromkeys(keys, path))
 
 
 _SET_ASIDE = {
