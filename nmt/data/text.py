@@ -167,22 +167,25 @@ def available_lines(raw: BinaryIO, name: str, *, max_lines: int) -> Iterator[lis
         yield from iter(lambda: list(islice(lines, max_lines)), [])
         return
     pending: list[bytes] = []
-    partial = b""
+    partial: list[bytes] = []  # the pieces of the unfinished line: joined once it ends, not at every read of it
     number = 0
     at_end = False
     while not at_end:
         data = os.read(fd, 1 << 16)  # waits for the first bytes
         while data:
-            lines = (partial + data).split(b"\n")
-            partial = lines.pop()
+            lines = data.split(b"\n")
+            if len(lines) > 1:
+                lines[0] = b"".join([*partial, lines[0]])
+                partial = []
+            partial.append(lines.pop())
             pending += [line + b"\n" for line in lines]  # with their ending, as `decode_lines` takes them
             if len(pending) >= max_lines or not select.select([fd], [], [], 0)[0]:
                 break
             data = os.read(fd, 1 << 16)
         if not data:
             at_end = True
-            if partial:
-                pending.append(partial)
+            if any(partial):
+                pending.append(b"".join(partial))
         # The lines short of a full chunk wait for the next read only where it would not wait.
         last = at_end or not select.select([fd], [], [], 0)[0]
         while len(pending) >= max_lines or (pending and last):

@@ -32,3 +32,14 @@ def test_a_pipes_lines_are_given_as_soon_as_nothing_more_has_arrived() -> None:
         os.close(write)
         assert next(chunks) == ["five"]
         assert next(chunks, None) is None
+
+
+def test_a_line_of_many_reads_comes_through_whole_between_its_neighbours(tmp_path: Path) -> None:
+    """The unfinished line is kept in pieces, joined once it ends: joined to each new read, it was copied whole
+    every 64 KiB, and a 64 MB line (a file whose lines end in a lone '\\r' is one) took about a minute."""
+    long = "word " * 200_000  # 1 MB: 16 reads
+    path = tmp_path / "long.txt"
+    path.write_text(f"first\n{long}\nlast", encoding="utf-8")
+    with open(path, "rb") as raw:
+        assert [line for chunk in available_lines(raw, str(path), max_lines=2000) for line in chunk] == [
+            "first", long, "last"]
