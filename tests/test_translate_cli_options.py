@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from nmt.cli import app
@@ -108,6 +109,26 @@ def test_coverage_penalty_changes_the_ranking_and_needs_attention(checkpoints, t
     result = runner.invoke(app, ["translate", "-c", str(checkpoints["transformer"]), "-i", str(src),
                                  "--coverage-penalty", "2.0", "--beam", "3"])
     assert result.exit_code == 0, result.output
+
+
+def test_coverage_penalty_is_the_gnmt_formula_over_each_hypothesis_whole_attention(checkpoints, small_corpus):
+    """The search keeps each row's running coverage, not every step's attention (which it copied whole at every
+    step: O(T^2 S) a sentence): the scores equal GNMT's penalty computed here from the attention that
+    `attention=True` returns, and the translations those of the search that keeps the whole history."""
+    import math
+
+    tr = Translator.from_checkpoint(str(checkpoints["rnn"]), device="cpu")
+    lines = (small_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:12]
+    options = dict(beam=4, nbest=3, coverage_penalty=0.7, length_penalty=0.6, max_len_a=1.5, max_len_b=4)
+    running = tr.translate_nbest(lines, **options)
+    whole = tr.translate_nbest(lines, attention=True, **options)
+    assert [[h.text for h in n] for n in running] == [[h.text for h in n] for n in whole]
+    for h in (h for n in whole for h in n):
+        coverage = h.attention.double().sum(dim=0)  # (S,): the steps' weights on each source position, EOS's too
+        penalty = 0.7 * sum(math.log(min(max(c, 1e-30), 1.0)) for c in coverage.tolist())
+        expected = h.log_prob / ((5 + len(h.tokens) + 1) / 6) ** 0.6 + penalty
+        assert h.score == pytest.approx(expected, abs=1e-3)
+    assert [h.score for n in running for h in n] == pytest.approx([h.score for n in whole for h in n], abs=1e-4)
 
 
 def test_sampling_with_nbest_names_nbest_not_a_beam_the_user_never_set(checkpoints, tmp_path):

@@ -104,7 +104,7 @@ class _Active:
     max_len: Tensor  # (b,) longest output, EOS excluded
     scores: Tensor  # (b, K) cumulative log-probs; -inf marks a finished or empty row, or a done sentence
     prefix: Tensor  # (N, t + 1) tokens fed so far, BOS first
-    attn: Tensor | None  # (N, t, S) attention of each step so far
+    attn: Tensor | None  # (N, t, S) attention of each step so far; its sum (N, 1, S) for the coverage penalty alone
     memory: Memory  # rows (N, ...)
     state: State | None  # rows (N, ...); None when uncached
 
@@ -247,10 +247,15 @@ def _run(model: Seq2Seq, src: Tensor, src_pad_mask: Tensor, max_len: Tensor, lin
                                           prefix=act.prefix.view(b, K, -1), lines=act.line)  # (b, K)
         order = (origins + torch.arange(b, device=device).unsqueeze(1) * K).flatten()  # (N,)
         prefix = torch.cat([act.prefix[order], tokens.view(-1, 1)], dim=1)  # (N, t + 2)
-        history = None  # (N, t + 1, S)
+        history = None  # (N, t + 1, S), or for the coverage penalty alone its running sum (N, 1, S)
         if attn is not None:
             step_attn = attn[order].unsqueeze(1)  # (N, 1, S)
-            history = step_attn if act.attn is None else torch.cat([act.attn[order], step_attn], dim=1)
+            if act.attn is None:
+                history = step_attn
+            elif opts.attention:  # every step's, for the plots
+                history = torch.cat([act.attn[order], step_attn], dim=1)
+            else:  # the coverage each row has so far: the whole history, copied at every step, cost O(T^2 S)
+                history = act.attn[order] + step_attn
         ended = tokens.eq(ids.eos) & scores.isfinite()  # (b, K)
         _record(finished, act.sent, ended, scores, prefix, history, src_pad_mask, opts)
         scores = scores.masked_fill(ended, -math.inf)
@@ -338,7 +343,8 @@ def _record(finished: _Finished, sent: Tensor, ended: Tensor, scores: Tensor, pr
         ended: rows that chose EOS, (b, K).
         scores: cumulative log-probabilities, EOS included, (b, K).
         prefix: tokens of each row, BOS first and EOS last, (N, t + 2).
-        history: attention of each row's steps, (N, t + 1, S), or None.
+        history: attention of each row's steps, (N, t + 1, S), their sum (N, 1, S) where only the coverage
+            penalty reads it (`opts.attention` off), or None.
     """
     b, K = ended.shape
     length = prefix.size(1) - 1  # output tokens including this EOS
