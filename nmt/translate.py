@@ -226,11 +226,13 @@ class Translator:
     def translate(self, lines, options: SearchOptions | None = None, **overrides):
         """Best translation of each line, in input order; a single string gives a single string.
 
-        `options` and `overrides` as for `Translator.options`.
+        `options` and `overrides` as for `Translator.options`. The lines are translated a chunk at a time
+        (`translate_stream`): beside the outputs, memory holds one chunk's subwords and hypotheses, not
+        every line's (about 4 KB a line).
         """
         if isinstance(lines, str):
             return self.translate([lines], options, **overrides)[0]
-        return [nbest[0].text for nbest in self.translate_nbest(lines, options, **overrides)]
+        return list(self.translate_stream(lines, options, **overrides))
 
     def translate_nbest(self, lines: Iterable[str], options: SearchOptions | None = None,
                         **overrides: Any) -> list[list[Translation]]:
