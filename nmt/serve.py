@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import UserError
+from nmt.heap import share_arenas
 from nmt.interrupts import Terminated, flush_std_streams, sigterm_interrupts
 from nmt.translate import Translator
 
@@ -179,6 +180,7 @@ def make_server(
 
 def serve(checkpoint: str | Path | Sequence[str | Path], **options) -> None:
     """Load, bind and serve until interrupted (Ctrl-C or SIGTERM's KeyboardInterrupt); `options` as for `make_server`."""
+    share_arenas()  # before the connections' threads: each one's arena kept a search's memory after it
     server = make_server(checkpoint, **options)
     log.info("serving %s on %s: POST /translate {\"text\": [...]}, GET /health", server.name, server.url)
     # The loop accepts in a thread of its own, and the stop (raised in the main thread, where Python runs signal
