@@ -35,7 +35,14 @@ def doc(tmp_path) -> Path:
 
 
 def translate(monkeypatch, ckpt: Path, doc: Path, out: Path, *args: str) -> tuple[int, list[str]]:
-    return nmt(monkeypatch, "translate", "-c", str(ckpt), "-i", str(doc), "-o", str(out), "--beam", "2", *args)
+    """`nmt translate` of `doc` with beam 2, unless `args` give another input (`-i`) or beam (an option given
+    twice is refused)."""
+    args = list(args)
+    if "-i" in args:
+        at = args.index("-i")
+        doc, args = Path(args[at + 1]), args[:at] + args[at + 2:]
+    beam = [] if "--beam" in args else ["--beam", "2"]
+    return nmt(monkeypatch, "translate", "-c", str(ckpt), "-i", str(doc), "-o", str(out), *beam, *args)
 
 
 def uninterrupted(monkeypatch, ckpt: Path, doc: Path, *args: str) -> str:
